@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the build needs, builds kvc, and
+# runs every test: the lit suites (test/ and policies/) and the GoogleTest
+# suites through ctest, then the runtime tests again under ASan and UBSan.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVC_BUILD_DIR:-$root/build}
+
+"$root/scripts/setup.sh"
+start=$(date +%s)
+"$root/scripts/build.sh"
+
+echo "== lit =="
+/usr/lib/llvm-22/bin/lit -sv "$build/test" "$build/policies"
+
+echo "== ctest =="
+ctest --test-dir "$build" --output-on-failure -j2
+
+echo "== runtime under ASan + UBSan =="
+san="$build-sanitize"
+if [ ! -f "$san/build.ninja" ]; then
+  cmake -G Ninja -S "$root" -B "$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKVC_BUILD_COMPILER=OFF -DKVC_ENABLE_SANITIZERS=ON \
+    -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++ >/dev/null
+fi
+ninja -C "$san"
+ctest --test-dir "$san" --output-on-failure -j2
+
+echo "test.sh: all suites passed in $(( $(date +%s) - start )) s"

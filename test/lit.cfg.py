@@ -1,0 +1,37 @@
+# -*- Python -*-
+# lit configuration of the kvc test suite.
+
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "KVC"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir"]
+config.test_source_root = config.kvc_lit_source_root
+config.test_exec_root = config.kvc_lit_exec_root
+
+# Strict FileCheck: variables are scoped to their CHECK-LABEL block and every
+# prefix named on a RUN line must be used.
+config.environment["FILECHECK_OPTS"] = (
+    "-enable-var-scope --allow-unused-prefixes=false"
+)
+
+config.substitutions.append(("%PATH%", config.environment["PATH"]))
+config.substitutions.append(("%kvc_src_root", config.kvc_src_root))
+
+llvm_config.with_system_environment(["HOME", "INCLUDE", "LIB", "TMP", "TEMP"])
+llvm_config.use_default_substitutions()
+
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+tool_dirs = [config.kvc_tools_dir, config.llvm_tools_dir]
+tools = ["kvc-opt"]
+llvm_config.add_tool_substitutions(tools, tool_dirs)
+
+if config.cuda_nvcc and os.path.exists(config.cuda_nvcc):
+    config.available_features.add("nvcc")
+    config.substitutions.append(("%nvcc", config.cuda_nvcc))
