@@ -93,6 +93,14 @@ def Kvc_QuantAxis : I32EnumAttr<"QuantAxis",
   let cppNamespace = "::kvc";
 }
 
+def Kvc_KernelKind : I32EnumAttr<"KernelKind", "kind of generated kernel", [
+    I32EnumAttrCase<"prefill", 0>,
+    I32EnumAttrCase<"decode", 1>,
+    I32EnumAttrCase<"prefill_scoring", 2>,
+    I32EnumAttrCase<"decode_scoring", 3>]> {
+  let cppNamespace = "::kvc";
+}
+
 //===----------------------------------------------------------------------===//
 // Attributes
 //===----------------------------------------------------------------------===//

@@ -117,10 +117,12 @@ LogicalResult PolicyOp::verifyRegions() {
       storage = decl;
       continue;
     }
+    if (isa<KernelOp>(op))
+      continue;
     return op.emitOpError() << "is not allowed in a kvc.policy body; "
                                "expected kvc.phase or kvc.storage";
   }
-  if (phases.empty() && !storage)
+  if (phases.empty() && !storage && getBody().front().empty())
     return emitOpError() << "policy @" << getSymName()
                          << " does nothing: it has no phase and no storage";
 
@@ -236,8 +238,8 @@ LogicalResult MixedPrecisionOp::verify() {
 LogicalResult AttnWindowOp::verify() {
   if (getSize() <= 0)
     return emitOpError() << "window size must be positive, got " << getSize();
-  auto phase = cast<PhaseOp>((*this)->getParentOp());
-  if (getSize() > 1 && phase.getTrigger() == Trigger::every_step)
+  auto phase = dyn_cast<PhaseOp>((*this)->getParentOp());
+  if (phase && getSize() > 1 && phase.getTrigger() == Trigger::every_step)
     return emitOpError()
            << "needs the last " << getSize()
            << " queries, which no 'every_step' phase retains; use "

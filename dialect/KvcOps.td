@@ -22,6 +22,9 @@ def Kvc_I64Attr : TypedSignlessIntegerAttrBase<I64, "int64_t",
   let convertFromStorage = "$_self.getValue().getSExtValue()";
 }
 
+/// Policy ops live in a phase, and after kernel formation in a kernel.
+def Kvc_InPhaseOrKernel : ParentOneOf<["PhaseOp", "KernelOp"]>;
+
 //===----------------------------------------------------------------------===//
 // Policy structure: when the policy acts
 //===----------------------------------------------------------------------===//
@@ -117,7 +120,7 @@ def Kvc_StorageOp : Kvc_Op<"storage", [HasParent<"PolicyOp">]> {
 }
 
 def Kvc_MixedPrecisionOp : Kvc_Op<"mixed_precision",
-    [HasParent<"PhaseOp">, MemoryEffects<[MemWrite]>]> {
+    [Kvc_InPhaseOrKernel, MemoryEffects<[MemWrite]>]> {
   let summary = "Store the most important entries at a higher precision";
   let description = [{
     Keeps the top `fraction` of entries by `score` (per kv-head) in the
@@ -143,14 +146,17 @@ def Kvc_MixedPrecisionOp : Kvc_Op<"mixed_precision",
 //===----------------------------------------------------------------------===//
 
 class Kvc_ScoreSourceOp<string mnemonic, list<Trait> traits = []>
-    : Kvc_Op<mnemonic, !listconcat([Pure, HasParent<"PhaseOp">], traits)>;
+    : Kvc_Op<mnemonic, !listconcat([Pure, Kvc_InPhaseOrKernel], traits)>;
 
 def Kvc_AttnWindowOp : Kvc_ScoreSourceOp<"attn_window"> {
   let summary = "Mean attention of the last `size` queries";
   let description = [{
     For every query head, the mean over the last `size` queries of the
-    causal softmax attention weight each entry receives (SnapKV's observation
-    window). With `visible_normalized`, the sum over the window is divided by
+    causal softmax attention weight each entry before the window receives
+    (SnapKV's observation window). Entries inside the window score 0: they
+    are only partly observed, policies keep them with `kvc.protect`, and a
+    zero makes pooling across the window boundary equal to pooling the
+    prefix alone (the reference implementations pool the prefix only). With `visible_normalized`, the sum over the window is divided by
     the number of window queries that can see the entry instead (the H2O
     normalization of the reference press library).
 
@@ -307,7 +313,7 @@ def Kvc_ValueNormOp : Kvc_ScoreSourceOp<"value_norm"> {
 //===----------------------------------------------------------------------===//
 
 class Kvc_ScoreTransformOp<string mnemonic, list<Trait> traits = []>
-    : Kvc_Op<mnemonic, !listconcat([Pure, HasParent<"PhaseOp">,
+    : Kvc_Op<mnemonic, !listconcat([Pure, Kvc_InPhaseOrKernel,
                                     AllTypesMatch<["input", "result"]>],
                                    traits)>;
 
@@ -371,7 +377,7 @@ def Kvc_ProtectOp : Kvc_ScoreTransformOp<"protect"> {
   }];
 }
 
-def Kvc_CombineOp : Kvc_Op<"combine", [Pure, HasParent<"PhaseOp">,
+def Kvc_CombineOp : Kvc_Op<"combine", [Pure, Kvc_InPhaseOrKernel,
                                       SameOperandsAndResultType]> {
   let summary = "Weighted sum or product of score vectors";
   let description = [{
@@ -399,7 +405,7 @@ def Kvc_CombineOp : Kvc_Op<"combine", [Pure, HasParent<"PhaseOp">,
   }];
 }
 
-def Kvc_GroupReduceOp : Kvc_Op<"group_reduce", [Pure, HasParent<"PhaseOp">]> {
+def Kvc_GroupReduceOp : Kvc_Op<"group_reduce", [Pure, Kvc_InPhaseOrKernel]> {
   let summary = "Reduce query-head scores over their GQA group";
   let description = [{
     Turns one score per query head into one score per kv-head by reducing
@@ -414,7 +420,7 @@ def Kvc_GroupReduceOp : Kvc_Op<"group_reduce", [Pure, HasParent<"PhaseOp">]> {
   let assemblyFormat = "$kind $input attr-dict";
 }
 
-def Kvc_LayerReduceOp : Kvc_Op<"layer_reduce", [Pure, HasParent<"PhaseOp">]> {
+def Kvc_LayerReduceOp : Kvc_Op<"layer_reduce", [Pure, Kvc_InPhaseOrKernel]> {
   let summary = "Reduce scores over every head of a layer";
   let description = [{
     One score per entry shared by every head of a layer (TOVA): all heads of
@@ -435,7 +441,7 @@ def Kvc_LayerReduceOp : Kvc_Op<"layer_reduce", [Pure, HasParent<"PhaseOp">]> {
 //===----------------------------------------------------------------------===//
 
 class Kvc_BudgetOp<string mnemonic, list<Trait> traits = []>
-    : Kvc_Op<mnemonic, !listconcat([Pure, HasParent<"PhaseOp">], traits)> {
+    : Kvc_Op<mnemonic, !listconcat([Pure, Kvc_InPhaseOrKernel], traits)> {
   let results = (outs Kvc_BudgetType:$result);
 }
 
@@ -562,7 +568,7 @@ def Kvc_BudgetCakeOp : Kvc_BudgetOp<"budget_cake"> {
 // Select and merge
 //===----------------------------------------------------------------------===//
 
-def Kvc_TopKOp : Kvc_Op<"topk", [Pure, HasParent<"PhaseOp">]> {
+def Kvc_TopKOp : Kvc_Op<"topk", [Pure, Kvc_InPhaseOrKernel]> {
   let summary = "Keep the highest-scoring entries within the budget";
   let description = [{
     Per (layer, kv-head) the `budget` entries with the highest score are
@@ -583,7 +589,7 @@ def Kvc_TopKOp : Kvc_Op<"topk", [Pure, HasParent<"PhaseOp">]> {
 }
 
 class Kvc_EvictionOp<string mnemonic>
-    : Kvc_Op<mnemonic, [HasParent<"PhaseOp">, MemoryEffects<[MemWrite]>]>;
+    : Kvc_Op<mnemonic, [Kvc_InPhaseOrKernel, MemoryEffects<[MemWrite]>]>;
 
 def Kvc_EvictOp : Kvc_EvictionOp<"evict"> {
   let summary = "Drop every entry outside the selection";
@@ -666,6 +672,113 @@ def Kvc_MergeAdjacentOp : Kvc_EvictionOp<"merge_adjacent"> {
     $selection `threshold` $threshold `sigma` $sigma attr-dict
   }];
   let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Kernel level
+//
+// `kvc-form-kernels` turns phases into kernels. A kernel is one function of
+// the generated library; its body lists its stages in execution order. The
+// policy ops keep their meaning as stages; the ops below make explicit what a
+// policy leaves implicit: the pass over keys and values and what it emits,
+// and where entries are written.
+//===----------------------------------------------------------------------===//
+
+def Kvc_KernelOp : Kvc_Op<"kernel", [HasParent<"PolicyOp">, NoTerminator,
+                                     SingleBlock, NoRegionArguments]> {
+  let summary = "One kernel of the generated library";
+  let description = [{
+    `prefill` runs over a prompt: causal attention, then the stages of the
+    phase it implements (`after_prefill` or `over_budget`), then the gather
+    of kept entries into pages. `decode` runs once per generated token:
+    attention over the cache, the statistics the decode phase needs, victim
+    selection, and the append of the new entry. `prefill_scoring` and
+    `decode_scoring` exist only in the unfused pipeline: they recompute the
+    attention weights in a second pass over the keys.
+
+    ```mlir
+    kvc.kernel decode for over_budget {
+      kvc.attention_pass output accumulate 1.000000e+00 reduce mean
+      kvc.append key #kvc.format<full> value #kvc.format<full>
+      %a = kvc.attn_accumulate decay 1.000000e+00
+      ...
+    }
+    ```
+  }];
+  let arguments = (ins Kvc_KernelKind:$kind, OptionalAttr<Kvc_Trigger>:$trigger,
+                       OptionalAttr<Kvc_I64Attr>:$period);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $kind (`for` $trigger^)? (`period` $period^)? attr-dict-with-keyword $body
+  }];
+}
+
+def Kvc_AttentionPassOp : Kvc_Op<"attention_pass",
+    [HasParent<"KernelOp">, MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "One pass over keys and values and what it emits";
+  let description = [{
+    Reads every key and value of the cache once. `output` computes the
+    attention output. The statistics it folds in on the way: `window` the
+    mean probabilities of the last N queries (per query head), `last` the
+    probabilities of the last query, `accumulate` the running score state
+    `s <- decay * s + reduce_group(p)` stored with each entry,
+    `visible_normalized` dividing by the number of queries that saw an
+    entry.
+
+    ```mlir
+    kvc.attention_pass output window 64
+    ```
+  }];
+  let arguments = (ins UnitAttr:$output, OptionalAttr<Kvc_I64Attr>:$window,
+                       UnitAttr:$last, OptionalAttr<F64Attr>:$accumulate,
+                       OptionalAttr<Kvc_ReduceKind>:$reduce,
+                       UnitAttr:$visible_normalized);
+  let assemblyFormat = [{
+    (`output` $output^)? (`window` $window^)? (`last` $last^)?
+    (`accumulate` $accumulate^)? (`reduce` $reduce^)?
+    (`visible_normalized` $visible_normalized^)? attr-dict
+  }];
+}
+
+def Kvc_GatherOp : Kvc_Op<"gather", [HasParent<"KernelOp">,
+                                     MemoryEffects<[MemWrite]>]> {
+  let summary = "Write the kept prompt entries into pages";
+  let description = [{
+    Writes the entries kept by the kernel's selection (every entry when there
+    is none) into the runtime's pages of each head, encoded in the storage
+    formats, with their score state.
+
+    ```mlir
+    kvc.gather key #kvc.format<int2, per_channel, group = 32>
+               value #kvc.format<int2, per_token, group = 32> residual 128
+    ```
+  }];
+  let arguments = (ins Kvc_FormatAttr:$key, Kvc_FormatAttr:$value,
+                       OptionalAttr<Kvc_I64Attr>:$residual);
+  let assemblyFormat = [{
+    `key` qualified($key) `value` qualified($value)
+    (`residual` $residual^)? attr-dict
+  }];
+}
+
+def Kvc_AppendOp : Kvc_Op<"append", [HasParent<"KernelOp">,
+                                     MemoryEffects<[MemWrite]>]> {
+  let summary = "Write the new decode entry into a free slot";
+  let description = [{
+    Writes the new token's key and value into the lowest free slot of each
+    head, which is the slot of the previous step's victim when the policy
+    evicts at decode: eviction moves no data.
+
+    ```mlir
+    kvc.append key #kvc.format<full> value #kvc.format<full>
+    ```
+  }];
+  let arguments = (ins Kvc_FormatAttr:$key, Kvc_FormatAttr:$value,
+                       OptionalAttr<Kvc_I64Attr>:$residual);
+  let assemblyFormat = [{
+    `key` qualified($key) `value` qualified($value)
+    (`residual` $residual^)? attr-dict
+  }];
 }
 
 #endif // KVC_DIALECT_KVCOPS_TD

@@ -34,4 +34,53 @@ def KvcSpecializePass : Pass<"kvc-specialize", "mlir::ModuleOp"> {
   ];
 }
 
+def KvcInferStatisticsPass : Pass<"kvc-infer-statistics", "mlir::ModuleOp"> {
+  let summary = "Infer which statistics each phase needs and who produces them";
+  let description = [{
+    Annotates every `kvc.phase` with a `statistics` array: one dictionary per
+    statistic the phase reads (attention over a window of queries, the last
+    query, the decayed accumulated attention, key and value features), with
+    the kernel that produces it (`prefill` or `decode`), whether it is kept
+    as per-entry state across steps, and at which granularity. A statistic
+    no kernel can produce is an error.
+  }];
+}
+
+def KvcFormKernelsPass : Pass<"kvc-form-kernels", "mlir::ModuleOp"> {
+  let summary = "Decide kernel boundaries: fuse each phase into a kernel";
+  let description = [{
+    Replaces the phases of every specialized policy with `kvc.kernel` ops.
+    Fused (the default): a `prefill` kernel computes causal attention, the
+    statistics of the prefill phase in the same pass over keys and values,
+    the scores, the selection and the gather of kept entries; a `decode`
+    kernel appends the new entry into the previous victim's slot, computes
+    attention and the decode statistics in one pass, and selects victims.
+    With `unfused`, attention kernels only compute outputs and separate
+    `prefill_scoring` / `decode_scoring` kernels recompute the attention
+    weights in a second pass over the keys.
+  }];
+  let options = [
+    Option<"unfused", "unfused", "bool", /*default=*/"false",
+           "Keep attention and scoring in separate kernels">,
+  ];
+  let dependentDialects = ["::kvc::KvcDialect"];
+}
+
+def KvcEmitPass : Pass<"kvc-emit", "mlir::ModuleOp"> {
+  let summary = "Emit C++ or CUDA C++ sources and a C header per policy";
+  let description = [{
+    Writes, for every policy whose phases were formed into kernels,
+    `kvc_<policy>.h` (the C entry points and workspace queries) and
+    `kvc_<policy>_cpu.cpp` (target `cpu`) or `kvc_<policy>_cuda.cu` (target
+    `cuda`) into `output-dir`, which must exist. Every policy constant and
+    geometry value is folded into the sources. The output is deterministic.
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Code generation target: cpu or cuda">,
+    Option<"outputDir", "output-dir", "std::string", /*default=*/"\"\"",
+           "Existing directory that receives the sources">,
+  ];
+}
+
 #endif // KVC_PASSES_PASSES_TD

@@ -1,0 +1,818 @@
+//===- CppEmitter.cpp - the CPU backend -----------------------------------===//
+//
+// Emits one C++ function per kernel of a policy. A kernel loops over the
+// kv-heads of one layer; inside, its stages run in order, each a few lines
+// that call the building blocks of runtime/kvc_cpu.h with the policy's
+// constants folded in, under a comment that prints the op it came from.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/Emitter.h"
+
+#include "mlir/IR/AsmState.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+#include <cstdio>
+
+using namespace mlir;
+using namespace kvc;
+
+//===----------------------------------------------------------------------===//
+// Shared helpers
+//===----------------------------------------------------------------------===//
+
+std::string kvc::dtypeEnumerator(Type type) {
+  if (type.isF16())
+    return "KVC_DTYPE_F16";
+  if (type.isBF16())
+    return "KVC_DTYPE_BF16";
+  return "KVC_DTYPE_F32";
+}
+
+FailureOr<RuntimeStorage> kvc::mapStorage(Operation *op, FormatAttr key,
+                                          FormatAttr value,
+                                          IntegerAttr residual) {
+  RuntimeStorage storage;
+  auto unsupported = [&](StringRef why) {
+    return op->emitOpError() << "storage formats " << key << " / " << value
+                             << " have no runtime format: " << why;
+  };
+  if (key.isFull() && value.isFull())
+    return storage;
+  if (key.getKind() != value.getKind())
+    return unsupported("the runtime stores keys and values of a context in "
+                       "one format kind");
+  switch (key.getKind()) {
+  case FormatKind::int2:
+  case FormatKind::int4:
+    if (key.getAxis() != QuantAxis::per_channel ||
+        value.getAxis() != QuantAxis::per_token ||
+        key.getGroup() != value.getGroup())
+      return unsupported("low-bit storage is KIVI's: per-channel keys and "
+                         "per-token values with one group size");
+    storage.format = key.getKind() == FormatKind::int2 ? "KVC_FORMAT_KIVI_INT2"
+                                                       : "KVC_FORMAT_KIVI_INT4";
+    storage.groupSize = key.getGroup();
+    storage.residual = residual ? residual.getInt() : 0;
+    return storage;
+  case FormatKind::int8:
+    if (key.getAxis() != QuantAxis::per_token ||
+        value.getAxis() != QuantAxis::per_token || key.getGroup() != 0 ||
+        value.getGroup() != 0)
+      return unsupported("int8 storage is per token, ungrouped");
+    storage.format = "KVC_FORMAT_INT8";
+    return storage;
+  case FormatKind::fp8_e4m3:
+    if (key.getAxis() != QuantAxis::per_token ||
+        value.getAxis() != QuantAxis::per_token)
+      return unsupported("fp8 storage has one scale per token");
+    storage.format = "KVC_FORMAT_FP8_E4M3";
+    return storage;
+  case FormatKind::full:
+    break;
+  }
+  return unsupported("mixed full and quantized storage");
+}
+
+namespace {
+
+/// Prints `x` so that it reads back as the same float.
+std::string floatLiteral(double x) {
+  if (std::isinf(x))
+    return x > 0 ? "kvc::cpu::kPosInf" : "kvc::cpu::kNegInf";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", x);
+  std::string s = text;
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+std::string reduceEnumerator(ReduceKind kind) {
+  switch (kind) {
+  case ReduceKind::mean:
+    return "kvc::cpu::Reduce::Mean";
+  case ReduceKind::max:
+    return "kvc::cpu::Reduce::Max";
+  case ReduceKind::sum:
+    return "kvc::cpu::Reduce::Sum";
+  }
+  llvm_unreachable("unknown reduce kind");
+}
+
+std::string normalizeEnumerator(NormalizeKind kind) {
+  switch (kind) {
+  case NormalizeKind::zscore:
+    return "kvc::cpu::Normalize::ZScore";
+  case NormalizeKind::sum:
+    return "kvc::cpu::Normalize::Sum";
+  case NormalizeKind::max:
+    return "kvc::cpu::Normalize::Max";
+  }
+  llvm_unreachable("unknown normalize kind");
+}
+
+bool isQueryScore(Value v) {
+  return cast<ScoreType>(v.getType()).getGranularity() == Granularity::query;
+}
+
+bool isDecodeKernel(KernelOp kernel) {
+  return kernel.getKind() == KernelKind::decode ||
+         kernel.getKind() == KernelKind::decode_scoring;
+}
+
+bool writesOutput(KernelOp kernel) {
+  return kernel.getKind() == KernelKind::prefill ||
+         kernel.getKind() == KernelKind::decode;
+}
+
+/// The C name of a kernel's entry point.
+std::string entryName(PolicyOp policy, KernelOp kernel, StringRef target) {
+  return ("kvc_" + policy.getSymName() + "_" + target + "_" +
+          stringifyKernelKind(kernel.getKind()))
+      .str();
+}
+
+/// Emits the body of one kernel function.
+class KernelEmitter {
+public:
+  KernelEmitter(PolicyOp policy, KernelOp kernel, AsmState &asmState)
+      : policy(policy), kernel(kernel), geometry(policy.getGeometryAttr()),
+        asmState(asmState), decode(isDecodeKernel(kernel)),
+        name(entryName(policy, kernel, "cpu")) {}
+
+  /// The C declaration of the entry point (without a trailing ';').
+  std::string declaration() {
+    std::string s = "kvc_status_t " + name + "(kvc_context_t *context, "
+                    "uint64_t sequence, int32_t layer, ";
+    if (decode)
+      s += "const float *q, ";
+    else
+      s += "int32_t n, const float *q, ";
+    if (kernel.getKind() != KernelKind::decode_scoring)
+      s += "const float *k, const float *v, ";
+    s += decode ? "int32_t position, " : "const int32_t *positions, ";
+    if (writesOutput(kernel))
+      s += "float *out, ";
+    s += "void *workspace, uint64_t workspace_bytes)";
+    return s;
+  }
+
+  std::string workspaceDeclaration() {
+    return "uint64_t " + name + "_workspace_bytes(int32_t " +
+           (decode ? "num_slots" : "n") + ")";
+  }
+
+  /// A one-paragraph description for the header.
+  std::string documentation();
+
+  LogicalResult emit(raw_ostream &os);
+
+private:
+  /// A score buffer of the current head: `perQuery` ones hold G rows.
+  struct Buffer {
+    std::string name;
+    bool perQuery;
+  };
+
+  std::string newFloatBuffer(bool perQuery) {
+    std::string bufferName = "s" + std::to_string(floatBuffers.size());
+    floatBuffers.push_back({bufferName, perQuery});
+    return bufferName;
+  }
+
+  /// Declares an alias of `value` to an existing buffer.
+  void bind(Value value, const std::string &bufferName, bool perQuery) {
+    values[value] = {bufferName, perQuery};
+  }
+
+  std::string opComment(Operation *op) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    op->print(os, asmState);
+    return "// " + text;
+  }
+
+  LogicalResult unsupported(Operation *op, StringRef why = "") {
+    InFlightDiagnostic diag = op->emitOpError()
+                              << "is not supported by the cpu emitter in a "
+                              << stringifyKernelKind(kernel.getKind())
+                              << " kernel yet";
+    if (!why.empty())
+      diag << ": " << why;
+    return diag;
+  }
+
+  LogicalResult emitStage(Operation *op, raw_ostream &os);
+  LogicalResult emitAttentionPass(AttentionPassOp pass, raw_ostream &os);
+  void emitGather(GatherOp gather, raw_ostream &os);
+  /// Emits `body` once per query head row of a per-query buffer, or once.
+  void forRows(raw_ostream &os, bool perQuery, const std::string &body);
+
+  PolicyOp policy;
+  KernelOp kernel;
+  GeometryAttr geometry;
+  AsmState &asmState;
+  bool decode;
+  std::string name;
+
+  llvm::DenseMap<Value, Buffer> values;
+  llvm::DenseMap<Value, std::string> budgets;
+  SmallVector<Buffer> floatBuffers;
+  AttentionPassOp attention;
+  /// The group-reduced accumulated state exists (decode: in the runtime's
+  /// score metadata; prefill: computed for the gather).
+  bool hasState = false;
+};
+
+std::string KernelEmitter::documentation() {
+  switch (kernel.getKind()) {
+  case KernelKind::prefill:
+    return "Prefill of one layer: causal attention of the n prompt tokens "
+           "(out: n x q_heads x head_dim)" +
+           std::string(kernel.getTrigger()
+                           ? ", the policy's prefill phase fused into the "
+                             "same pass, and the gather of the kept entries "
+                             "into the runtime's pages"
+                           : " and the gather of every entry into the "
+                             "runtime's pages") +
+           ". q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after "
+           "RoPE; positions: n original positions. The heads of `layer` must "
+           "be empty.";
+  case KernelKind::prefill_scoring:
+    return "Unfused prefill scoring of one layer: recomputes the attention "
+           "weights of the prompt in a second pass, scores, selects and "
+           "gathers the kept entries into the runtime's pages.";
+  case KernelKind::decode:
+    return "Decode step of one layer for one new token: appends k, v "
+           "(kv_heads x head_dim) at `position` into the lowest free slot, "
+           "then attention of q (q_heads x head_dim) over the cache into out" +
+           std::string(kernel.getTrigger() ? ", with the policy's decode "
+                                             "statistics and victim "
+                                             "selection in the same pass"
+                                           : "") +
+           ".";
+  case KernelKind::decode_scoring:
+    return "Unfused decode scoring of one layer: recomputes the attention "
+           "weights of q over the cache in a second pass, folds the "
+           "statistics and evicts the victims.";
+  }
+  llvm_unreachable("unknown kernel kind");
+}
+
+void KernelEmitter::forRows(raw_ostream &os, bool perQuery,
+                            const std::string &body) {
+  if (!perQuery) {
+    os << "    " << body << "\n";
+    return;
+  }
+  os << "    for (int32_t g = 0; g < kGroup; ++g)\n      " << body << "\n";
+}
+
+LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
+                                               raw_ostream &os) {
+  attention = pass;
+  os << "    " << opComment(pass) << "\n";
+  const bool acc = pass.getAccumulate().has_value();
+  if (!decode) {
+    if (pass.getWindow() && pass.getLast())
+      return unsupported(pass, "a window and the last query in one kernel");
+    std::string window = pass.getWindow()
+                             ? "kWindow"
+                             : (pass.getLast() ? "1" : "0");
+    std::string outArg = pass.getOutput() ? "oh" : "scratchOut";
+    os << "    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, "
+          "kh, vh, kKvStride, kSoftmaxScale, "
+       << outArg << ", " << window << ", "
+       << (pass.getWindow() || pass.getLast() ? "windowProbs" : "nullptr")
+       << ", " << (acc ? "accumulated" : "nullptr") << ", logits);\n";
+    hasState = acc;
+    return success();
+  }
+  const bool needProbs = pass.getLast() || acc;
+  std::string outArg = pass.getOutput() ? "out + h * kGroup * kHeadDim"
+                                        : "scratchOut";
+  os << "    KVC_CPU_TRY(kvc::cpu::decodeAttention<kGroup, kHeadDim>(head, "
+        "q + h * kGroup * kHeadDim, kSoftmaxScale, "
+     << outArg << ", " << (needProbs ? "probs" : "nullptr") << ", logits));\n";
+  if (acc) {
+    os << "    kvc::cpu::foldAccumulated(head, probs, kGroup, kDecay, "
+       << reduceEnumerator(*pass.getReduce()) << ");\n";
+    hasState = true;
+  }
+  return success();
+}
+
+void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
+  os << "    " << opComment(gather) << "\n";
+  const bool selects = !kernel.getBody().front().getOps<TopKOp>().empty();
+  os << "    int32_t kept = 0;\n";
+  if (selects)
+    os << "    for (int32_t i = 0, next = 0; i < n; ++i) {\n"
+          "      if (next < numVictims && victims[next] == i) {\n"
+          "        ++next;\n"
+          "        continue;\n"
+          "      }\n";
+  else
+    os << "    for (int32_t i = 0; i < n; ++i) {\n";
+  os << "      std::memcpy(gatherKeys + kept * kHeadDim, kh + i * kKvStride, "
+        "sizeof(float) * kHeadDim);\n"
+        "      std::memcpy(gatherValues + kept * kHeadDim, vh + i * kKvStride, "
+        "sizeof(float) * kHeadDim);\n"
+        "      keptPositions[kept] = positions[i];\n"
+        "      keptIndex[kept++] = i;\n"
+        "    }\n"
+        "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, "
+        "kHeadDim, gatherKeys, gatherValues, keptPositions, slots));\n";
+  if (hasState) {
+    // The per-entry state carried into decode is the group-reduced sum,
+    // before any normalization the scores applied.
+    os << "    // Accumulated attention carried into decode as score state.\n"
+          "    kvc::cpu::groupReduce(accumulated, kGroup, n, "
+       << reduceEnumerator(*attention.getReduce())
+       << ", state);\n"
+          "    kvc_metadata_t meta;\n"
+          "    KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, h, "
+          "&meta));\n"
+          "    for (int32_t j = 0; j < kept; ++j)\n"
+          "      meta.score[slots[j]] = state[keptIndex[j]];\n";
+  }
+}
+
+LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
+  if (auto pass = dyn_cast<AttentionPassOp>(op))
+    return emitAttentionPass(pass, os);
+  if (auto gather = dyn_cast<GatherOp>(op)) {
+    emitGather(gather, os);
+    return success();
+  }
+  if (isa<AppendOp>(op))
+    return success(); // Emitted ahead of the view, see emit().
+
+  os << "    " << opComment(op) << "\n";
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](AttnWindowOp window) -> LogicalResult {
+        if (!window.getVisibleNormalized()) {
+          bind(window, "windowProbs", true);
+          return success();
+        }
+        // Sum over the window divided by the window queries that see i.
+        std::string b = newFloatBuffer(true);
+        bind(window, b, true);
+        os << "    for (int32_t g = 0; g < kGroup; ++g)\n"
+              "      for (int32_t i = 0; i < n; ++i) {\n"
+              "        const int32_t w = std::min(kWindow, n);\n"
+              "        const int32_t seen = std::min(w, n - i);\n"
+              "        "
+           << b << "[g * n + i] = windowProbs[g * n + i] * w / seen;\n"
+           << "      }\n";
+        return success();
+      })
+      .Case([&](AttnLastOp last) -> LogicalResult {
+        bind(last, decode ? "probs" : "windowProbs", true);
+        return success();
+      })
+      .Case([&](AttnAccumulateOp acc) -> LogicalResult {
+        if (!decode) {
+          if (!acc.getVisibleNormalized()) {
+            bind(acc, "accumulated", true);
+            return success();
+          }
+          std::string b = newFloatBuffer(true);
+          bind(acc, b, true);
+          os << "    for (int32_t g = 0; g < kGroup; ++g)\n"
+                "      for (int32_t i = 0; i < n; ++i)\n"
+                "        "
+             << b << "[g * n + i] = accumulated[g * n + i] / (n - i);\n";
+          return success();
+        }
+        // Decode: the state is already reduced over the group; the
+        // kvc.group_reduce that follows is an alias.
+        std::string b = newFloatBuffer(false);
+        bind(acc, b, false);
+        os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
+           << "[i] = positions[i] == KVC_POSITION_NONE ? kvc::cpu::kNegInf : "
+           << (acc.getVisibleNormalized()
+                   ? "head.scoreState()[i] / (position - positions[i] + 1)"
+                   : "head.scoreState()[i]")
+           << ";\n";
+        return success();
+      })
+      .Case([&](RecencyOp recency) -> LogicalResult {
+        std::string b = newFloatBuffer(false);
+        bind(recency, b, false);
+        os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
+           << "[i] = static_cast<float>(positions[i]);\n";
+        return success();
+      })
+      .Case([&](KeyNormOp keyNorm) -> LogicalResult {
+        if (decode)
+          return unsupported(op);
+        std::string b = newFloatBuffer(false);
+        bind(keyNorm, b, false);
+        os << "    kvc::cpu::rowNorms(kh, kKvStride, n, kHeadDim, 2, " << b
+           << ");\n";
+        return success();
+      })
+      .Case([&](ValueNormOp valueNorm) -> LogicalResult {
+        if (decode)
+          return unsupported(op);
+        std::string b = newFloatBuffer(false);
+        bind(valueNorm, b, false);
+        os << "    kvc::cpu::rowNorms(vh, kKvStride, n, kHeadDim, "
+           << valueNorm.getP() << ", " << b << ");\n";
+        return success();
+      })
+      .Case([&](KeyDiversityOp diversity) -> LogicalResult {
+        if (decode)
+          return unsupported(op);
+        std::string b = newFloatBuffer(false);
+        bind(diversity, b, false);
+        os << "    kvc::cpu::keyDiversity(kh, kKvStride, n, kHeadDim, " << b
+           << ");\n";
+        return success();
+      })
+      .Case([&](PoolOp pool) -> LogicalResult {
+        if (decode)
+          return unsupported(op, "slots are not in token order at decode");
+        Buffer in = values.lookup(pool.getInput());
+        std::string b = newFloatBuffer(in.perQuery);
+        bind(pool, b, in.perQuery);
+        std::string fn = pool.getKind() == PoolKind::avg ? "poolAvg" : "poolMax";
+        std::string offset = in.perQuery ? " + g * n" : "";
+        forRows(os, in.perQuery,
+                "kvc::cpu::" + fn + "(" + in.name + offset + ", n, " +
+                    std::to_string(pool.getKernel()) + ", " + b + offset +
+                    ");");
+        return success();
+      })
+      .Case([&](GroupReduceOp reduce) -> LogicalResult {
+        Buffer in = values.lookup(reduce.getInput());
+        if (!in.perQuery) { // Decode state: reduced by the attention pass.
+          if (reduce.getKind() != *attention.getReduce())
+            return unsupported(op, "the state was reduced differently");
+          bind(reduce, in.name, false);
+          os << "    // Folded into the accumulated state by the attention "
+                "pass.\n";
+          return success();
+        }
+        std::string b = newFloatBuffer(false);
+        bind(reduce, b, false);
+        os << "    kvc::cpu::groupReduce(" << in.name << ", kGroup, n, "
+           << reduceEnumerator(reduce.getKind()) << ", " << b << ");\n";
+        return success();
+      })
+      .Case([&](NormalizeOp norm) -> LogicalResult {
+        Buffer in = values.lookup(norm.getInput());
+        std::string b = newFloatBuffer(in.perQuery);
+        bind(norm, b, in.perQuery);
+        std::string offset = in.perQuery ? " + g * n" : "";
+        forRows(os, in.perQuery,
+                "kvc::cpu::normalize(" + in.name + offset +
+                    ", positions, n, " + normalizeEnumerator(norm.getKind()) +
+                    ", " + b + offset + ");");
+        return success();
+      })
+      .Case([&](ProtectOp protect) -> LogicalResult {
+        Buffer in = values.lookup(protect.getInput());
+        std::string b = newFloatBuffer(in.perQuery);
+        bind(protect, b, in.perQuery);
+        std::string offset = in.perQuery ? " + g * n" : "";
+        forRows(os, in.perQuery,
+                "kvc::cpu::protect(" + in.name + offset + ", positions, n, " +
+                    std::to_string(protect.getSinks()) + ", " +
+                    std::to_string(protect.getRecent()) + ", " + b + offset +
+                    ", order);");
+        return success();
+      })
+      .Case([&](CombineOp combine) -> LogicalResult {
+        bool perQuery = isQueryScore(combine.getResult());
+        std::string b = newFloatBuffer(perQuery);
+        bind(combine, b, perQuery);
+        std::string expr;
+        for (auto [i, input] : llvm::enumerate(combine.getInputs())) {
+          std::string term = values.lookup(input).name + "[i]";
+          if (combine.getKind() == CombineKind::product) {
+            expr += (i ? " * " : "") + term;
+            continue;
+          }
+          expr += (i ? " + " : "") + floatLiteral(combine.getWeight(i)) +
+                  " * " + term;
+        }
+        os << "    for (int64_t i = 0; i < " << (perQuery ? "kGroup * n" : "n")
+           << "; ++i)\n      " << b << "[i] = " << expr << ";\n";
+        return success();
+      })
+      .Case([&](BudgetUniformOp uniform) -> LogicalResult {
+        std::string b = "budget" + std::to_string(budgets.size());
+        budgets[uniform] = b;
+        if (std::optional<int64_t> count = uniform.getCount()) {
+          os << "    const int64_t " << b << " = " << *count << ";\n";
+          return success();
+        }
+        if (decode)
+          return unsupported(op, "decode-time eviction needs a count budget");
+        os << "    const int64_t " << b
+           << " = static_cast<int64_t>(n * (1.0 - "
+           << floatLiteral(uniform.getRatio()->convertToDouble())
+           << "));\n";
+        return success();
+      })
+      .Case([&](BudgetPyramidOp pyramid) -> LogicalResult {
+        if (decode)
+          return unsupported(op, "decode-time eviction needs a count budget");
+        std::string b = "budget" + std::to_string(budgets.size());
+        budgets[pyramid] = b;
+        os << "    const int64_t " << b << " = kvc::cpu::pyramidBudget("
+           << pyramid.getCapacity() << ", " << pyramid.getWindow() << ", "
+           << pyramid.getBeta() << ", kLayers, layer, n);\n";
+        return success();
+      })
+      .Case([&](TopKOp topk) -> LogicalResult {
+        if (!budgets.count(topk.getBudget()))
+          return unsupported(op, "its budget has no generated form");
+        if (cast<ScoreType>(topk.getScore().getType()).getGranularity() ==
+            Granularity::layer)
+          return unsupported(op, "layer-wide selection");
+        os << "    kvc::cpu::selectVictims("
+           << values.lookup(topk.getScore()).name << ", positions, n, "
+           << budgets.lookup(topk.getBudget()) << ", "
+           << (topk.getTie() == TieBreak::recent ? "true" : "false")
+           << ", order, victims, &numVictims);\n";
+        return success();
+      })
+      .Case([&](EvictOp) -> LogicalResult {
+        if (decode)
+          os << "    if (numVictims > 0)\n"
+                "      KVC_CPU_TRY(kvc_evict(context, sequence, layer, h, "
+                "numVictims, victims));\n";
+        else
+          os << "    // The gather below skips the victims.\n";
+        return success();
+      })
+      .Default([&](Operation *other) { return unsupported(other); });
+}
+
+LogicalResult KernelEmitter::emit(raw_ostream &out) {
+  // Stages first, into a buffer: they decide which workspace buffers exist.
+  std::string body;
+  llvm::raw_string_ostream os(body);
+  AppendOp append;
+  for (Operation &op : kernel.getBody().front()) {
+    if (auto a = dyn_cast<AppendOp>(op))
+      append = a;
+    if (failed(emitStage(&op, os)))
+      return failure();
+  }
+
+  // Workspace: float rows of n entries, int rows of n entries.
+  const bool window = attention && (attention.getWindow() || attention.getLast());
+  const bool acc = attention && attention.getAccumulate();
+  const bool probs = decode && attention &&
+                     (attention.getLast() || attention.getAccumulate());
+  const bool gathers = !decode && !kernel.getBody().front().getOps<GatherOp>().empty();
+  SmallVector<std::pair<std::string, std::string>> floats, ints;
+  // Each entry: name, rows (multiples of n).
+  floats.push_back({"logits", decode ? "kGroup" : "1"});
+  if (!decode && window)
+    floats.push_back({"windowProbs", "kGroup"});
+  if (!decode && acc)
+    floats.push_back({"accumulated", "kGroup"});
+  if (!decode && acc && gathers)
+    floats.push_back({"state", "1"});
+  if (probs)
+    floats.push_back({"probs", "kGroup"});
+  for (const Buffer &b : floatBuffers)
+    floats.push_back({b.name, b.perQuery ? "kGroup" : "1"});
+  if (gathers) {
+    floats.push_back({"gatherKeys", "kHeadDim"});
+    floats.push_back({"gatherValues", "kHeadDim"});
+  }
+  bool selects = false, orders = false;
+  for (Operation &op : kernel.getBody().front()) {
+    selects |= isa<TopKOp>(op);
+    orders |= isa<TopKOp, ProtectOp>(op);
+  }
+  if (orders)
+    ints.push_back({"order", "1"});
+  if (selects)
+    ints.push_back({"victims", "1"});
+  if (gathers) {
+    ints.push_back({"keptPositions", "1"});
+    ints.push_back({"keptIndex", "1"});
+    ints.push_back({"slots", "1"});
+  }
+  bool scratchOut = attention && !attention.getOutput();
+  std::string rowSum;
+  for (auto &[bufName, rows] : floats)
+    rowSum += (rowSum.empty() ? "" : " + ") + rows;
+  for (auto &[bufName, rows] : ints)
+    rowSum += (rowSum.empty() ? "" : " + ") + rows;
+  std::string entries = decode ? "num_slots" : "n";
+
+  // The workspace query.
+  out << "/// Rows of " << entries
+      << " floats or ints this kernel carves from its workspace.\n";
+  out << workspaceDeclaration() << " {\n";
+  out << "  return sizeof(float) * (static_cast<uint64_t>(" << entries
+      << ") * (" << rowSum << ")"
+      << (scratchOut ? " + kGroup * kHeadDim" : "") << ");\n}\n\n";
+
+  // The entry point.
+  out << "/// " << documentation() << "\n";
+  out << declaration() << " {\n";
+  out << "  if (!context || !q" << (append || !decode ? " || !k || !v" : "")
+      << (decode ? "" : " || !positions")
+      << (writesOutput(kernel) ? " || !out" : "") << " || !workspace)\n"
+      << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
+      << ": null argument\");\n";
+  out << "  if (layer < 0 || layer >= kLayers)\n"
+      << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
+      << ": layer out of range\");\n";
+  if (!decode) {
+    out << "  if (n <= 0)\n"
+        << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
+        << ": the prompt is empty\");\n";
+    out << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
+        << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
+        << ": workspace smaller than " << name << "_workspace_bytes(n)\");\n";
+  }
+  out << "  kvc_config_t config;\n"
+         "  KVC_CPU_TRY(kvc_context_config(context, &config));\n"
+         "  if (config.num_layers != kLayers || config.num_q_heads != kQHeads "
+         "||\n"
+         "      config.num_kv_heads != kKvHeads || config.head_dim != "
+         "kHeadDim)\n"
+      << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
+      << ": the context's geometry is not the policy's\");\n";
+
+  out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n";
+  if (decode) {
+    out << "    int32_t slotsBefore = 0;\n"
+           "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
+           "&slotsBefore));\n"
+        << "    if (workspace_bytes < " << name
+        << "_workspace_bytes(slotsBefore + config.page_size))\n"
+        << "      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+        << name << ": workspace smaller than " << name
+        << "_workspace_bytes(slots + page_size)\");\n";
+    if (append) {
+      out << "    " << opComment(append) << "\n";
+      out << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, 1, "
+             "kHeadDim, k + h * kHeadDim, v + h * kHeadDim, &position, "
+             "nullptr));\n";
+    }
+    out << "    kvc::cpu::HeadView head;\n"
+           "    KVC_CPU_TRY(head.bind(context, sequence, layer, h));\n"
+           "    const int32_t n = head.numSlots();\n";
+    if (!floatBuffers.empty() || selects)
+      out << "    const int32_t *positions = head.positions();\n";
+  } else {
+    out << "    int32_t existing = 0;\n"
+           "    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
+           "&existing));\n"
+        << "    if (existing != 0)\n"
+        << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
+        << name << ": prefill needs an empty cache\");\n";
+    out << "    const float *qh = q + h * kGroup * kHeadDim;\n"
+           "    const float *kh = k + h * kHeadDim;\n"
+           "    const float *vh = v + h * kHeadDim;\n";
+    if (writesOutput(kernel))
+      out << "    float *oh = out + h * kGroup * kHeadDim;\n";
+  }
+  // Carve the workspace.
+  out << "    float *ws = static_cast<float *>(workspace);\n";
+  for (auto &[bufName, rows] : floats)
+    out << "    float *" << bufName << " = ws;\n    ws += static_cast<int64_t>("
+        << rows << ") * n;\n";
+  for (auto &[bufName, rows] : ints)
+    out << "    int32_t *" << bufName
+        << " = reinterpret_cast<int32_t *>(ws);\n    ws += n;\n";
+  if (scratchOut)
+    out << "    float *scratchOut = ws;\n";
+  if (selects)
+    out << "    int32_t numVictims = 0;\n";
+  out << body;
+  out << "  }\n  return KVC_STATUS_OK;\n}\n";
+  return success();
+}
+
+} // namespace
+
+LogicalResult kvc::emitCpp(PolicyOp policy,
+                           SmallVectorImpl<EmittedFile> &files) {
+  GeometryAttr geometry = policy.getGeometryAttr();
+  std::string p = policy.getSymName().str();
+  SmallVector<KernelOp> kernels(policy.getBody().front().getOps<KernelOp>());
+  if (!geometry || kernels.empty())
+    return policy.emitOpError()
+           << "has no kernels; run kvc-specialize and kvc-form-kernels first";
+
+  // Storage: every kernel that writes entries agrees on the format.
+  FailureOr<RuntimeStorage> storage = RuntimeStorage();
+  for (KernelOp kernel : kernels)
+    for (Operation &op : kernel.getBody().front()) {
+      if (auto g = dyn_cast<GatherOp>(op))
+        storage = mapStorage(g, g.getKey(), g.getValue(), g.getResidualAttr());
+      if (auto a = dyn_cast<AppendOp>(op))
+        storage = mapStorage(a, a.getKey(), a.getValue(), a.getResidualAttr());
+      if (failed(storage))
+        return failure();
+    }
+
+  // Constants of the policy, one per folded parameter.
+  std::string constants;
+  llvm::raw_string_ostream cs(constants);
+  std::optional<int64_t> window;
+  std::optional<double> decay;
+  for (KernelOp kernel : kernels)
+    for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
+      if (pass.getWindow())
+        window = *pass.getWindow();
+      if (pass.getAccumulate())
+        decay = pass.getAccumulate()->convertToDouble();
+    }
+  if (window)
+    cs << "/// Observation window of the prefill statistics.\n"
+       << "constexpr int32_t kWindow = " << *window << ";\n";
+  if (decay)
+    cs << "/// Decay of the accumulated attention state.\n"
+       << "constexpr float kDecay = " << floatLiteral(*decay) << ";\n";
+
+  AsmState asmState(policy);
+  std::string source, header;
+  llvm::raw_string_ostream src(source), hdr(header);
+  std::string guard = "KVC_GENERATED_" + llvm::StringRef(p).upper() + "_CPU_H";
+  std::string geometryText;
+  llvm::raw_string_ostream(geometryText) << geometry;
+
+  hdr << "/* Generated by kvc-opt --kvc-emit=target=cpu from policy @" << p
+      << ". Do not edit. */\n"
+      << "/* " << geometryText << " */\n\n"
+      << "#ifndef " << guard << "\n#define " << guard << "\n\n"
+      << "#include \"runtime/kvc_runtime.h\"\n\n"
+      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  hdr << "/// Fills the geometry and storage fields of a runtime configuration "
+         "for\n/// this policy; the caller chooses page_size (a multiple of "
+         "the KIVI group\n/// when quantized), num_pages, max_sequences and "
+         "memory.\n";
+  hdr << "void kvc_" << p << "_cpu_configure(kvc_config_t *config);\n\n";
+
+  src << "// Generated by kvc-opt --kvc-emit=target=cpu from policy @" << p
+      << ". Do not edit.\n"
+      << "// " << geometryText << "\n"
+      << "// Kernels:";
+  for (KernelOp kernel : kernels)
+    src << " " << stringifyKernelKind(kernel.getKind());
+  src << ".\n\n#include \"kvc_" << p << "_cpu.h\"\n\n"
+      << "#include \"runtime/kvc_cpu.h\"\n\n"
+      << "namespace {\n"
+      << "constexpr int32_t kLayers = " << geometry.getLayers() << ";\n"
+      << "constexpr int32_t kQHeads = " << geometry.getQHeads() << ";\n"
+      << "constexpr int32_t kKvHeads = " << geometry.getKvHeads() << ";\n"
+      << "/// Query heads per kv-head (GQA group).\n"
+      << "constexpr int32_t kGroup = " << geometry.getGroupSize() << ";\n"
+      << "constexpr int32_t kHeadDim = " << geometry.getHeadDim() << ";\n"
+      << "/// Row strides of prompt tensors, in floats.\n"
+      << "constexpr int64_t kQStride = kQHeads * kHeadDim;\n"
+      << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
+      << "/// 1 / sqrt(head_dim).\n"
+      << "constexpr float kSoftmaxScale = "
+      << floatLiteral(1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
+      << constants << "} // namespace\n\n"
+      << "extern \"C\" {\n\n";
+
+  src << "void kvc_" << p << "_cpu_configure(kvc_config_t *config) {\n"
+      << "  if (!config)\n    return;\n"
+      << "  config->num_layers = kLayers;\n"
+      << "  config->num_q_heads = kQHeads;\n"
+      << "  config->num_kv_heads = kKvHeads;\n"
+      << "  config->head_dim = kHeadDim;\n"
+      << "  config->dtype = " << dtypeEnumerator(geometry.getDtype()) << ";\n"
+      << "  config->format = " << storage->format << ";\n"
+      << "  config->group_size = " << storage->groupSize << ";\n"
+      << "  config->residual_length = " << storage->residual << ";\n"
+      << "}\n\n";
+
+  for (KernelOp kernel : kernels) {
+    KernelEmitter emitter(policy, kernel, asmState);
+    if (failed(emitter.emit(src)))
+      return failure();
+    src << "\n";
+    hdr << "/// Workspace bytes of " << entryName(policy, kernel, "cpu")
+        << ".\n"
+        << emitter.workspaceDeclaration() << ";\n";
+    hdr << "/// " << emitter.documentation() << "\n"
+        << emitter.declaration() << ";\n\n";
+  }
+  src << "} // extern \"C\"\n";
+  hdr << "#ifdef __cplusplus\n} /* extern \"C\" */\n#endif\n\n#endif /* "
+      << guard << " */\n";
+
+  files.push_back({"kvc_" + p + "_cpu.h", header});
+  files.push_back({"kvc_" + p + "_cpu.cpp", source});
+  return success();
+}

@@ -1,0 +1,50 @@
+//===- Emitter.h - source emitters of kvc kernels ---------------*- C++ -*-===//
+//
+// Emitters turn the kernels of a policy (after kvc-form-kernels) into
+// sources. The C++ emitter produces the CPU backend; the CUDA emitter the
+// GPU backend. Both fold every constant and produce deterministic text.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_CODEGEN_EMITTER_H
+#define KVC_CODEGEN_EMITTER_H
+
+#include "dialect/KvcOps.h"
+
+#include "llvm/Support/raw_ostream.h"
+
+#include <string>
+
+namespace kvc {
+
+/// One generated file.
+struct EmittedFile {
+  std::string name;
+  std::string contents;
+};
+
+/// How the runtime context must be configured for a policy: the format the
+/// policy's storage maps to, and its KIVI parameters.
+struct RuntimeStorage {
+  /// Spelling of the kvc_format_t enumerator.
+  std::string format = "KVC_FORMAT_FULL";
+  int64_t groupSize = 0;
+  int64_t residual = 0;
+};
+
+/// Maps the storage formats of a kernel's gather/append to the runtime's
+/// per-context format; emits an error on `op` when the runtime has none.
+mlir::FailureOr<RuntimeStorage> mapStorage(mlir::Operation *op,
+                                           FormatAttr key, FormatAttr value,
+                                           mlir::IntegerAttr residual);
+
+/// Spelling of an element type in kvc_dtype_t.
+std::string dtypeEnumerator(mlir::Type type);
+
+/// Emits the CPU backend of `policy`: a header and a C++ source.
+mlir::LogicalResult emitCpp(PolicyOp policy,
+                            llvm::SmallVectorImpl<EmittedFile> &files);
+
+} // namespace kvc
+
+#endif // KVC_CODEGEN_EMITTER_H

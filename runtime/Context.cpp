@@ -1,0 +1,1477 @@
+//===- Context.cpp - Paged per-head KV storage ----------------------------===//
+//
+// The context: pool accounting, per (sequence, layer, kv-head) page tables,
+// per-slot metadata, appends with slot reuse, eviction that returns empty
+// pages to the pool, compaction, and the KIVI residual window.
+//
+// All bookkeeping lives in host memory and names pages by index, so the same
+// code serves host and device pools; only the data paths dereference the
+// pool, and they refuse device pools.
+//
+// Transactions: every mutating entry point validates everything and performs
+// every host allocation it needs before it changes anything, so a failure
+// (including std::bad_alloc) leaves the context as it was.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/Formats.h"
+#include "runtime/Support.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+using namespace kvc::rt;
+
+#define KVC_CHECK(expr)                                                        \
+  do {                                                                         \
+    if (kvc_status_t kvcCheckStatus = (expr))                                  \
+      return kvcCheckStatus;                                                   \
+  } while (false)
+
+namespace {
+
+constexpr uint64_t kRegionAlignment = 16;
+
+uint64_t alignUp(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+/// Bookkeeping of one (sequence, layer, kv-head).
+struct HeadState {
+  /// Pool page id of each page-table entry; -1 marks a hole left by a page
+  /// that eviction returned to the pool (closed by compaction).
+  std::vector<int32_t> pages;
+  /// Live entries per page-table entry.
+  std::vector<int32_t> pageLive;
+  /// Per-slot metadata (length pages.size() * page_size).
+  std::vector<int32_t> position;
+  std::vector<float> score;
+  std::vector<float> weight;
+  std::vector<uint8_t> keyFormat;
+  std::vector<uint8_t> valueFormat;
+  /// KIVI: index of the entry in this head's append order, per slot.
+  std::vector<int64_t> appendIndex;
+  int32_t live = 0;
+  int32_t budget = -1;
+
+  // KIVI residual window. Entry a (in append order) owns residual row
+  // a % R while a >= appended - R; `residualSlot` maps each row to the slot
+  // of its entry (-1 once evicted or before use).
+  int64_t appended = 0;
+  int64_t keysFlushed = 0;
+  std::vector<int32_t> residualSlot;
+  /// First slot of the block receiving appends, or -1; `openFill` slots of
+  /// it have been handed out.
+  int32_t openBlock = -1;
+  int32_t openFill = 0;
+};
+
+struct Sequence {
+  /// Index into the residual region (0 .. max_sequences-1).
+  int32_t index = 0;
+  std::vector<HeadState> heads;
+};
+
+/// Layout of a configuration, computed without validating it.
+kvc_page_layout_t computeLayout(const kvc_config_t &c) {
+  kvc_page_layout_t l{};
+  uint64_t d = static_cast<uint64_t>(c.head_dim);
+  uint64_t p = static_cast<uint64_t>(c.page_size);
+  uint64_t e = dtypeBytes(c.dtype);
+  switch (c.format) {
+  case KVC_FORMAT_FULL:
+    l.key_stride = l.value_stride = d * e;
+    break;
+  case KVC_FORMAT_INT8:
+  case KVC_FORMAT_FP8_E4M3:
+    l.key_stride = l.value_stride = d;
+    l.key_param_stride = l.value_param_stride = sizeof(float);
+    break;
+  case KVC_FORMAT_KIVI_INT2:
+  case KVC_FORMAT_KIVI_INT4: {
+    uint64_t g = static_cast<uint64_t>(c.group_size);
+    l.key_stride = l.value_stride = d * kiviBits(c.format) / 8;
+    l.key_param_stride = 2 * sizeof(float) * d;
+    l.value_param_stride = g ? 2 * sizeof(float) * (d / g) : 0;
+    l.residual_bytes =
+        alignUp(2 * static_cast<uint64_t>(c.residual_length) * d * e,
+                KVC_POOL_ALIGNMENT);
+    break;
+  }
+  }
+  l.key_offset = 0;
+  l.value_offset = alignUp(p * l.key_stride, kRegionAlignment);
+  uint64_t end = l.value_offset + p * l.value_stride;
+  l.key_param_offset = alignUp(end, kRegionAlignment);
+  uint64_t keyRecords = kiviBits(c.format) && c.group_size > 0
+                            ? p / static_cast<uint64_t>(c.group_size)
+                            : p;
+  end = l.key_param_offset + keyRecords * l.key_param_stride;
+  l.value_param_offset = alignUp(end, kRegionAlignment);
+  end = l.value_param_offset + p * l.value_param_stride;
+  l.page_bytes = alignUp(end, KVC_POOL_ALIGNMENT);
+  l.residual_offset = 0;
+  l.pages_offset = static_cast<uint64_t>(c.max_sequences) *
+                   static_cast<uint64_t>(c.num_layers) *
+                   static_cast<uint64_t>(c.num_kv_heads) * l.residual_bytes;
+  return l;
+}
+
+kvc_status_t validateConfig(const char *name, const kvc_config_t *c) {
+  if (!c)
+    return fail(KVC_STATUS_NULL_POINTER, "%s: config is NULL", name);
+  struct Positive {
+    const char *field;
+    int32_t value;
+  } positives[] = {
+      {"num_layers", c->num_layers},      {"num_q_heads", c->num_q_heads},
+      {"num_kv_heads", c->num_kv_heads},  {"head_dim", c->head_dim},
+      {"page_size", c->page_size},        {"num_pages", c->num_pages},
+      {"max_sequences", c->max_sequences}};
+  for (const Positive &p : positives)
+    if (p.value <= 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: %s must be > 0 (got %d)",
+                  name, p.field, p.value);
+  if (c->dtype < KVC_DTYPE_F32 || c->dtype > KVC_DTYPE_BF16)
+    return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: unknown dtype %d", name,
+                static_cast<int>(c->dtype));
+  if (c->format < KVC_FORMAT_FULL || c->format > KVC_FORMAT_KIVI_INT4)
+    return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: unknown format %d", name,
+                static_cast<int>(c->format));
+  if (c->memory != KVC_MEMORY_HOST && c->memory != KVC_MEMORY_DEVICE)
+    return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: unknown memory kind %d", name,
+                static_cast<int>(c->memory));
+  if (c->num_q_heads % c->num_kv_heads != 0)
+    return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                "%s: num_q_heads %d is not a multiple of num_kv_heads %d", name,
+                c->num_q_heads, c->num_kv_heads);
+  if (c->head_dim % 2 != 0)
+    return fail(KVC_STATUS_GEOMETRY_MISMATCH, "%s: head_dim %d is odd", name,
+                c->head_dim);
+  if (int bits = kiviBits(c->format)) {
+    int32_t g = c->group_size, r = c->residual_length;
+    if (g <= 0 || c->head_dim % g != 0)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: KIVI group %d does not divide head_dim %d", name, g,
+                  c->head_dim);
+    if (c->page_size % g != 0)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: KIVI group %d does not divide page_size %d", name, g,
+                  c->page_size);
+    if (r <= 0 || r % g != 0)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: KIVI residual %d is not a positive multiple of group "
+                  "%d",
+                  name, r, g);
+    if ((static_cast<int64_t>(c->head_dim) * bits) % 8 != 0)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: head_dim %d does not pack into whole bytes at %d bits",
+                  name, c->head_dim, bits);
+    if (c->memory == KVC_MEMORY_DEVICE)
+      return fail(KVC_STATUS_UNSUPPORTED,
+                  "%s: KIVI flushes quantize on the host; device pools "
+                  "support FULL, INT8 and FP8_E4M3",
+                  name);
+  }
+  // Slot numbers, page ids and byte sizes must not overflow.
+  int64_t slots = static_cast<int64_t>(c->num_pages) * c->page_size;
+  if (slots > std::numeric_limits<int32_t>::max())
+    return fail(KVC_STATUS_INVALID_ARGUMENT,
+                "%s: num_pages * page_size exceeds 2^31-1 slots", name);
+  kvc_page_layout_t l = computeLayout(*c);
+  long double total = static_cast<long double>(l.pages_offset) +
+                      static_cast<long double>(l.page_bytes) * c->num_pages;
+  if (total >
+      static_cast<long double>(std::numeric_limits<uint64_t>::max() / 2))
+    return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: pool size overflows", name);
+  return KVC_STATUS_OK;
+}
+
+} // namespace
+
+/// The opaque context of the ABI.
+struct kvc_context {
+  kvc_config_t config{};
+  kvc_page_layout_t layout{};
+  uint8_t *pool = nullptr;
+  /// Slots handed out together: 1, or G for KIVI (key blocks).
+  int32_t unit = 1;
+  /// Free pool pages; capacity num_pages, so pushes never allocate.
+  std::vector<int32_t> freePages;
+  std::unordered_map<uint64_t, Sequence> sequences;
+  /// Which residual indices are taken.
+  std::vector<uint8_t> sequenceIndexUsed;
+
+  bool isHost() const { return config.memory == KVC_MEMORY_HOST; }
+  bool isKivi() const { return kiviBits(config.format) != 0; }
+  int32_t headsPerSequence() const {
+    return config.num_layers * config.num_kv_heads;
+  }
+  int32_t slotCapacity() const { return config.num_pages * config.page_size; }
+
+  uint8_t *pageBase(int32_t poolPage) const {
+    return pool + layout.pages_offset +
+           static_cast<uint64_t>(poolPage) * layout.page_bytes;
+  }
+  uint64_t pageOffset(int32_t poolPage) const {
+    return layout.pages_offset +
+           static_cast<uint64_t>(poolPage) * layout.page_bytes;
+  }
+  /// Residual row `row` of head `headIndex` of the sequence at `seqIndex`:
+  /// keys first (R rows), then values (R rows).
+  uint8_t *residualKey(int32_t seqIndex, int32_t headIndex, int64_t row) const {
+    uint64_t rowBytes =
+        static_cast<uint64_t>(config.head_dim) * dtypeBytes(config.dtype);
+    uint64_t head = static_cast<uint64_t>(seqIndex) * headsPerSequence() +
+                    static_cast<uint64_t>(headIndex);
+    return pool + layout.residual_offset + head * layout.residual_bytes +
+           static_cast<uint64_t>(row) * rowBytes;
+  }
+  uint8_t *residualValue(int32_t seqIndex, int32_t headIndex,
+                         int64_t row) const {
+    uint64_t rowBytes =
+        static_cast<uint64_t>(config.head_dim) * dtypeBytes(config.dtype);
+    return residualKey(seqIndex, headIndex, row) +
+           static_cast<uint64_t>(config.residual_length) * rowBytes;
+  }
+};
+
+namespace {
+
+/// A resolved (sequence, layer, head) reference.
+struct HeadRef {
+  Sequence *sequence = nullptr;
+  HeadState *head = nullptr;
+  int32_t headIndex = 0;
+};
+
+kvc_status_t lookupHead(const char *name, const kvc_context *ctx,
+                        uint64_t sequence, int32_t layer, int32_t head,
+                        HeadRef &out) {
+  if (!ctx)
+    return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+  auto it = const_cast<kvc_context *>(ctx)->sequences.find(sequence);
+  if (it == ctx->sequences.end())
+    return fail(KVC_STATUS_OUT_OF_RANGE, "%s: unknown sequence %llu", name,
+                static_cast<unsigned long long>(sequence));
+  if (layer < 0 || layer >= ctx->config.num_layers)
+    return fail(KVC_STATUS_OUT_OF_RANGE, "%s: layer %d out of range [0, %d)",
+                name, layer, ctx->config.num_layers);
+  if (head < 0 || head >= ctx->config.num_kv_heads)
+    return fail(KVC_STATUS_OUT_OF_RANGE, "%s: kv head %d out of range [0, %d)",
+                name, head, ctx->config.num_kv_heads);
+  out.sequence = &it->second;
+  out.headIndex = layer * ctx->config.num_kv_heads + head;
+  out.head = &it->second.heads[out.headIndex];
+  return KVC_STATUS_OK;
+}
+
+kvc_status_t checkLiveSlot(const char *name, const kvc_context *ctx,
+                           const HeadState &h, int32_t slot) {
+  int64_t slots = static_cast<int64_t>(h.pages.size()) * ctx->config.page_size;
+  if (slot < 0 || slot >= slots)
+    return fail(KVC_STATUS_OUT_OF_RANGE, "%s: slot %d out of range [0, %lld)",
+                name, slot, static_cast<long long>(slots));
+  if (h.position[slot] == KVC_POSITION_NONE)
+    return fail(KVC_STATUS_OUT_OF_RANGE, "%s: slot %d is free", name, slot);
+  return KVC_STATUS_OK;
+}
+
+kvc_status_t checkDim(const char *name, const kvc_context *ctx, int32_t dim) {
+  if (dim != ctx->config.head_dim)
+    return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                "%s: dim %d does not match head_dim %d", name, dim,
+                ctx->config.head_dim);
+  return KVC_STATUS_OK;
+}
+
+kvc_status_t checkFloatArray(const char *name, const char *what,
+                             const float *p) {
+  if (!p)
+    return fail(KVC_STATUS_NULL_POINTER, "%s: %s is NULL", name, what);
+  if (!isAligned<float>(p))
+    return fail(KVC_STATUS_MISALIGNED, "%s: %s is not 4-byte aligned", name,
+                what);
+  return KVC_STATUS_OK;
+}
+
+kvc_status_t checkFinite(const char *name, const char *what, const float *p,
+                         int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]))
+      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: %s[%lld] is not finite",
+                  name, what, static_cast<long long>(i));
+  return KVC_STATUS_OK;
+}
+
+/// True when every slot of the unit starting at `first` is free and it is not
+/// the KIVI block still receiving appends.
+bool unitIsFree(const kvc_context *ctx, const HeadState &h, int32_t first) {
+  if (first == h.openBlock)
+    return false;
+  for (int32_t s = first; s < first + ctx->unit; ++s)
+    if (h.position[s] != KVC_POSITION_NONE)
+      return false;
+  return true;
+}
+
+bool unitHasLive(const kvc_context *ctx, const HeadState &h, int32_t first) {
+  for (int32_t s = first; s < first + ctx->unit; ++s)
+    if (h.position[s] != KVC_POSITION_NONE)
+      return true;
+  return false;
+}
+
+/// Grows the per-slot metadata of `h` to `tableSize` pages. Callers reserve
+/// first, so this never throws after the commit point.
+void resizeTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
+  size_t slots = tableSize * static_cast<size_t>(ctx->config.page_size);
+  h.pages.resize(tableSize, -1);
+  h.pageLive.resize(tableSize, 0);
+  h.position.resize(slots, KVC_POSITION_NONE);
+  h.score.resize(slots, 0.0f);
+  h.weight.resize(slots, 0.0f);
+  h.keyFormat.resize(slots, KVC_FORMAT_FULL);
+  h.valueFormat.resize(slots, KVC_FORMAT_FULL);
+  h.appendIndex.resize(slots, -1);
+}
+
+void reserveTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
+  size_t slots = tableSize * static_cast<size_t>(ctx->config.page_size);
+  h.pages.reserve(tableSize);
+  h.pageLive.reserve(tableSize);
+  h.position.reserve(slots);
+  h.score.reserve(slots);
+  h.weight.reserve(slots);
+  h.keyFormat.reserve(slots);
+  h.valueFormat.reserve(slots);
+  h.appendIndex.reserve(slots);
+}
+
+/// Releases trailing holes of the page table.
+void trimTable(const kvc_context *ctx, HeadState &h) {
+  size_t size = h.pages.size();
+  while (size > 0 && h.pages[size - 1] < 0)
+    --size;
+  if (size != h.pages.size())
+    resizeTable(ctx, h, size);
+}
+
+//===----------------------------------------------------------------------===//
+// Entry data (host pools)
+//===----------------------------------------------------------------------===//
+
+struct SlotAddress {
+  uint8_t *page;
+  int32_t offset;
+};
+
+SlotAddress slotAddress(const kvc_context *ctx, const HeadState &h,
+                        int32_t slot) {
+  int32_t p = ctx->config.page_size;
+  return {ctx->pageBase(h.pages[slot / p]), slot % p};
+}
+
+float *keyParams(const kvc_context *ctx, SlotAddress a) {
+  uint64_t record =
+      ctx->isKivi() ? static_cast<uint64_t>(a.offset / ctx->config.group_size)
+                    : static_cast<uint64_t>(a.offset);
+  return reinterpret_cast<float *>(a.page + ctx->layout.key_param_offset +
+                                   record * ctx->layout.key_param_stride);
+}
+
+float *valueParams(const kvc_context *ctx, SlotAddress a) {
+  return reinterpret_cast<float *>(a.page + ctx->layout.value_param_offset +
+                                   static_cast<uint64_t>(a.offset) *
+                                       ctx->layout.value_param_stride);
+}
+
+uint8_t *keyRow(const kvc_context *ctx, SlotAddress a) {
+  return a.page + ctx->layout.key_offset +
+         static_cast<uint64_t>(a.offset) * ctx->layout.key_stride;
+}
+
+uint8_t *valueRow(const kvc_context *ctx, SlotAddress a) {
+  return a.page + ctx->layout.value_offset +
+         static_cast<uint64_t>(a.offset) * ctx->layout.value_stride;
+}
+
+/// Encodes one vector into a row of a per-token format (FULL, INT8, FP8).
+void encodeRow(const kvc_context *ctx, const float *x, uint8_t *row,
+               float *param) {
+  const kvc_config_t &c = ctx->config;
+  switch (c.format) {
+  case KVC_FORMAT_FULL:
+    storeElements(c.dtype, x, c.head_dim, row);
+    break;
+  case KVC_FORMAT_INT8:
+    quantizeInt8(x, c.head_dim, reinterpret_cast<int8_t *>(row), param);
+    break;
+  case KVC_FORMAT_FP8_E4M3:
+    quantizeFp8(x, c.head_dim, row, param);
+    break;
+  default:
+    break;
+  }
+}
+
+void decodeRow(const kvc_context *ctx, const uint8_t *row, const float *param,
+               float *x) {
+  const kvc_config_t &c = ctx->config;
+  switch (c.format) {
+  case KVC_FORMAT_FULL:
+    loadElements(c.dtype, row, c.head_dim, x);
+    break;
+  case KVC_FORMAT_INT8:
+    for (int32_t i = 0; i < c.head_dim; ++i)
+      x[i] =
+          static_cast<float>(reinterpret_cast<const int8_t *>(row)[i]) * *param;
+    break;
+  case KVC_FORMAT_FP8_E4M3:
+    for (int32_t i = 0; i < c.head_dim; ++i)
+      x[i] = kvc_fp8_e4m3_to_f32(row[i]) * *param;
+    break;
+  default:
+    break;
+  }
+}
+
+/// Working memory of the data paths, allocated before a call commits so
+/// that the commit itself never allocates.
+struct Scratch {
+  std::vector<float> floats;    // G x head_dim
+  std::vector<float> column;    // G
+  std::vector<uint8_t> codes;   // G x head_dim
+  std::vector<uint8_t> packed;  // G x key row
+  std::vector<int32_t> members; // G
+
+  explicit Scratch(const kvc_context *ctx) {
+    size_t g = ctx->isKivi() ? static_cast<size_t>(ctx->config.group_size) : 1;
+    size_t d = static_cast<size_t>(ctx->config.head_dim);
+    floats.resize(g * d);
+    column.resize(g);
+    codes.resize(g * d);
+    packed.resize(g * ctx->layout.key_stride);
+    members.resize(g);
+  }
+};
+
+/// KIVI: quantizes the value of the entry in `slot` from its residual row.
+void kiviFlushValue(const kvc_context *ctx, const Sequence &seq,
+                    int32_t headIndex, HeadState &h, int32_t slot,
+                    Scratch &scratch) {
+  const kvc_config_t &c = ctx->config;
+  int64_t row = h.appendIndex[slot] % c.residual_length;
+  float *value = scratch.floats.data();
+  loadElements(c.dtype, ctx->residualValue(seq.index, headIndex, row),
+               c.head_dim, value);
+  SlotAddress a = slotAddress(ctx, h, slot);
+  kiviQuantizeValue(value, c.head_dim, c.group_size, kiviBits(c.format),
+                    valueRow(ctx, a), valueParams(ctx, a),
+                    scratch.codes.data());
+  h.valueFormat[slot] = static_cast<uint8_t>(c.format);
+}
+
+/// KIVI: quantizes the keys of the last R appended entries, one block of G
+/// slots at a time (each block holds only entries of this window because
+/// blocks are filled in append order and R is a multiple of G).
+void kiviFlushKeys(const kvc_context *ctx, const Sequence &seq,
+                   int32_t headIndex, HeadState &h, Scratch &scratch) {
+  const kvc_config_t &c = ctx->config;
+  const int32_t r = c.residual_length, g = c.group_size, d = c.head_dim;
+  const int bits = kiviBits(c.format);
+  const size_t row = ctx->layout.key_stride;
+  int32_t *members = scratch.members.data();
+  for (int64_t start = h.keysFlushed; start < h.keysFlushed + r; start += g) {
+    // Live members of the block that entries start .. start+G-1 were given
+    // (evicted ones left the block; their residual rows say -1).
+    int count = 0;
+    for (int64_t a = start; a < start + g; ++a)
+      if (int32_t slot = h.residualSlot[a % r]; slot >= 0)
+        members[count++] = slot;
+    if (count == 0)
+      continue;
+    for (int t = 0; t < count; ++t)
+      loadElements(
+          c.dtype,
+          ctx->residualKey(seq.index, headIndex, h.appendIndex[members[t]] % r),
+          d, &scratch.floats[static_cast<size_t>(t) * d]);
+    float *params = keyParams(ctx, slotAddress(ctx, h, members[0]));
+    kiviQuantizeKeys(scratch.floats.data(), count, d, bits,
+                     scratch.packed.data(), row, params, scratch.column.data(),
+                     scratch.codes.data());
+    for (int t = 0; t < count; ++t) {
+      std::memcpy(keyRow(ctx, slotAddress(ctx, h, members[t])),
+                  &scratch.packed[static_cast<size_t>(t) * row], row);
+      h.keyFormat[members[t]] = static_cast<uint8_t>(c.format);
+    }
+  }
+  h.keysFlushed += r;
+}
+
+void readEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
+               const HeadState &h, int32_t slot, float *key, float *value) {
+  const kvc_config_t &c = ctx->config;
+  SlotAddress a = slotAddress(ctx, h, slot);
+  if (!ctx->isKivi()) {
+    if (key)
+      decodeRow(ctx, keyRow(ctx, a), keyParams(ctx, a), key);
+    if (value)
+      decodeRow(ctx, valueRow(ctx, a), valueParams(ctx, a), value);
+    return;
+  }
+  int bits = kiviBits(c.format);
+  int64_t row = h.appendIndex[slot] % c.residual_length;
+  if (key) {
+    if (h.keyFormat[slot] == KVC_FORMAT_FULL)
+      loadElements(c.dtype, ctx->residualKey(seq.index, headIndex, row),
+                   c.head_dim, key);
+    else
+      kiviDequantizeKeyRow(keyRow(ctx, a), c.head_dim, bits, keyParams(ctx, a),
+                           key);
+  }
+  if (value) {
+    if (h.valueFormat[slot] == KVC_FORMAT_FULL)
+      loadElements(c.dtype, ctx->residualValue(seq.index, headIndex, row),
+                   c.head_dim, value);
+    else
+      kiviDequantizeValue(valueRow(ctx, a), c.head_dim, c.group_size, bits,
+                          valueParams(ctx, a), value);
+  }
+}
+
+void writeEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
+                HeadState &h, int32_t slot, const float *key,
+                const float *value, Scratch &scratch) {
+  const kvc_config_t &c = ctx->config;
+  SlotAddress a = slotAddress(ctx, h, slot);
+  if (!ctx->isKivi()) {
+    if (key)
+      encodeRow(ctx, key, keyRow(ctx, a), keyParams(ctx, a));
+    if (value)
+      encodeRow(ctx, value, valueRow(ctx, a), valueParams(ctx, a));
+    return;
+  }
+  int bits = kiviBits(c.format);
+  int64_t row = h.appendIndex[slot] % c.residual_length;
+  if (key) {
+    if (h.keyFormat[slot] == KVC_FORMAT_FULL)
+      storeElements(c.dtype, key, c.head_dim,
+                    ctx->residualKey(seq.index, headIndex, row));
+    else
+      kiviEncodeKeyRow(key, c.head_dim, bits, keyParams(ctx, a), keyRow(ctx, a),
+                       scratch.codes.data());
+  }
+  if (value) {
+    if (h.valueFormat[slot] == KVC_FORMAT_FULL)
+      storeElements(c.dtype, value, c.head_dim,
+                    ctx->residualValue(seq.index, headIndex, row));
+    else
+      kiviQuantizeValue(value, c.head_dim, c.group_size, bits, valueRow(ctx, a),
+                        valueParams(ctx, a), scratch.codes.data());
+  }
+}
+
+/// Copies the bytes of the unit starting at `from` (in page `fromPage`) to
+/// the unit starting at `to` (in page `toPage`): rows and parameter records.
+void copyUnitData(const kvc_context *ctx, int32_t fromPage, int32_t fromOffset,
+                  int32_t toPage, int32_t toOffset) {
+  const kvc_page_layout_t &l = ctx->layout;
+  uint8_t *src = ctx->pageBase(fromPage), *dst = ctx->pageBase(toPage);
+  uint64_t n = static_cast<uint64_t>(ctx->unit);
+  uint64_t so = static_cast<uint64_t>(fromOffset);
+  uint64_t dof = static_cast<uint64_t>(toOffset);
+  std::memcpy(dst + l.key_offset + dof * l.key_stride,
+              src + l.key_offset + so * l.key_stride, n * l.key_stride);
+  std::memcpy(dst + l.value_offset + dof * l.value_stride,
+              src + l.value_offset + so * l.value_stride, n * l.value_stride);
+  std::memcpy(dst + l.value_param_offset + dof * l.value_param_stride,
+              src + l.value_param_offset + so * l.value_param_stride,
+              n * l.value_param_stride);
+  if (ctx->isKivi()) {
+    uint64_t g = static_cast<uint64_t>(ctx->config.group_size);
+    std::memcpy(dst + l.key_param_offset + dof / g * l.key_param_stride,
+                src + l.key_param_offset + so / g * l.key_param_stride,
+                l.key_param_stride);
+  } else {
+    std::memcpy(dst + l.key_param_offset + dof * l.key_param_stride,
+                src + l.key_param_offset + so * l.key_param_stride,
+                n * l.key_param_stride);
+  }
+}
+
+/// Marks a slot free and returns its page to the pool when it empties (the
+/// page holding the open KIVI block stays: appends will fill it).
+void freeSlot(kvc_context *ctx, HeadState &h, int32_t slot) {
+  int32_t p = ctx->config.page_size;
+  if (ctx->isKivi()) {
+    int32_t r = ctx->config.residual_length;
+    int64_t a = h.appendIndex[slot];
+    if (a >= h.appended - r && h.residualSlot[a % r] == slot)
+      h.residualSlot[a % r] = -1;
+  }
+  h.position[slot] = KVC_POSITION_NONE;
+  h.score[slot] = 0.0f;
+  h.weight[slot] = 0.0f;
+  h.keyFormat[slot] = KVC_FORMAT_FULL;
+  h.valueFormat[slot] = KVC_FORMAT_FULL;
+  h.appendIndex[slot] = -1;
+  --h.live;
+  int32_t page = slot / p;
+  if (--h.pageLive[page] == 0 &&
+      !(h.openBlock >= 0 && h.openBlock / p == page)) {
+    ctx->freePages.push_back(h.pages[page]);
+    h.pages[page] = -1;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Append planning
+//===----------------------------------------------------------------------===//
+
+/// Where the next `count` entries of a head go, computed without changing
+/// anything: the slots in order and the page-table entries to map.
+struct AppendPlan {
+  std::vector<int32_t> slots;
+  /// Table indices that need a fresh pool page (holes, then new entries).
+  std::vector<int32_t> newPages;
+  size_t tableSize = 0;
+};
+
+void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
+                AppendPlan &plan) {
+  const int32_t p = ctx->config.page_size, u = ctx->unit;
+  plan.slots.reserve(static_cast<size_t>(count));
+  plan.tableSize = h.pages.size();
+  auto need = [&] { return count - static_cast<int32_t>(plan.slots.size()); };
+  auto takeUnit = [&](int32_t first) {
+    for (int32_t s = first; s < first + u && need() > 0; ++s)
+      plan.slots.push_back(s);
+  };
+  // 1. The rest of the open KIVI block.
+  if (h.openBlock >= 0)
+    for (int32_t s = h.openBlock + h.openFill;
+         s < h.openBlock + u && need() > 0; ++s)
+      plan.slots.push_back(s);
+  // 2. Free units of mapped pages, lowest first (slot reuse).
+  for (size_t page = 0; page < h.pages.size() && need() > 0; ++page) {
+    if (h.pages[page] < 0 || h.pageLive[page] == p)
+      continue;
+    for (int32_t first = static_cast<int32_t>(page) * p;
+         first < static_cast<int32_t>(page + 1) * p && need() > 0; first += u)
+      if (unitIsFree(ctx, h, first))
+        takeUnit(first);
+  }
+  // 3. Holes, then new page-table entries.
+  for (size_t page = 0; need() > 0; ++page) {
+    if (page < h.pages.size() && h.pages[page] >= 0)
+      continue;
+    plan.newPages.push_back(static_cast<int32_t>(page));
+    plan.tableSize = std::max(plan.tableSize, page + 1);
+    for (int32_t first = static_cast<int32_t>(page) * p;
+         first < static_cast<int32_t>(page + 1) * p && need() > 0; first += u)
+      takeUnit(first);
+  }
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Sizing and lifetime
+//===----------------------------------------------------------------------===//
+
+extern "C" kvc_status_t kvc_page_layout(const kvc_config_t *config,
+                                        kvc_page_layout_t *layout) {
+  return guarded("kvc_page_layout", [&] {
+    KVC_CHECK(validateConfig("kvc_page_layout", config));
+    if (!layout)
+      return fail(KVC_STATUS_NULL_POINTER, "kvc_page_layout: layout is NULL");
+    *layout = computeLayout(*config);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_pool_bytes_required(const kvc_config_t *config,
+                                                uint64_t *bytes) {
+  return guarded("kvc_pool_bytes_required", [&] {
+    KVC_CHECK(validateConfig("kvc_pool_bytes_required", config));
+    if (!bytes)
+      return fail(KVC_STATUS_NULL_POINTER,
+                  "kvc_pool_bytes_required: bytes is NULL");
+    kvc_page_layout_t l = computeLayout(*config);
+    *bytes = l.pages_offset +
+             l.page_bytes * static_cast<uint64_t>(config->num_pages);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_context_create(const kvc_config_t *config,
+                                           void *pool, uint64_t pool_bytes,
+                                           kvc_context_t **context) {
+  const char *name = "kvc_context_create";
+  return guarded(name, [&] {
+    KVC_CHECK(validateConfig(name, config));
+    if (!pool)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: pool is NULL", name);
+    if (!context)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    if (reinterpret_cast<uintptr_t>(pool) % KVC_POOL_ALIGNMENT != 0)
+      return fail(KVC_STATUS_MISALIGNED, "%s: pool is not aligned to %d bytes",
+                  name, KVC_POOL_ALIGNMENT);
+    kvc_page_layout_t layout = computeLayout(*config);
+    uint64_t required =
+        layout.pages_offset +
+        layout.page_bytes * static_cast<uint64_t>(config->num_pages);
+    if (pool_bytes < required)
+      return fail(KVC_STATUS_BUFFER_TOO_SMALL,
+                  "%s: pool has %llu bytes, the configuration needs %llu", name,
+                  static_cast<unsigned long long>(pool_bytes),
+                  static_cast<unsigned long long>(required));
+    auto *ctx = new kvc_context();
+    ctx->config = *config;
+    ctx->layout = layout;
+    ctx->pool = static_cast<uint8_t *>(pool);
+    ctx->unit = ctx->isKivi() ? config->group_size : 1;
+    try {
+      ctx->freePages.reserve(static_cast<size_t>(config->num_pages));
+      // Pages come off the back: hand out 0, 1, 2, ... first.
+      for (int32_t page = config->num_pages - 1; page >= 0; --page)
+        ctx->freePages.push_back(page);
+      ctx->sequenceIndexUsed.assign(static_cast<size_t>(config->max_sequences),
+                                    0);
+    } catch (...) {
+      delete ctx;
+      throw;
+    }
+    *context = ctx;
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_context_destroy(kvc_context_t *context) {
+  return guarded("kvc_context_destroy", [&] {
+    delete context;
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_context_config(const kvc_context_t *context,
+                                           kvc_config_t *config) {
+  return guarded("kvc_context_config", [&] {
+    if (!context || !config)
+      return fail(KVC_STATUS_NULL_POINTER, "kvc_context_config: %s is NULL",
+                  context ? "config" : "context");
+    *config = context->config;
+    return KVC_STATUS_OK;
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Sequences
+//===----------------------------------------------------------------------===//
+
+extern "C" kvc_status_t kvc_sequence_add(kvc_context_t *ctx,
+                                         uint64_t sequence) {
+  const char *name = "kvc_sequence_add";
+  return guarded(name, [&] {
+    if (!ctx)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    if (ctx->sequences.count(sequence))
+      return fail(KVC_STATUS_ALREADY_EXISTS, "%s: sequence %llu exists", name,
+                  static_cast<unsigned long long>(sequence));
+    auto freeIndex = std::find(ctx->sequenceIndexUsed.begin(),
+                               ctx->sequenceIndexUsed.end(), 0);
+    if (freeIndex == ctx->sequenceIndexUsed.end())
+      return fail(KVC_STATUS_POOL_EXHAUSTED,
+                  "%s: all %d sequences of the context are in use", name,
+                  ctx->config.max_sequences);
+    Sequence seq;
+    seq.index =
+        static_cast<int32_t>(freeIndex - ctx->sequenceIndexUsed.begin());
+    seq.heads.resize(static_cast<size_t>(ctx->headsPerSequence()));
+    if (ctx->isKivi())
+      for (HeadState &h : seq.heads)
+        h.residualSlot.assign(static_cast<size_t>(ctx->config.residual_length),
+                              -1);
+    ctx->sequences.emplace(sequence, std::move(seq));
+    *freeIndex = 1;
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_sequence_remove(kvc_context_t *ctx,
+                                            uint64_t sequence) {
+  const char *name = "kvc_sequence_remove";
+  return guarded(name, [&] {
+    if (!ctx)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    auto it = ctx->sequences.find(sequence);
+    if (it == ctx->sequences.end())
+      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: unknown sequence %llu", name,
+                  static_cast<unsigned long long>(sequence));
+    // freePages has capacity for every page, so these pushes cannot throw.
+    for (HeadState &h : it->second.heads)
+      for (int32_t page : h.pages)
+        if (page >= 0)
+          ctx->freePages.push_back(page);
+    ctx->sequenceIndexUsed[static_cast<size_t>(it->second.index)] = 0;
+    ctx->sequences.erase(it);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_set_budget(kvc_context_t *ctx, uint64_t sequence,
+                                       int32_t layer, int32_t head,
+                                       int32_t budget) {
+  const char *name = "kvc_set_budget";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (budget < -1)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: budget must be >= 0 or -1 (got %d)", name, budget);
+    if (budget > ctx->slotCapacity())
+      return fail(KVC_STATUS_BUDGET_OVER_CAPACITY,
+                  "%s: budget %d exceeds the pool's %d slots", name, budget,
+                  ctx->slotCapacity());
+    if (budget >= 0 && budget < ref.head->live)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: budget %d is below the %d live entries; evict first",
+                  name, budget, ref.head->live);
+    ref.head->budget = budget;
+    return KVC_STATUS_OK;
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Append and evict
+//===----------------------------------------------------------------------===//
+
+extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
+                                   int32_t layer, int32_t head, int32_t count,
+                                   int32_t dim, const float *keys,
+                                   const float *values,
+                                   const int32_t *positions, int32_t *slots) {
+  const char *name = "kvc_append";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    HeadState &h = *ref.head;
+    if (count <= 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: count must be > 0 (got %d)",
+                  name, count);
+    KVC_CHECK(checkDim(name, ctx, dim));
+    if (!positions)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: positions is NULL", name);
+    if (!isAligned<int32_t>(positions) || (slots && !isAligned<int32_t>(slots)))
+      return fail(KVC_STATUS_MISALIGNED,
+                  "%s: positions/slots are not 4-byte aligned", name);
+    int64_t elements = static_cast<int64_t>(count) * dim;
+    if (ctx->isHost()) {
+      KVC_CHECK(checkFloatArray(name, "keys", keys));
+      KVC_CHECK(checkFloatArray(name, "values", values));
+      if (ctx->config.format != KVC_FORMAT_FULL) {
+        // A NaN or infinity would poison a whole quantization group.
+        KVC_CHECK(checkFinite(name, "keys", keys, elements));
+        KVC_CHECK(checkFinite(name, "values", values, elements));
+      }
+    } else if (keys || values) {
+      return fail(KVC_STATUS_UNSUPPORTED,
+                  "%s: device pools take no data (kernels write it); pass "
+                  "NULL keys and values",
+                  name);
+    }
+    for (int32_t i = 0; i < count; ++i)
+      if (positions[i] < 0)
+        return fail(KVC_STATUS_INVALID_ARGUMENT,
+                    "%s: positions[%d] = %d is negative", name, i,
+                    positions[i]);
+    if (h.budget >= 0 && static_cast<int64_t>(h.live) + count > h.budget)
+      return fail(KVC_STATUS_OVER_BUDGET,
+                  "%s: %d live + %d new entries exceed the budget %d", name,
+                  h.live, count, h.budget);
+
+    AppendPlan plan;
+    planAppend(ctx, h, count, plan);
+    if (plan.newPages.size() > ctx->freePages.size())
+      return fail(KVC_STATUS_POOL_EXHAUSTED,
+                  "%s: %zu new pages needed, %zu free", name,
+                  plan.newPages.size(), ctx->freePages.size());
+    reserveTable(ctx, h, plan.tableSize);
+    Scratch scratch(ctx);
+
+    // Commit: nothing below can fail.
+    resizeTable(ctx, h, plan.tableSize);
+    for (int32_t page : plan.newPages) {
+      h.pages[page] = ctx->freePages.back();
+      ctx->freePages.pop_back();
+    }
+    const kvc_config_t &c = ctx->config;
+    const int32_t p = c.page_size;
+    for (int32_t i = 0; i < count; ++i) {
+      int32_t slot = plan.slots[i];
+      h.position[slot] = positions[i];
+      h.score[slot] = 0.0f;
+      h.weight[slot] = 1.0f;
+      h.keyFormat[slot] = static_cast<uint8_t>(c.format);
+      h.valueFormat[slot] = static_cast<uint8_t>(c.format);
+      ++h.pageLive[slot / p];
+      ++h.live;
+      if (slots)
+        slots[i] = slot;
+      const float *key = keys ? keys + static_cast<int64_t>(i) * dim : nullptr;
+      const float *value =
+          values ? values + static_cast<int64_t>(i) * dim : nullptr;
+      if (!ctx->isKivi()) {
+        if (ctx->isHost())
+          writeEntry(ctx, *ref.sequence, ref.headIndex, h, slot, key, value,
+                     scratch);
+        continue;
+      }
+      // KIVI: track the open block, slide the value window, stage the new
+      // entry in full precision, flush keys every R appends.
+      const int32_t r = c.residual_length, g = c.group_size;
+      if (slot % g == 0 && slot != h.openBlock) {
+        h.openBlock = slot;
+        h.openFill = 0;
+      }
+      if (++h.openFill == g)
+        h.openBlock = -1;
+      int64_t a = h.appended;
+      if (a >= r) {
+        int32_t old = h.residualSlot[a % r];
+        if (old >= 0)
+          kiviFlushValue(ctx, *ref.sequence, ref.headIndex, h, old, scratch);
+      }
+      h.appendIndex[slot] = a;
+      h.residualSlot[a % r] = slot;
+      h.keyFormat[slot] = KVC_FORMAT_FULL;
+      h.valueFormat[slot] = KVC_FORMAT_FULL;
+      storeElements(
+          c.dtype, key, dim,
+          ctx->residualKey(ref.sequence->index, ref.headIndex, a % r));
+      storeElements(
+          c.dtype, value, dim,
+          ctx->residualValue(ref.sequence->index, ref.headIndex, a % r));
+      ++h.appended;
+      if (h.appended - h.keysFlushed == r)
+        kiviFlushKeys(ctx, *ref.sequence, ref.headIndex, h, scratch);
+    }
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,
+                                  int32_t layer, int32_t head, int32_t count,
+                                  const int32_t *slots) {
+  const char *name = "kvc_evict";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    HeadState &h = *ref.head;
+    if (count < 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: count must be >= 0 (got %d)", name, count);
+    if (count == 0)
+      return KVC_STATUS_OK;
+    if (!slots)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: slots is NULL", name);
+    if (!isAligned<int32_t>(slots))
+      return fail(KVC_STATUS_MISALIGNED, "%s: slots is not 4-byte aligned",
+                  name);
+    for (int32_t i = 0; i < count; ++i)
+      KVC_CHECK(checkLiveSlot(name, ctx, h, slots[i]));
+    std::vector<int32_t> sorted(slots, slots + count);
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: slots contain duplicates",
+                  name);
+    for (int32_t slot : sorted)
+      freeSlot(ctx, h, slot);
+    trimTable(ctx, h);
+    return KVC_STATUS_OK;
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Compaction
+//===----------------------------------------------------------------------===//
+
+extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
+                                    int32_t layer, int32_t head,
+                                    float max_occupancy, kvc_move_t *moves,
+                                    int32_t max_moves, int32_t *num_moves,
+                                    int32_t *pages_released) {
+  const char *name = "kvc_compact";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!(max_occupancy >= 0.0f && max_occupancy <= 1.0f))
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: max_occupancy must be in [0, 1]", name);
+    if (max_moves < 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: max_moves is negative",
+                  name);
+    if (!num_moves || !pages_released)
+      return fail(KVC_STATUS_NULL_POINTER,
+                  "%s: num_moves and pages_released are required", name);
+    if (!ctx->isHost() && !moves)
+      return fail(KVC_STATUS_NULL_POINTER,
+                  "%s: device pools need the moves array: the engine copies "
+                  "the data",
+                  name);
+    if (moves && !isAligned<kvc_move_t>(moves))
+      return fail(KVC_STATUS_MISALIGNED, "%s: moves is misaligned", name);
+
+    const int32_t p = ctx->config.page_size, u = ctx->unit;
+    // Work on a copy of the head so that a too-small moves array (or a
+    // failed allocation) leaves the original untouched.
+    HeadState h = *ref.head;
+    const std::vector<int32_t> oldPages = h.pages;
+    std::vector<int32_t> origin(h.position.size(), -1);
+    std::vector<uint8_t> copied(h.position.size(), 0);
+    for (size_t s = 0; s < h.position.size(); ++s)
+      if (h.position[s] != KVC_POSITION_NONE)
+        origin[s] = static_cast<int32_t>(s);
+
+    // Units with live entries and free units per mapped page.
+    const int32_t tableSize = static_cast<int32_t>(h.pages.size());
+    const int32_t openPage = h.openBlock >= 0 ? h.openBlock / p : -1;
+    std::vector<int32_t> liveUnits(tableSize, 0), freeUnits(tableSize, 0);
+    std::vector<int32_t> candidates;
+    for (int32_t page = 0; page < tableSize; ++page) {
+      if (h.pages[page] < 0)
+        continue;
+      for (int32_t first = page * p; first < (page + 1) * p; first += u) {
+        if (unitHasLive(ctx, h, first))
+          ++liveUnits[page];
+        else if (unitIsFree(ctx, h, first))
+          ++freeUnits[page];
+      }
+      if (page != openPage && h.pageLive[page] > 0 &&
+          h.pageLive[page] <= max_occupancy * p)
+        candidates.push_back(page);
+    }
+    // Sparsest first; release a page when the pages that stay have free
+    // units for everything released so far plus this page.
+    std::stable_sort(
+        candidates.begin(), candidates.end(),
+        [&](int32_t a, int32_t b) { return h.pageLive[a] < h.pageLive[b]; });
+    std::vector<uint8_t> released(tableSize, 0);
+    int64_t toMove = 0, room = 0;
+    for (int32_t page = 0; page < tableSize; ++page)
+      if (h.pages[page] >= 0)
+        room += freeUnits[page];
+    for (int32_t page : candidates) {
+      if (toMove + liveUnits[page] <= room - freeUnits[page]) {
+        released[page] = 1;
+        toMove += liveUnits[page];
+        room -= freeUnits[page];
+      }
+    }
+    // Move live units out of released pages into the lowest free units.
+    int32_t destPage = 0, destFirst = 0;
+    auto nextFreeUnit = [&]() -> int32_t {
+      for (; destPage < tableSize; ++destPage, destFirst = destPage * p) {
+        if (h.pages[destPage] < 0 || released[destPage])
+          continue;
+        if (destFirst < destPage * p)
+          destFirst = destPage * p;
+        for (; destFirst < (destPage + 1) * p; destFirst += u)
+          if (unitIsFree(ctx, h, destFirst))
+            return destFirst;
+      }
+      return -1;
+    };
+    struct UnitCopy {
+      int32_t fromPage, fromOffset, toPage, toOffset;
+    };
+    std::vector<UnitCopy> unitCopies;
+    int32_t releasedCount = 0;
+    for (int32_t page = 0; page < tableSize; ++page) {
+      if (!released[page])
+        continue;
+      for (int32_t first = page * p; first < (page + 1) * p; first += u) {
+        if (!unitHasLive(ctx, h, first))
+          continue;
+        int32_t to = nextFreeUnit();
+        if (to < 0)
+          return fail(KVC_STATUS_INTERNAL,
+                      "%s: compaction plan ran out of room", name);
+        unitCopies.push_back(
+            {h.pages[page], first % p, h.pages[to / p], to % p});
+        for (int32_t k = 0; k < u; ++k) {
+          int32_t from = first + k, dst = to + k;
+          h.position[dst] = h.position[from];
+          h.score[dst] = h.score[from];
+          h.weight[dst] = h.weight[from];
+          h.keyFormat[dst] = h.keyFormat[from];
+          h.valueFormat[dst] = h.valueFormat[from];
+          h.appendIndex[dst] = h.appendIndex[from];
+          origin[dst] = origin[from];
+          copied[dst] = origin[from] >= 0;
+          if (h.position[from] != KVC_POSITION_NONE) {
+            ++h.pageLive[dst / p];
+            if (ctx->isKivi()) {
+              int32_t r = ctx->config.residual_length;
+              int64_t a = h.appendIndex[from];
+              if (h.residualSlot[a % r] == from)
+                h.residualSlot[a % r] = dst;
+            }
+          }
+          h.position[from] = KVC_POSITION_NONE;
+          h.appendIndex[from] = -1;
+          origin[from] = -1;
+        }
+      }
+      h.pageLive[page] = 0;
+      ++releasedCount;
+    }
+    // Close the holes: mapped pages move to the front of the table.
+    std::vector<int32_t> pageDest(tableSize, -1);
+    int32_t newSize = 0;
+    for (int32_t page = 0; page < tableSize; ++page)
+      if (h.pages[page] >= 0 && !released[page])
+        pageDest[page] = newSize++;
+    HeadState packed = h;
+    resizeTable(ctx, packed, 0);
+    resizeTable(ctx, packed, static_cast<size_t>(newSize));
+    std::vector<int32_t> newOrigin(static_cast<size_t>(newSize) * p, -1);
+    std::vector<uint8_t> newCopied(static_cast<size_t>(newSize) * p, 0);
+    for (int32_t page = 0; page < tableSize; ++page) {
+      int32_t to = pageDest[page];
+      if (to < 0)
+        continue;
+      packed.pages[to] = h.pages[page];
+      packed.pageLive[to] = h.pageLive[page];
+      for (int32_t k = 0; k < p; ++k) {
+        int32_t from = page * p + k, dst = to * p + k;
+        packed.position[dst] = h.position[from];
+        packed.score[dst] = h.score[from];
+        packed.weight[dst] = h.weight[from];
+        packed.keyFormat[dst] = h.keyFormat[from];
+        packed.valueFormat[dst] = h.valueFormat[from];
+        packed.appendIndex[dst] = h.appendIndex[from];
+        newOrigin[dst] = origin[from];
+        newCopied[dst] = copied[from];
+      }
+    }
+    if (h.openBlock >= 0)
+      packed.openBlock = pageDest[h.openBlock / p] * p + h.openBlock % p;
+    if (ctx->isKivi())
+      for (int32_t &slot : packed.residualSlot)
+        if (slot >= 0)
+          slot = pageDest[slot / p] * p + slot % p;
+
+    std::vector<kvc_move_t> report;
+    for (int32_t s = 0; s < newSize * p; ++s) {
+      int32_t from = newOrigin[s];
+      if (from < 0 || from == s)
+        continue;
+      report.push_back({from, s, newCopied[s], oldPages[from / p], from % p,
+                        packed.pages[s / p], s % p});
+    }
+    if (moves && static_cast<int32_t>(report.size()) > max_moves) {
+      *num_moves = static_cast<int32_t>(report.size());
+      return fail(KVC_STATUS_BUFFER_TOO_SMALL,
+                  "%s: %zu moves do not fit in %d; nothing was changed", name,
+                  report.size(), max_moves);
+    }
+
+    // Commit: copy bytes on host pools (sources are released pages that no
+    // destination overlaps, so the order does not matter), free the pages.
+    if (ctx->isHost())
+      for (const UnitCopy &m : unitCopies)
+        copyUnitData(ctx, m.fromPage, m.fromOffset, m.toPage, m.toOffset);
+    for (int32_t page = 0; page < tableSize; ++page)
+      if (released[page])
+        ctx->freePages.push_back(h.pages[page]);
+    *ref.head = std::move(packed);
+    if (moves)
+      std::copy(report.begin(), report.end(), moves);
+    *num_moves = static_cast<int32_t>(report.size());
+    *pages_released = releasedCount;
+    return KVC_STATUS_OK;
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Accessors
+//===----------------------------------------------------------------------===//
+
+extern "C" kvc_status_t kvc_get_num_entries(const kvc_context_t *ctx,
+                                            uint64_t sequence, int32_t layer,
+                                            int32_t head,
+                                            int32_t *num_entries) {
+  const char *name = "kvc_get_num_entries";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!num_entries)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: num_entries is NULL", name);
+    *num_entries = ref.head->live;
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_get_num_slots(const kvc_context_t *ctx,
+                                          uint64_t sequence, int32_t layer,
+                                          int32_t head, int32_t *num_slots) {
+  const char *name = "kvc_get_num_slots";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!num_slots)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: num_slots is NULL", name);
+    *num_slots = static_cast<int32_t>(ref.head->position.size());
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_get_num_pages(const kvc_context_t *ctx,
+                                          uint64_t sequence, int32_t layer,
+                                          int32_t head, int32_t *num_pages) {
+  const char *name = "kvc_get_num_pages";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!num_pages)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: num_pages is NULL", name);
+    *num_pages = static_cast<int32_t>(ref.head->pages.size());
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_get_page(const kvc_context_t *ctx,
+                                     uint64_t sequence, int32_t layer,
+                                     int32_t head, int32_t page,
+                                     int32_t *pool_page, uint64_t *byte_offset,
+                                     void **address) {
+  const char *name = "kvc_get_page";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    int32_t size = static_cast<int32_t>(ref.head->pages.size());
+    if (page < 0 || page >= size)
+      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
+                  name, page, size);
+    int32_t id = ref.head->pages[page];
+    if (pool_page)
+      *pool_page = id;
+    if (byte_offset)
+      *byte_offset = id < 0 ? UINT64_MAX : ctx->pageOffset(id);
+    if (address)
+      *address = id < 0 ? nullptr : ctx->pageBase(id);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_get_slot_location(const kvc_context_t *ctx,
+                                              uint64_t sequence, int32_t layer,
+                                              int32_t head, int32_t slot,
+                                              int32_t *page_index,
+                                              int32_t *page_offset,
+                                              int32_t *pool_page) {
+  const char *name = "kvc_get_slot_location";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    int32_t slots = static_cast<int32_t>(ref.head->position.size());
+    if (slot < 0 || slot >= slots)
+      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: slot %d out of range [0, %d)",
+                  name, slot, slots);
+    int32_t p = ctx->config.page_size;
+    if (page_index)
+      *page_index = slot / p;
+    if (page_offset)
+      *page_offset = slot % p;
+    if (pool_page)
+      *pool_page = ref.head->pages[slot / p];
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_get_metadata(kvc_context_t *ctx, uint64_t sequence,
+                                         int32_t layer, int32_t head,
+                                         kvc_metadata_t *metadata) {
+  const char *name = "kvc_get_metadata";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!metadata)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: metadata is NULL", name);
+    HeadState &h = *ref.head;
+    metadata->num_slots = static_cast<int32_t>(h.position.size());
+    metadata->position = h.position.data();
+    metadata->score = h.score.data();
+    metadata->weight = h.weight.data();
+    metadata->key_format = h.keyFormat.data();
+    metadata->value_format = h.valueFormat.data();
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_read_entry(const kvc_context_t *ctx,
+                                       uint64_t sequence, int32_t layer,
+                                       int32_t head, int32_t slot, int32_t dim,
+                                       float *key, float *value) {
+  const char *name = "kvc_read_entry";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!ctx->isHost())
+      return fail(KVC_STATUS_UNSUPPORTED,
+                  "%s: the runtime does not dereference device pools", name);
+    KVC_CHECK(checkDim(name, ctx, dim));
+    KVC_CHECK(checkFloatArray(name, "key", key));
+    KVC_CHECK(checkFloatArray(name, "value", value));
+    KVC_CHECK(checkLiveSlot(name, ctx, *ref.head, slot));
+    readEntry(ctx, *ref.sequence, ref.headIndex, *ref.head, slot, key, value);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_write_entry(kvc_context_t *ctx, uint64_t sequence,
+                                        int32_t layer, int32_t head,
+                                        int32_t slot, int32_t dim,
+                                        const float *key, const float *value) {
+  const char *name = "kvc_write_entry";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!ctx->isHost())
+      return fail(KVC_STATUS_UNSUPPORTED,
+                  "%s: the runtime does not dereference device pools", name);
+    KVC_CHECK(checkDim(name, ctx, dim));
+    if (!key && !value)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: key and value are both NULL",
+                  name);
+    if (key)
+      KVC_CHECK(checkFloatArray(name, "key", key));
+    if (value)
+      KVC_CHECK(checkFloatArray(name, "value", value));
+    if (ctx->config.format != KVC_FORMAT_FULL) {
+      if (key)
+        KVC_CHECK(checkFinite(name, "key", key, dim));
+      if (value)
+        KVC_CHECK(checkFinite(name, "value", value, dim));
+    }
+    KVC_CHECK(checkLiveSlot(name, ctx, *ref.head, slot));
+    Scratch scratch(ctx);
+    writeEntry(ctx, *ref.sequence, ref.headIndex, *ref.head, slot, key, value,
+               scratch);
+    return KVC_STATUS_OK;
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Pool accounting
+//===----------------------------------------------------------------------===//
+
+extern "C" kvc_status_t kvc_pool_stats(const kvc_context_t *ctx,
+                                       kvc_pool_stats_t *stats) {
+  return guarded("kvc_pool_stats", [&] {
+    if (!ctx || !stats)
+      return fail(KVC_STATUS_NULL_POINTER, "kvc_pool_stats: %s is NULL",
+                  ctx ? "stats" : "context");
+    kvc_pool_stats_t s{};
+    s.total_pages = ctx->config.num_pages;
+    s.free_pages = static_cast<int32_t>(ctx->freePages.size());
+    s.num_sequences = static_cast<int32_t>(ctx->sequences.size());
+    for (const auto &entry : ctx->sequences)
+      for (const HeadState &h : entry.second.heads) {
+        s.live_entries += h.live;
+        for (int32_t page : h.pages)
+          s.mapped_pages += page >= 0;
+      }
+    *stats = s;
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
+  const char *name = "kvc_pool_check";
+  return guarded(name, [&] {
+    if (!ctx)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    const int32_t n = ctx->config.num_pages, p = ctx->config.page_size;
+    std::vector<int32_t> owners(static_cast<size_t>(n), 0);
+    for (int32_t page : ctx->freePages) {
+      if (page < 0 || page >= n)
+        return fail(KVC_STATUS_INTERNAL, "%s: free page id %d invalid", name,
+                    page);
+      ++owners[page];
+    }
+    for (const auto &entry : ctx->sequences) {
+      for (size_t hi = 0; hi < entry.second.heads.size(); ++hi) {
+        const HeadState &h = entry.second.heads[hi];
+        size_t slots = h.pages.size() * static_cast<size_t>(p);
+        if (h.position.size() != slots || h.score.size() != slots ||
+            h.pageLive.size() != h.pages.size())
+          return fail(KVC_STATUS_INTERNAL,
+                      "%s: metadata length mismatch in head %zu", name, hi);
+        if (!h.pages.empty() && h.pages.back() < 0)
+          return fail(KVC_STATUS_INTERNAL, "%s: trailing hole in head %zu",
+                      name, hi);
+        int32_t live = 0;
+        for (size_t page = 0; page < h.pages.size(); ++page) {
+          int32_t pageLive = 0;
+          for (int32_t k = 0; k < p; ++k)
+            pageLive += h.position[page * p + k] != KVC_POSITION_NONE;
+          if (h.pages[page] < 0) {
+            if (pageLive != 0)
+              return fail(KVC_STATUS_INTERNAL,
+                          "%s: live entries in a hole of head %zu", name, hi);
+            continue;
+          }
+          if (h.pages[page] >= n)
+            return fail(KVC_STATUS_INTERNAL, "%s: page id %d invalid", name,
+                        h.pages[page]);
+          ++owners[h.pages[page]];
+          // Eviction must return an emptied page at once; only the page
+          // of the KIVI block still being filled may be empty.
+          bool holdsOpenBlock =
+              h.openBlock >= 0 && h.openBlock / p == static_cast<int32_t>(page);
+          if (pageLive == 0 && !holdsOpenBlock)
+            return fail(KVC_STATUS_INTERNAL,
+                        "%s: empty page %zu of head %zu is still mapped", name,
+                        page, hi);
+          if (pageLive != h.pageLive[page])
+            return fail(KVC_STATUS_INTERNAL,
+                        "%s: live count of page %zu of head %zu is %d, "
+                        "recorded %d",
+                        name, page, hi, pageLive, h.pageLive[page]);
+          live += pageLive;
+        }
+        if (live != h.live)
+          return fail(KVC_STATUS_INTERNAL, "%s: head %zu live %d, recorded %d",
+                      name, hi, live, h.live);
+        if (ctx->isKivi()) {
+          int32_t r = ctx->config.residual_length;
+          for (int32_t row = 0; row < r; ++row) {
+            int32_t slot = h.residualSlot[row];
+            if (slot < 0)
+              continue;
+            if (static_cast<size_t>(slot) >= slots ||
+                h.position[slot] == KVC_POSITION_NONE ||
+                h.appendIndex[slot] % r != row ||
+                h.appendIndex[slot] < h.appended - r)
+              return fail(KVC_STATUS_INTERNAL,
+                          "%s: residual row %d of head %zu is stale", name, row,
+                          hi);
+          }
+        }
+      }
+    }
+    for (int32_t page = 0; page < n; ++page)
+      if (owners[page] != 1)
+        return fail(KVC_STATUS_INTERNAL,
+                    "%s: page %d is referenced %d times (free list + tables)",
+                    name, page, owners[page]);
+    return KVC_STATUS_OK;
+  });
+}

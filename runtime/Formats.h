@@ -1,0 +1,65 @@
+//===- Formats.h - Element conversions and quantizers ---------*- C++ -*-===//
+//
+// Internal to KvcRuntime: the C++ forms of the conversions and quantizers
+// that kvc_runtime.h exports, used by the page code without re-validating
+// arguments that the context already checked.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_FORMATS_H
+#define KVC_RUNTIME_FORMATS_H
+
+#include "runtime/kvc_runtime.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvc::rt {
+
+/// Bytes of one element of `dtype` (a validated kvc_dtype_t value).
+size_t dtypeBytes(int32_t dtype);
+
+/// Bits per code of a KIVI kvc_format_t value (2 or 4); 0 for others.
+int kiviBits(int32_t format);
+
+/// Stores n floats as `dtype` elements at `out` (rounding to nearest even).
+void storeElements(int32_t dtype, const float *in, int64_t n, void *out);
+
+/// Loads n `dtype` elements from `in` as floats.
+void loadElements(int32_t dtype, const void *in, int64_t n, float *out);
+
+/// Unchecked bodies of the exported quantizers (see kvc_runtime.h).
+void packBits(const uint8_t *codes, int64_t n, int bits, uint8_t *packed);
+void unpackBits(const uint8_t *packed, int64_t n, int bits, uint8_t *codes);
+void quantizeAsym(const float *x, int64_t n, int bits, uint8_t *codes,
+                  float *scale, float *min);
+/// Encodes with given parameters: code = clamp(rne((x - min) / scale)).
+uint8_t encodeAsym(float x, int bits, float scale, float min);
+void quantizeInt8(const float *x, int64_t n, int8_t *q, float *scale);
+void quantizeFp8(const float *x, int64_t n, uint8_t *q, float *scale);
+
+/// KIVI keys of `tokens` rows, each channel over all tokens: packed rows of
+/// dim * bits / 8 bytes, one {scale, min} pair per channel in `params`
+/// (interleaved, 2 * dim floats). `column` (tokens floats) and `codes`
+/// (tokens * dim bytes) are caller scratch, so that the page code can
+/// allocate before it commits to a change.
+void kiviQuantizeKeys(const float *keys, int tokens, int dim, int bits,
+                      uint8_t *packedRows, size_t rowStride, float *params,
+                      float *column, uint8_t *codes);
+/// Dequantizes one key row of a KIVI block.
+void kiviDequantizeKeyRow(const uint8_t *packedRow, int dim, int bits,
+                          const float *params, float *key);
+/// Encodes one key row with a block's existing parameters (`codes`: dim
+/// bytes of scratch).
+void kiviEncodeKeyRow(const float *key, int dim, int bits, const float *params,
+                      uint8_t *packedRow, uint8_t *codes);
+/// KIVI value: {scale, min} per group of `group` channels in `params`
+/// (`codes`: dim bytes of scratch).
+void kiviQuantizeValue(const float *value, int dim, int group, int bits,
+                       uint8_t *packedRow, float *params, uint8_t *codes);
+void kiviDequantizeValue(const uint8_t *packedRow, int dim, int group, int bits,
+                         const float *params, float *value);
+
+} // namespace kvc::rt
+
+#endif // KVC_RUNTIME_FORMATS_H

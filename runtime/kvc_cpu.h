@@ -1,0 +1,517 @@
+//===- kvc_cpu.h - CPU building blocks of generated kernels -----*- C++ -*-===//
+//
+// Header-only building blocks that the C++ emitter composes into policy
+// kernels. The generated code folds every policy constant and the geometry
+// into template arguments and constants; these functions hold the loops, so
+// that each primitive is written (and tested) once.
+//
+// Layouts: prompt tensors are row-major [token][head][channel]; a score
+// buffer of a kv-head is one float per entry (prompt index in prefill, slot
+// in decode); query-head scores of a GQA group are G consecutive buffers.
+// Free slots carry -infinity wherever a score is read.
+//
+// Not part of the C ABI: generated libraries include it, engines need not.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_KVC_CPU_H
+#define KVC_RUNTIME_KVC_CPU_H
+
+#include "runtime/kvc_runtime.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace kvc::cpu {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+/// Returns from the enclosing function when a runtime call fails.
+#define KVC_CPU_TRY(...)                                                       \
+  do {                                                                         \
+    kvc_status_t kvc_cpu_status_ = (__VA_ARGS__);                              \
+    if (kvc_cpu_status_ != KVC_STATUS_OK)                                      \
+      return kvc_cpu_status_;                                                  \
+  } while (0)
+
+//===----------------------------------------------------------------------===//
+// Element conversion
+//===----------------------------------------------------------------------===//
+
+/// IEEE half to float.
+inline float halfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else { // Subnormal: renormalize.
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 |
+             (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// bfloat16 to float.
+inline float bf16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// Decodes one full-precision row of `dim` elements of type `dtype`.
+inline void decodeRow(const void *row, kvc_dtype_t dtype, int dim, float *out) {
+  switch (dtype) {
+  case KVC_DTYPE_F32:
+    std::memcpy(out, row, sizeof(float) * dim);
+    return;
+  case KVC_DTYPE_F16: {
+    const uint16_t *h = static_cast<const uint16_t *>(row);
+    for (int c = 0; c < dim; ++c)
+      out[c] = halfToFloat(h[c]);
+    return;
+  }
+  case KVC_DTYPE_BF16: {
+    const uint16_t *b = static_cast<const uint16_t *>(row);
+    for (int c = 0; c < dim; ++c)
+      out[c] = bf16ToFloat(b[c]);
+    return;
+  }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// A view of one (sequence, layer, kv-head) of the paged cache
+//===----------------------------------------------------------------------===//
+
+/// Iterates the live entries of one head page by page. Full-precision pages
+/// are decoded straight from pool memory; quantized entries are decoded one
+/// at a time into the caller's row buffers through the runtime, so the cache
+/// is never expanded in memory.
+class HeadView {
+public:
+  kvc_status_t bind(kvc_context_t *context, uint64_t sequence, int32_t layer,
+                    int32_t head) {
+    context_ = context;
+    sequence_ = sequence;
+    layer_ = layer;
+    head_ = head;
+    KVC_CPU_TRY(kvc_context_config(context, &config_));
+    KVC_CPU_TRY(kvc_page_layout(&config_, &layout_));
+    KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, head, &meta_));
+    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, head, &live_));
+    return KVC_STATUS_OK;
+  }
+
+  int32_t numSlots() const { return meta_.num_slots; }
+  int32_t numLive() const { return live_; }
+  const int32_t *positions() const { return meta_.position; }
+  float *scoreState() const { return meta_.score; }
+  bool isLive(int32_t slot) const {
+    return meta_.position[slot] != KVC_POSITION_NONE;
+  }
+
+  /// Calls fn(slot, key, value) for every live slot in slot order, with
+  /// key and value decoded to float rows of head_dim.
+  template <typename Fn>
+  kvc_status_t forEachEntry(float *keyRow, float *valueRow, Fn &&fn) const {
+    const int32_t pageSize = config_.page_size;
+    const int32_t dim = config_.head_dim;
+    const bool direct = config_.format == KVC_FORMAT_FULL;
+    for (int32_t slot0 = 0; slot0 < meta_.num_slots; slot0 += pageSize) {
+      const char *page = nullptr;
+      if (direct) {
+        void *address = nullptr;
+        KVC_CPU_TRY(kvc_get_page(context_, sequence_, layer_, head_,
+                                 slot0 / pageSize, nullptr, nullptr, &address));
+        page = static_cast<const char *>(address);
+      }
+      for (int32_t o = 0; o < pageSize; ++o) {
+        int32_t slot = slot0 + o;
+        if (slot >= meta_.num_slots || !isLive(slot))
+          continue;
+        if (direct) {
+          decodeRow(page + layout_.key_offset + o * layout_.key_stride,
+                    static_cast<kvc_dtype_t>(config_.dtype), dim, keyRow);
+          decodeRow(page + layout_.value_offset + o * layout_.value_stride,
+                    static_cast<kvc_dtype_t>(config_.dtype), dim, valueRow);
+        } else {
+          KVC_CPU_TRY(kvc_read_entry(context_, sequence_, layer_, head_, slot,
+                                     dim, keyRow, valueRow));
+        }
+        fn(slot, keyRow, valueRow);
+      }
+    }
+    return KVC_STATUS_OK;
+  }
+
+private:
+  kvc_context_t *context_ = nullptr;
+  uint64_t sequence_ = 0;
+  int32_t layer_ = 0, head_ = 0, live_ = 0;
+  kvc_config_t config_{};
+  kvc_page_layout_t layout_{};
+  kvc_metadata_t meta_{};
+};
+
+//===----------------------------------------------------------------------===//
+// Attention passes
+//===----------------------------------------------------------------------===//
+
+/// Causal prefill attention of the G query heads of one kv-head over n
+/// prompt tokens, with the statistics folded in on the way:
+///  - `window` > 0: windowProbs[g * n + i] = mean over the last
+///    w = min(window, n) queries of p_{q,i} for the entries before the
+///    window, 0 for the w window entries themselves;
+///  - `accumulated` != nullptr: accumulated[g * n + i] = sum over all
+///    queries of p_{q,i}.
+/// q rows: q + t * qStride + g * D; k, v rows: k + t * kvStride. out rows
+/// like q. `logits` is scratch of n floats.
+template <int G, int D>
+void prefillAttention(int32_t n, const float *q, int64_t qStride,
+                      const float *k, const float *v, int64_t kvStride,
+                      float scale, float *out, int32_t window,
+                      float *windowProbs, float *accumulated, float *logits) {
+  const int32_t w = std::min(window, n);
+  if (windowProbs)
+    std::fill(windowProbs, windowProbs + static_cast<int64_t>(G) * n, 0.0f);
+  if (accumulated)
+    std::fill(accumulated, accumulated + static_cast<int64_t>(G) * n, 0.0f);
+  for (int32_t t = 0; t < n; ++t) {
+    for (int g = 0; g < G; ++g) {
+      const float *qr = q + t * qStride + g * D;
+      float m = kNegInf;
+      for (int32_t i = 0; i <= t; ++i) {
+        const float *kr = k + i * kvStride;
+        float dot = 0.0f;
+        for (int c = 0; c < D; ++c)
+          dot += qr[c] * kr[c];
+        logits[i] = dot * scale;
+        m = std::max(m, logits[i]);
+      }
+      float z = 0.0f;
+      for (int32_t i = 0; i <= t; ++i) {
+        logits[i] = std::exp(logits[i] - m);
+        z += logits[i];
+      }
+      const float inv = 1.0f / z;
+      float acc[D] = {};
+      for (int32_t i = 0; i <= t; ++i) {
+        const float p = logits[i] * inv;
+        const float *vr = v + i * kvStride;
+        for (int c = 0; c < D; ++c)
+          acc[c] += p * vr[c];
+        if (accumulated)
+          accumulated[g * n + i] += p;
+        if (windowProbs && t >= n - w && i < n - w)
+          windowProbs[g * n + i] += p / w;
+      }
+      std::memcpy(out + t * qStride + g * D, acc, sizeof acc);
+    }
+  }
+}
+
+/// Decode attention of the G query heads of one kv-head over every live
+/// entry, in one pass over keys and values (online softmax). Writes the
+/// output rows and, when `probs` is given, the normalized weight
+/// probs[g * slots + s] of every slot (0 for free slots). `logits` is
+/// scratch of G * slots floats.
+template <int G, int D>
+kvc_status_t decodeAttention(const HeadView &head, const float *q, float scale,
+                             float *out, float *probs, float *logits) {
+  const int32_t slots = head.numSlots();
+  float m[G], z[G], acc[G][D];
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegInf;
+    z[g] = 0.0f;
+    std::fill(acc[g], acc[g] + D, 0.0f);
+  }
+  std::fill(logits, logits + static_cast<int64_t>(G) * slots, kNegInf);
+  float keyRow[D], valueRow[D];
+  KVC_CPU_TRY(head.forEachEntry(
+      keyRow, valueRow, [&](int32_t slot, const float *kr, const float *vr) {
+        for (int g = 0; g < G; ++g) {
+          const float *qr = q + g * D;
+          float dot = 0.0f;
+          for (int c = 0; c < D; ++c)
+            dot += qr[c] * kr[c];
+          const float l = dot * scale;
+          logits[g * slots + slot] = l;
+          if (l > m[g]) { // Rescale what was accumulated so far.
+            const float r = std::exp(m[g] - l);
+            z[g] *= r;
+            for (int c = 0; c < D; ++c)
+              acc[g][c] *= r;
+            m[g] = l;
+          }
+          const float e = std::exp(l - m[g]);
+          z[g] += e;
+          for (int c = 0; c < D; ++c)
+            acc[g][c] += e * vr[c];
+        }
+      }));
+  for (int g = 0; g < G; ++g) {
+    const float inv = z[g] > 0.0f ? 1.0f / z[g] : 0.0f;
+    for (int c = 0; c < D; ++c)
+      out[g * D + c] = acc[g][c] * inv;
+    if (!probs)
+      continue;
+    for (int32_t s = 0; s < slots; ++s)
+      probs[g * slots + s] = logits[g * slots + s] == kNegInf
+                                 ? 0.0f
+                                 : std::exp(logits[g * slots + s] - m[g]) * inv;
+  }
+  return KVC_STATUS_OK;
+}
+
+//===----------------------------------------------------------------------===//
+// Score transforms
+//===----------------------------------------------------------------------===//
+
+/// Reduction kinds over heads.
+enum class Reduce { Mean, Max, Sum };
+
+/// out[i] = reduce over g of in[g * n + i].
+inline void groupReduce(const float *in, int32_t groups, int32_t n, Reduce kind,
+                        float *out) {
+  for (int32_t i = 0; i < n; ++i) {
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+    for (int32_t g = 0; g < groups; ++g) {
+      const float x = in[static_cast<int64_t>(g) * n + i];
+      r = kind == Reduce::Max ? std::max(r, x) : r + x;
+    }
+    out[i] = kind == Reduce::Mean ? r / groups : r;
+  }
+}
+
+/// Folds this step's probabilities into the running per-entry state:
+/// state[s] <- decay * state[s] + reduce_g(probs[g * slots + s]) for live
+/// slots.
+inline void foldAccumulated(const HeadView &head, const float *probs,
+                            int32_t groups, float decay, Reduce kind) {
+  const int32_t slots = head.numSlots();
+  float *state = head.scoreState();
+  for (int32_t s = 0; s < slots; ++s) {
+    if (!head.isLive(s))
+      continue;
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+    for (int32_t g = 0; g < groups; ++g) {
+      const float p = probs[static_cast<int64_t>(g) * slots + s];
+      r = kind == Reduce::Max ? std::max(r, p) : r + p;
+    }
+    state[s] = decay * state[s] + (kind == Reduce::Mean ? r / groups : r);
+  }
+}
+
+/// 1-D average pooling along n tokens with an odd kernel, stride 1, zero
+/// "same" padding counted in the divisor.
+inline void poolAvg(const float *in, int32_t n, int32_t kernel, float *out) {
+  const int32_t half = kernel / 2;
+  for (int32_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    for (int32_t j = std::max(0, i - half); j <= std::min(n - 1, i + half); ++j)
+      sum += in[j];
+    out[i] = sum / kernel;
+  }
+}
+
+/// 1-D max pooling along n tokens with an odd kernel, stride 1, -infinity
+/// "same" padding.
+inline void poolMax(const float *in, int32_t n, int32_t kernel, float *out) {
+  const int32_t half = kernel / 2;
+  for (int32_t i = 0; i < n; ++i) {
+    float m = kNegInf;
+    for (int32_t j = std::max(0, i - half); j <= std::min(n - 1, i + half); ++j)
+      m = std::max(m, in[j]);
+    out[i] = m;
+  }
+}
+
+/// Normalization kinds.
+enum class Normalize { ZScore, Sum, Max };
+
+/// Normalizes the live entries of one score buffer (population standard
+/// deviation; a zero deviation, sum or maximum leaves zeros).
+inline void normalize(const float *in, const int32_t *positions, int32_t n,
+                      Normalize kind, float *out) {
+  double sum = 0.0, sq = 0.0, mx = -INFINITY;
+  int32_t live = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    if (positions[i] == KVC_POSITION_NONE)
+      continue;
+    ++live;
+    sum += in[i];
+    sq += static_cast<double>(in[i]) * in[i];
+    mx = std::max(mx, static_cast<double>(in[i]));
+  }
+  const double mean = live ? sum / live : 0.0;
+  const double sd =
+      live ? std::sqrt(std::max(0.0, sq / live - mean * mean)) : 0.0;
+  for (int32_t i = 0; i < n; ++i) {
+    double x = in[i];
+    switch (kind) {
+    case Normalize::ZScore:
+      x = sd > 0.0 ? (x - mean) / sd : 0.0;
+      break;
+    case Normalize::Sum:
+      x = sum != 0.0 ? x / sum : 0.0;
+      break;
+    case Normalize::Max:
+      x = mx != 0.0 ? x / mx : 0.0;
+      break;
+    }
+    out[i] = static_cast<float>(x);
+  }
+}
+
+/// Sets the score of the `sinks` oldest and the `recent` newest live
+/// entries (by original position) to +infinity.
+inline void protect(const float *in, const int32_t *positions, int32_t n,
+                    int32_t sinks, int32_t recent, float *out,
+                    int32_t *scratch) {
+  int32_t live = 0;
+  for (int32_t i = 0; i < n; ++i)
+    if (positions[i] != KVC_POSITION_NONE)
+      scratch[live++] = positions[i];
+  std::memmove(out, in, sizeof(float) * n);
+  if (live == 0)
+    return;
+  int32_t lowCut = std::numeric_limits<int32_t>::min();
+  int32_t highCut = std::numeric_limits<int32_t>::max();
+  if (sinks > 0) {
+    const int32_t k = std::min(sinks, live) - 1;
+    std::nth_element(scratch, scratch + k, scratch + live);
+    lowCut = scratch[k]; // Positions <= lowCut are sinks.
+  }
+  if (recent > 0) {
+    const int32_t k = live - std::min(recent, live);
+    std::nth_element(scratch, scratch + k, scratch + live);
+    highCut = scratch[k]; // Positions >= highCut are recent.
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (positions[i] == KVC_POSITION_NONE)
+      continue;
+    if ((sinks > 0 && positions[i] <= lowCut) ||
+        (recent > 0 && positions[i] >= highCut))
+      out[i] = kPosInf;
+  }
+}
+
+/// Key and value features of a prompt: ||k_i||_2, ||v_i||_p.
+inline void rowNorms(const float *rows, int64_t stride, int32_t n, int dim,
+                     int p, float *out) {
+  for (int32_t i = 0; i < n; ++i) {
+    double s = 0.0;
+    for (int c = 0; c < dim; ++c) {
+      const double x = rows[i * stride + c];
+      s += p == 1 ? std::fabs(x) : x * x;
+    }
+    out[i] = static_cast<float>(p == 1 ? s : std::sqrt(s));
+  }
+}
+
+/// KeyDiff: -cos(k_i, mean_j k_j / ||k_j||) over n prompt keys.
+inline void keyDiversity(const float *rows, int64_t stride, int32_t n, int dim,
+                         float *out) {
+  std::vector<double> mean(dim, 0.0);
+  for (int32_t i = 0; i < n; ++i) {
+    double norm = 0.0;
+    for (int c = 0; c < dim; ++c)
+      norm += static_cast<double>(rows[i * stride + c]) * rows[i * stride + c];
+    norm = std::sqrt(norm);
+    if (norm == 0.0)
+      continue;
+    for (int c = 0; c < dim; ++c)
+      mean[c] += rows[i * stride + c] / norm;
+  }
+  for (int c = 0; c < dim; ++c)
+    mean[c] /= std::max<int32_t>(n, 1);
+  double meanNorm = 0.0;
+  for (int c = 0; c < dim; ++c)
+    meanNorm += mean[c] * mean[c];
+  meanNorm = std::sqrt(meanNorm);
+  for (int32_t i = 0; i < n; ++i) {
+    double dot = 0.0, norm = 0.0;
+    for (int c = 0; c < dim; ++c) {
+      dot += rows[i * stride + c] * mean[c];
+      norm += static_cast<double>(rows[i * stride + c]) * rows[i * stride + c];
+    }
+    const double denom = std::sqrt(norm) * meanNorm;
+    out[i] = static_cast<float>(denom > 0.0 ? -dot / denom : 0.0);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Budgets and selection
+//===----------------------------------------------------------------------===//
+
+/// PyramidKV integer budget of `layer` for a prompt of `length` tokens,
+/// window entries included.
+inline int64_t pyramidBudget(int64_t capacity, int64_t window, int64_t beta,
+                             int64_t layers, int64_t layer, int64_t length) {
+  if (length < capacity)
+    return length;
+  const int64_t c = capacity - window;
+  if (length < 2 * c)
+    return c + window;
+  int64_t lo = c / beta;
+  int64_t hi = 2 * c - lo;
+  if (hi >= length - window) {
+    hi = length - window;
+    lo = 2 * c - hi;
+  }
+  const int64_t step = layers > 1 ? (hi - lo) / (layers - 1) : 0;
+  return hi - layer * step + window;
+}
+
+/// Marks in `victims` (count written to *numVictims) the live entries
+/// outside the top `budget` by score. Ties keep the more recent entry when
+/// `tieRecent`, the older one otherwise. `order` is scratch of n ints.
+inline void selectVictims(const float *scores, const int32_t *positions,
+                          int32_t n, int64_t budget, bool tieRecent,
+                          int32_t *order, int32_t *victims,
+                          int32_t *numVictims) {
+  int32_t live = 0;
+  for (int32_t i = 0; i < n; ++i)
+    if (positions[i] != KVC_POSITION_NONE)
+      order[live++] = i;
+  const int64_t drop = live > budget ? live - budget : 0;
+  *numVictims = static_cast<int32_t>(drop);
+  if (drop == 0)
+    return;
+  // The first `drop` entries of this order are the victims.
+  auto worse = [&](int32_t a, int32_t b) {
+    if (scores[a] != scores[b])
+      return scores[a] < scores[b];
+    return tieRecent ? positions[a] < positions[b]
+                     : positions[a] > positions[b];
+  };
+  std::partial_sort(order, order + drop, order + live, worse);
+  std::copy(order, order + drop, victims);
+  std::sort(victims, victims + drop);
+}
+
+} // namespace kvc::cpu
+
+#endif // KVC_RUNTIME_KVC_CPU_H

@@ -1,0 +1,479 @@
+/*===- kvc_runtime.h - kvc minimal runtime C ABI ---------------*- C -*-===*\
+|*                                                                          *|
+|* Public C interface of the kvc runtime: paged per-head KV storage inside  *|
+|* memory the engine owns, quantized page formats and their pack/unpack     *|
+|* routines, and the error model. Generated policy libraries and engines    *|
+|* link this library (CMake target KvcRuntime).                             *|
+|*                                                                          *|
+\*===----------------------------------------------------------------------===*/
+
+/* ABI rules (read these before calling anything)
+ *
+ * Ownership
+ *   The engine owns every byte of KV data. kvc_context_create receives a pool
+ *   buffer (host or device memory) sized with kvc_pool_bytes_required; the
+ *   runtime never allocates, frees or hides KV memory. It allocates only host
+ *   bookkeeping (page tables, free lists, per-entry metadata), released by
+ *   kvc_context_destroy. The pool buffer must outlive the context.
+ *
+ * Errors
+ *   Every function that can fail returns kvc_status_t. On failure the state of
+ *   the context is exactly what it was before the call (nothing allocated,
+ *   nothing evicted, no data written) and kvc_last_error() returns a readable
+ *   message for the calling thread (every call that returns kvc_status_t
+ *   clears it first). No C++ exception and no abort crosses this interface;
+ *   a host allocation failure is reported as KVC_STATUS_OUT_OF_MEMORY.
+ *   Output parameters are written only on success, except the count of
+ *   needed moves that kvc_compact reports with KVC_STATUS_BUFFER_TOO_SMALL.
+ *
+ * Thread-safety
+ *   A context is not internally synchronized. Calls that mutate a context
+ *   (everything except the kvc_get_* / kvc_read_* / kvc_pool_* queries) must
+ *   not run concurrently with any other call on the same context. Queries may
+ *   run concurrently with each other. Distinct contexts are independent.
+ *   Conversion and quantization functions are pure and reentrant.
+ *   kvc_last_error() is thread-local. Kernels may write the score and weight
+ *   arrays of kvc_get_metadata concurrently for distinct heads; that counts
+ *   as mutating the head it writes.
+ *
+ * Addressing
+ *   Sequences are named by caller-chosen 64-bit ids. Entries of one
+ *   (sequence, layer, kv-head) live in slots numbered 0 .. num_slots-1; slot s
+ *   is offset s % page_size of the s / page_size-th page of that head's page
+ *   table. A slot is free when its position metadata is KVC_POSITION_NONE.
+ *   Slots are stable across appends and evictions; only kvc_compact (and the
+ *   removal of a sequence) renumbers them, and it reports every renumbering.
+ *
+ * Memory kinds
+ *   KVC_MEMORY_HOST pools are ordinary host memory: the runtime writes and
+ *   reads entry data (append, read, write, compaction moves, KIVI flushes).
+ *   KVC_MEMORY_DEVICE pools are only ever addressed by byte offsets: the
+ *   runtime keeps the bookkeeping and generated kernels move the data. Calls
+ *   that would touch entry data on a device pool return
+ *   KVC_STATUS_UNSUPPORTED, except kvc_compact, which reports the moves the
+ *   engine must perform.
+ */
+
+#ifndef KVC_RUNTIME_KVC_RUNTIME_H
+#define KVC_RUNTIME_KVC_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*===--------------------------------------------------------------------===*/
+/* Status codes                                                             */
+/*===--------------------------------------------------------------------===*/
+
+/// Result of every fallible runtime call. Values are stable ABI.
+typedef enum kvc_status_t {
+  KVC_STATUS_OK = 0,
+  /// A required pointer argument was NULL.
+  KVC_STATUS_NULL_POINTER = 1,
+  /// An argument is outside its documented domain (negative count, bad enum).
+  KVC_STATUS_INVALID_ARGUMENT = 2,
+  /// The geometry or a dimension does not fit the context or the format.
+  KVC_STATUS_GEOMETRY_MISMATCH = 3,
+  /// A sequence, layer, head, page or slot index is out of range or free.
+  KVC_STATUS_OUT_OF_RANGE = 4,
+  /// The pool (or the sequence capacity) has no room for the request.
+  KVC_STATUS_POOL_EXHAUSTED = 5,
+  /// A budget exceeds what the pool could ever hold.
+  KVC_STATUS_BUDGET_OVER_CAPACITY = 6,
+  /// An append would exceed the budget set for that head.
+  KVC_STATUS_OVER_BUDGET = 7,
+  /// A buffer does not have the alignment the layout requires.
+  KVC_STATUS_MISALIGNED = 8,
+  /// The operation does not exist for this memory kind or format.
+  KVC_STATUS_UNSUPPORTED = 9,
+  /// kvc_sequence_add with an id that is already present.
+  KVC_STATUS_ALREADY_EXISTS = 10,
+  /// A host bookkeeping allocation failed.
+  KVC_STATUS_OUT_OF_MEMORY = 11,
+  /// An output array is too small; the required size is reported.
+  KVC_STATUS_BUFFER_TOO_SMALL = 12,
+  /// A bug in the runtime (an internal invariant failed).
+  KVC_STATUS_INTERNAL = 13,
+} kvc_status_t;
+
+/// Static name of a status code ("KVC_STATUS_OK", ...); never NULL, and
+/// "KVC_STATUS_UNKNOWN" for a value that is not a kvc_status_t.
+const char *kvc_status_string(int32_t status);
+
+/// Message describing the most recent failure on the calling thread; "" if
+/// the most recent call succeeded. The pointer stays valid until the next
+/// runtime call on this thread.
+const char *kvc_last_error(void);
+
+/// Records `message` as the calling thread's last error and returns
+/// `status`. Generated policy kernels report their own validation failures
+/// through it, so that engines read every error from kvc_last_error().
+kvc_status_t kvc_report_error(kvc_status_t status, const char *message);
+
+/*===--------------------------------------------------------------------===*/
+/* Types and formats                                                        */
+/*===--------------------------------------------------------------------===*/
+
+/// Element type of full-precision keys and values.
+typedef enum kvc_dtype_t {
+  KVC_DTYPE_F32 = 0,
+  KVC_DTYPE_F16 = 1,
+  KVC_DTYPE_BF16 = 2,
+} kvc_dtype_t;
+
+/// Storage format of the pages of a context (and, per entry, of its key and
+/// its value). Byte layouts are documented at kvc_page_layout_t.
+typedef enum kvc_format_t {
+  /// Keys and values in the context's element type.
+  KVC_FORMAT_FULL = 0,
+  /// int8 symmetric per token: q = rne(x / s), s = max|x| / 127, q in
+  /// [-127, 127]; one float scale per key and per value vector.
+  KVC_FORMAT_INT8 = 1,
+  /// fp8 e4m3 (bias 7, no infinities, max 448) per token with one float
+  /// scale s = max|x| / 448 per key and per value vector; q = e4m3(x / s).
+  KVC_FORMAT_FP8_E4M3 = 2,
+  /// KIVI 2-bit asymmetric: keys per channel over blocks of G tokens, values
+  /// per token over groups of G channels, full-precision residual window R.
+  KVC_FORMAT_KIVI_INT2 = 3,
+  /// KIVI 4-bit, same structure as KVC_FORMAT_KIVI_INT2.
+  KVC_FORMAT_KIVI_INT4 = 4,
+} kvc_format_t;
+
+/// Where the pool lives.
+typedef enum kvc_memory_t {
+  KVC_MEMORY_HOST = 0,
+  KVC_MEMORY_DEVICE = 1,
+} kvc_memory_t;
+
+/// Position metadata of a free slot.
+#define KVC_POSITION_NONE (-1)
+
+/// Alignment, in bytes, of the pool buffer and of every page in it.
+#define KVC_POOL_ALIGNMENT 256
+
+/// Everything a context needs to know; validated by kvc_context_create.
+/// Enumerated fields are int32_t holding the enum's values: the size of a C
+/// enum is up to the compiler, and a fixed-width field keeps the layout of
+/// this struct the same for every caller.
+typedef struct kvc_config_t {
+  int32_t num_layers;   ///< Transformer layers (> 0).
+  int32_t num_q_heads;  ///< Query heads per layer (multiple of num_kv_heads).
+  int32_t num_kv_heads; ///< KV heads per layer (> 0).
+  int32_t head_dim;     ///< Channels per head (> 0, even).
+  int32_t dtype;        ///< kvc_dtype_t of full-precision data.
+  int32_t format;       ///< kvc_format_t of the pages.
+  int32_t page_size;    ///< Entry slots per page (> 0; multiple of G for KIVI).
+  int32_t group_size;   ///< KIVI group G (divides head_dim); else ignored.
+  int32_t residual_length; ///< KIVI window R (multiple of G); else ignored.
+  int32_t num_pages;       ///< Pages in the pool (> 0).
+  int32_t max_sequences;   ///< Sequences that may exist at once (> 0).
+  int32_t memory;          ///< kvc_memory_t: host or device pool.
+} kvc_config_t;
+
+/// Byte layout of one page, relative to the page's first byte. Slot s of a
+/// page stores its key at key_offset + s * key_stride (likewise values). The
+/// per-entry parameters are float32 records:
+///  - FULL: no parameters; key/value rows are head_dim elements of dtype.
+///  - INT8: rows of head_dim int8; key/value parameter record = {scale}.
+///  - FP8_E4M3: rows of head_dim e4m3 bytes; parameter record = {scale}.
+///  - KIVI: rows of head_dim * bits / 8 packed bytes (layout at
+///    kvc_pack_bits). Value parameter record of slot s: head_dim / G pairs
+///    {scale, min}, one per group of G channels. Key parameter record of
+///    block b (slots b*G .. b*G+G-1): head_dim pairs {scale, min}, one per
+///    channel, at key_param_offset + b * key_param_stride.
+/// Parameter strides are 0 where a format has no parameters.
+typedef struct kvc_page_layout_t {
+  uint64_t page_bytes;         ///< Stride between pages (multiple of 256).
+  uint64_t key_offset;         ///< First key row.
+  uint64_t key_stride;         ///< Bytes per key row.
+  uint64_t value_offset;       ///< First value row.
+  uint64_t value_stride;       ///< Bytes per value row.
+  uint64_t key_param_offset;   ///< First key parameter record.
+  uint64_t key_param_stride;   ///< Bytes per key record (per slot or block).
+  uint64_t value_param_offset; ///< First value parameter record.
+  uint64_t value_param_stride; ///< Bytes per value record (per slot).
+  uint64_t residual_offset;    ///< Start of the KIVI residual region in pool.
+  uint64_t residual_bytes;     ///< Residual bytes per (sequence, layer, head).
+  uint64_t pages_offset;       ///< Byte offset of page 0 in the pool.
+} kvc_page_layout_t;
+
+/// Opaque runtime context.
+typedef struct kvc_context kvc_context_t;
+
+/*===--------------------------------------------------------------------===*/
+/* Sizing and lifetime                                                      */
+/*===--------------------------------------------------------------------===*/
+
+/// Writes the page layout a configuration implies (no context needed, so
+/// code generators and engines can size buffers before creating one).
+kvc_status_t kvc_page_layout(const kvc_config_t *config,
+                             kvc_page_layout_t *layout);
+
+/// Bytes of pool buffer a configuration needs: the KIVI residual region (R
+/// full-precision entries per sequence, layer and head; 0 for other
+/// formats) followed by config->num_pages pages.
+kvc_status_t kvc_pool_bytes_required(const kvc_config_t *config,
+                                     uint64_t *bytes);
+
+/// Creates a context over the caller's pool. `pool` must be aligned to
+/// KVC_POOL_ALIGNMENT and hold at least kvc_pool_bytes_required bytes. On a
+/// host pool the runtime may read and write it; on a device pool it only
+/// computes offsets from it. Device pools support FULL, INT8 and FP8_E4M3.
+kvc_status_t kvc_context_create(const kvc_config_t *config, void *pool,
+                                uint64_t pool_bytes, kvc_context_t **context);
+
+/// Destroys a context and its bookkeeping; the pool is untouched and stays
+/// the caller's. Accepts NULL.
+kvc_status_t kvc_context_destroy(kvc_context_t *context);
+
+/// Copies the configuration the context was created with.
+kvc_status_t kvc_context_config(const kvc_context_t *context,
+                                kvc_config_t *config);
+
+/*===--------------------------------------------------------------------===*/
+/* Sequences and entries                                                    */
+/*===--------------------------------------------------------------------===*/
+
+/// Registers a sequence with empty page tables for every (layer, kv-head).
+kvc_status_t kvc_sequence_add(kvc_context_t *context, uint64_t sequence);
+
+/// Removes a sequence and returns all of its pages to the pool.
+kvc_status_t kvc_sequence_remove(kvc_context_t *context, uint64_t sequence);
+
+/// Caps the live entries of one (sequence, layer, head); -1 removes the cap.
+/// Fails with KVC_STATUS_BUDGET_OVER_CAPACITY when the budget exceeds the
+/// pool's total slots, and KVC_STATUS_INVALID_ARGUMENT when it is below the
+/// live entries (evict first: a budget never drops entries by itself).
+kvc_status_t kvc_set_budget(kvc_context_t *context, uint64_t sequence,
+                            int32_t layer, int32_t head, int32_t budget);
+
+/// Appends `count` entries to one (sequence, layer, kv-head). `keys` and
+/// `values` are count x dim float32 rows (dim must equal head_dim), encoded
+/// into the context's format; `positions` are the original token positions
+/// (>= 0). A new entry takes the lowest free slot (an evicted slot is
+/// reused; KIVI reuses whole free blocks of G slots). The slots taken are
+/// written to `slots` (may be NULL). All or nothing: when the pool cannot
+/// hold all entries nothing is allocated. On device pools keys and values
+/// must be NULL (kernels write the data); on host pools they are required,
+/// and quantized formats reject non-finite values (one NaN would poison a
+/// whole quantization group).
+/// KIVI: each entry starts in the full-precision residual window; when R
+/// entries have accumulated since the last flush their keys are quantized
+/// as blocks of G, and an entry's value is quantized once R newer entries
+/// have been appended.
+kvc_status_t kvc_append(kvc_context_t *context, uint64_t sequence,
+                        int32_t layer, int32_t head, int32_t count, int32_t dim,
+                        const float *keys, const float *values,
+                        const int32_t *positions, int32_t *slots);
+
+/// Evicts `count` distinct live slots of one head. A page whose slots are
+/// all free is returned to the pool immediately (its page-table entry
+/// becomes -1; slots of other pages keep their numbers).
+kvc_status_t kvc_evict(kvc_context_t *context, uint64_t sequence, int32_t layer,
+                       int32_t head, int32_t count, const int32_t *slots);
+
+/// One renumbering performed by kvc_compact.
+typedef struct kvc_move_t {
+  int32_t from_slot; ///< Slot before compaction.
+  int32_t to_slot;   ///< Slot after compaction.
+  /// 1 when the entry's bytes must be copied from the old location to the
+  /// new one (the runtime did it on host pools; on device pools the engine
+  /// must, in the order given, before the next kernel reads the cache).
+  /// 0 when only the page table changed. For KIVI, moves are whole blocks.
+  int32_t copy_data;
+  /// Pool page id and in-page slot of the old and new location.
+  int32_t from_page, from_offset, to_page, to_offset;
+} kvc_move_t;
+
+/// Releases nearly empty pages of one head: every mapped page with at most
+/// max_occupancy * page_size live entries is emptied into free slots of
+/// other pages when they have room, then returned to the pool, and holes in
+/// the page table are closed. Every renumbered entry is reported in `moves`
+/// (capacity `max_moves`; may be NULL on host pools when the caller does
+/// not need them). When the array is too small nothing changes and
+/// KVC_STATUS_BUFFER_TOO_SMALL reports the count needed in *num_moves.
+kvc_status_t kvc_compact(kvc_context_t *context, uint64_t sequence,
+                         int32_t layer, int32_t head, float max_occupancy,
+                         kvc_move_t *moves, int32_t max_moves,
+                         int32_t *num_moves, int32_t *pages_released);
+
+/*===--------------------------------------------------------------------===*/
+/* Accessors used by generated kernels                                      */
+/*===--------------------------------------------------------------------===*/
+
+/// Live entries of one head.
+kvc_status_t kvc_get_num_entries(const kvc_context_t *context,
+                                 uint64_t sequence, int32_t layer, int32_t head,
+                                 int32_t *num_entries);
+
+/// Slots of one head (page-table length x page_size), free ones included.
+kvc_status_t kvc_get_num_slots(const kvc_context_t *context, uint64_t sequence,
+                               int32_t layer, int32_t head, int32_t *num_slots);
+
+/// Page-table length of one head (unmapped holes included).
+kvc_status_t kvc_get_num_pages(const kvc_context_t *context, uint64_t sequence,
+                               int32_t layer, int32_t head, int32_t *num_pages);
+
+/// Pool page id of page-table entry `page` (-1 for a hole), its byte offset
+/// in the pool (UINT64_MAX for a hole) and its address (pool + offset; NULL
+/// for a hole). Any output may be NULL.
+kvc_status_t kvc_get_page(const kvc_context_t *context, uint64_t sequence,
+                          int32_t layer, int32_t head, int32_t page,
+                          int32_t *pool_page, uint64_t *byte_offset,
+                          void **address);
+
+/// Maps a slot to (page-table index, offset in page, pool page id).
+kvc_status_t kvc_get_slot_location(const kvc_context_t *context,
+                                   uint64_t sequence, int32_t layer,
+                                   int32_t head, int32_t slot,
+                                   int32_t *page_index, int32_t *page_offset,
+                                   int32_t *pool_page);
+
+/// Per-slot metadata arrays of one head, each num_slots long. `position`
+/// is KVC_POSITION_NONE for a free slot; `score` (policy score state) and
+/// `weight` (merge weight, 1 for a fresh entry) may be written by kernels;
+/// `key_format`/`value_format` hold kvc_format_t values (KIVI entries in
+/// the residual window report KVC_FORMAT_FULL). The pointers stay valid
+/// until the next mutating call on that head or its sequence.
+typedef struct kvc_metadata_t {
+  int32_t num_slots;
+  const int32_t *position;
+  float *score;
+  float *weight;
+  const uint8_t *key_format;
+  const uint8_t *value_format;
+} kvc_metadata_t;
+
+/// Fills `metadata` for one head.
+kvc_status_t kvc_get_metadata(kvc_context_t *context, uint64_t sequence,
+                              int32_t layer, int32_t head,
+                              kvc_metadata_t *metadata);
+
+/// Reads one live entry as float32 (dequantizing); host pools only.
+kvc_status_t kvc_read_entry(const kvc_context_t *context, uint64_t sequence,
+                            int32_t layer, int32_t head, int32_t slot,
+                            int32_t dim, float *key, float *value);
+
+/// Overwrites one live entry (key and/or value; either may be NULL) in its
+/// current storage format; host pools only. A KIVI key that was already
+/// quantized is encoded with its block's existing parameters (clamped), so
+/// the rest of the block is not disturbed.
+kvc_status_t kvc_write_entry(kvc_context_t *context, uint64_t sequence,
+                             int32_t layer, int32_t head, int32_t slot,
+                             int32_t dim, const float *key, const float *value);
+
+/// Pool-wide page accounting.
+typedef struct kvc_pool_stats_t {
+  int32_t total_pages;  ///< config.num_pages.
+  int32_t free_pages;   ///< Pages on the free list.
+  int32_t mapped_pages; ///< Pages referenced by some page table.
+  int32_t num_sequences;
+  int64_t live_entries; ///< Over all sequences, layers and heads.
+} kvc_pool_stats_t;
+
+/// Fills pool-wide accounting figures.
+kvc_status_t kvc_pool_stats(const kvc_context_t *context,
+                            kvc_pool_stats_t *stats);
+
+/// Verifies the bookkeeping invariants (every page either free or in
+/// exactly one page table, live counts consistent, KIVI windows sane);
+/// returns KVC_STATUS_INTERNAL with a description when one fails.
+kvc_status_t kvc_pool_check(const kvc_context_t *context);
+
+/*===--------------------------------------------------------------------===*/
+/* Conversions (round to nearest even)                                      */
+/*===--------------------------------------------------------------------===*/
+
+/// float32 -> IEEE binary16 bits; overflow gives infinity, NaN stays NaN.
+uint16_t kvc_f32_to_f16(float value);
+/// IEEE binary16 bits -> float32 (exact).
+float kvc_f16_to_f32(uint16_t bits);
+/// float32 -> bfloat16 bits; NaN stays NaN.
+uint16_t kvc_f32_to_bf16(float value);
+/// bfloat16 bits -> float32 (exact).
+float kvc_bf16_to_f32(uint16_t bits);
+/// float32 -> fp8 e4m3 bits, saturating to +-448; NaN gives 0x7F.
+uint8_t kvc_f32_to_fp8_e4m3(float value);
+/// fp8 e4m3 bits -> float32 (exact); 0x7F/0xFF give NaN.
+float kvc_fp8_e4m3_to_f32(uint8_t bits);
+
+/*===--------------------------------------------------------------------===*/
+/* Quantization primitives (the page formats are built from these)          */
+/*===--------------------------------------------------------------------===*/
+
+/// Packs n codes of `bits` (2, 4 or 8) bits into ceil(n * bits / 8) bytes.
+/// Code j goes to byte j * bits / 8 at bit offset (j * bits) % 8, counted
+/// from the least significant bit: for 4 bits byte = c0 | c1 << 4, for 2
+/// bits byte = c0 | c1 << 2 | c2 << 4 | c3 << 6. Codes must fit in `bits`.
+kvc_status_t kvc_pack_bits(const uint8_t *codes, int64_t n, int32_t bits,
+                           uint8_t *packed);
+
+/// Inverse of kvc_pack_bits.
+kvc_status_t kvc_unpack_bits(const uint8_t *packed, int64_t n, int32_t bits,
+                             uint8_t *codes);
+
+/// Asymmetric uniform quantization of n values (one group) to `bits` (2, 4
+/// or 8): min = min x, scale = (max x - min) / (2^bits - 1), code =
+/// rne((x - min) / scale) clamped to [0, 2^bits - 1] (0 when scale is 0).
+/// Writes unpacked codes (one per byte). |x - dequant| <= scale / 2.
+/// Like every quantizer below, rejects non-finite input.
+kvc_status_t kvc_quantize_asym(const float *x, int64_t n, int32_t bits,
+                               uint8_t *codes, float *scale, float *min);
+
+/// x = code * scale + min.
+kvc_status_t kvc_dequantize_asym(const uint8_t *codes, int64_t n, float scale,
+                                 float min, float *x);
+
+/// KIVI keys: `tokens` x `dim` rows quantized per channel over all the
+/// given tokens (one KIVI block). Codes are packed per token row (row t at
+/// t * dim * bits / 8); scales and mins have `dim` entries.
+kvc_status_t kvc_kivi_quantize_keys(const float *keys, int32_t tokens,
+                                    int32_t dim, int32_t bits, uint8_t *packed,
+                                    float *scales, float *mins);
+
+/// Inverse of kvc_kivi_quantize_keys.
+kvc_status_t kvc_kivi_dequantize_keys(const uint8_t *packed, int32_t tokens,
+                                      int32_t dim, int32_t bits,
+                                      const float *scales, const float *mins,
+                                      float *keys);
+
+/// KIVI value: one token of `dim` channels quantized per group of `group`
+/// channels; dim * bits / 8 packed bytes, dim / group scales and mins.
+kvc_status_t kvc_kivi_quantize_value(const float *value, int32_t dim,
+                                     int32_t group, int32_t bits,
+                                     uint8_t *packed, float *scales,
+                                     float *mins);
+
+/// Inverse of kvc_kivi_quantize_value.
+kvc_status_t kvc_kivi_dequantize_value(const uint8_t *packed, int32_t dim,
+                                       int32_t group, int32_t bits,
+                                       const float *scales, const float *mins,
+                                       float *value);
+
+/// int8 symmetric per vector: scale = max|x| / 127 (0 for a zero vector),
+/// q = rne(x / scale) in [-127, 127]. |x - q * scale| <= scale / 2.
+kvc_status_t kvc_quantize_int8(const float *x, int64_t n, int8_t *q,
+                               float *scale);
+
+/// x = q * scale.
+kvc_status_t kvc_dequantize_int8(const int8_t *q, int64_t n, float scale,
+                                 float *x);
+
+/// fp8 e4m3 per vector: scale = max|x| / 448 (1 for a zero vector), q =
+/// e4m3(x / scale). Relative error <= 2^-4 for |x / scale| >= 2^-6, absolute
+/// error <= 2^-10 * scale below.
+kvc_status_t kvc_quantize_fp8_e4m3(const float *x, int64_t n, uint8_t *q,
+                                   float *scale);
+
+/// x = e4m3(q) * scale.
+kvc_status_t kvc_dequantize_fp8_e4m3(const uint8_t *q, int64_t n, float scale,
+                                     float *x);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVC_RUNTIME_KVC_RUNTIME_H */

@@ -1,0 +1,630 @@
+//===- PolicyTest.cpp - generated policy libraries vs the oracle ----------===//
+//
+// Every bundled policy, compiled by kvc_add_policy_library for the geometry
+// this executable was built for, runs a prefill over a prompt of 1100 tokens
+// (not a multiple of the page size) and a few decode steps on every layer.
+// Outputs, kept sets, score state and stored data are compared with a
+// reference model of the policy composed from the double-precision oracle
+// (test/reference), following the published definitions.
+//
+// Tolerances: attention outputs 2e-4 absolute (float accumulation over
+// ~1100 entries against double); kept sets exactly, except entries whose
+// reference score lies within 1e-5 (relative) of the selection boundary;
+// accumulated state 1e-3 relative; stored full-precision data exactly the
+// input rounded to the element type; KIVI data within half a quantization
+// step of its group (bounded by the head's range) plus the element rounding.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc_h2o_cpu.h"
+#include "kvc_kivi2_cpu.h"
+#include "kvc_pyramidkv_cpu.h"
+#include "kvc_pyramidkv_small_cpu.h"
+#include "kvc_snapkv_cpu.h"
+#include "kvc_snapkv_kivi2_cpu.h"
+#include "kvc_streaming_llm_cpu.h"
+
+#include "test/reference/Reference.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ref = kvc::ref;
+
+namespace {
+
+constexpr int kLayers = KVC_TEST_LAYERS;
+constexpr int kQHeads = KVC_TEST_Q_HEADS;
+constexpr int kKvHeads = KVC_TEST_KV_HEADS;
+constexpr int kDim = KVC_TEST_HEAD_DIM;
+constexpr int kGroup = kQHeads / kKvHeads;
+constexpr int kPrompt = 1100;
+constexpr int kDecodeSteps = 5;
+constexpr int kPageSize = 32;
+
+double roundToStored(double x) {
+#if defined(KVC_TEST_DTYPE_f16)
+  return ref::roundToF16(x);
+#elif defined(KVC_TEST_DTYPE_bf16)
+  return ref::roundToBf16(x);
+#else
+  return static_cast<double>(static_cast<float>(x));
+#endif
+}
+
+/// The C entry points of one generated library.
+struct Api {
+  const char *name;
+  void (*configure)(kvc_config_t *);
+  uint64_t (*prefillBytes)(int32_t);
+  kvc_status_t (*prefill)(kvc_context_t *, uint64_t, int32_t, int32_t,
+                          const float *, const float *, const float *,
+                          const int32_t *, float *, void *, uint64_t);
+  uint64_t (*decodeBytes)(int32_t);
+  kvc_status_t (*decode)(kvc_context_t *, uint64_t, int32_t, const float *,
+                         const float *, const float *, int32_t, float *,
+                         void *, uint64_t);
+};
+
+#define KVC_API(p)                                                             \
+  Api {                                                                        \
+    #p, kvc_##p##_cpu_configure, kvc_##p##_cpu_prefill_workspace_bytes,        \
+        kvc_##p##_cpu_prefill, kvc_##p##_cpu_decode_workspace_bytes,           \
+        kvc_##p##_cpu_decode                                                   \
+  }
+
+/// What the policy does, from its published definition (the variants the
+/// policy files name).
+struct Model {
+  enum class Score { Keep, Recency, Accumulated, Window } score;
+  int sinks = 0, recent = 0;
+  int window = 0, poolKernel = 1;
+  ref::PoolKind pool = ref::PoolKind::Avg;
+  int64_t count = 0;    ///< Uniform budget (0: none).
+  int64_t capacity = 0; ///< Pyramid capacity (0: none).
+  int beta = 20;
+  bool evictsAtDecode = false;
+  bool kivi = false;
+};
+
+struct Case {
+  Api api;
+  Model model;
+};
+
+std::vector<Case> allCases() {
+  Model streaming{Model::Score::Recency, 4, 0};
+  streaming.count = 1024;
+  streaming.evictsAtDecode = true;
+  Model h2o{Model::Score::Accumulated, 0, 512};
+  h2o.count = 1024;
+  h2o.evictsAtDecode = true;
+  Model snapkv{Model::Score::Window, 0, 64, 64, 5, ref::PoolKind::Avg};
+  snapkv.count = 1024;
+  Model pyramid{Model::Score::Window, 0, 8, 8, 7, ref::PoolKind::Max};
+  pyramid.capacity = 2048;
+  Model pyramidSmall = pyramid;
+  pyramidSmall.capacity = 256;
+  Model kivi{Model::Score::Keep};
+  kivi.kivi = true;
+  Model snapkvKivi = snapkv;
+  snapkvKivi.kivi = true;
+  return {{KVC_API(streaming_llm), streaming},
+          {KVC_API(h2o), h2o},
+          {KVC_API(snapkv), snapkv},
+          {KVC_API(pyramidkv), pyramid},
+          {KVC_API(pyramidkv_small), pyramidSmall},
+          {KVC_API(kivi2), kivi},
+          {KVC_API(snapkv_kivi2), snapkvKivi}};
+}
+
+/// One cached entry of the reference model.
+struct RefEntry {
+  int position;
+  ref::Vector key, value; // As stored (rounded to the element type).
+  double state = 0.0;     // Accumulated attention (H2O).
+};
+
+/// Prompt or token tensors of one layer.
+struct LayerInputs {
+  std::vector<float> q, k, v; // [t][head][dim]
+};
+
+LayerInputs makeInputs(std::mt19937 &rng, int tokens, bool structured,
+                       int firstPosition) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  LayerInputs in;
+  in.q.resize(static_cast<size_t>(tokens) * kQHeads * kDim);
+  in.k.resize(static_cast<size_t>(tokens) * kKvHeads * kDim);
+  in.v.resize(in.k.size());
+  for (float &x : in.q)
+    x = normal(rng);
+  for (float &x : in.k)
+    x = normal(rng);
+  for (float &x : in.v)
+    x = normal(rng);
+  if (!structured)
+    return in;
+  // Sinks and heavy hitters: the first 4 tokens and every 97th token get a
+  // key component along a direction every query shares.
+  for (int t = 0; t < tokens; ++t) {
+    int pos = firstPosition + t;
+    for (int h = 0; h < kQHeads; ++h)
+      in.q[(static_cast<size_t>(t) * kQHeads + h) * kDim] += 3.0f;
+    if (pos < 4 || pos % 97 == 13)
+      for (int h = 0; h < kKvHeads; ++h)
+        in.k[(static_cast<size_t>(t) * kKvHeads + h) * kDim] += 4.0f;
+  }
+  return in;
+}
+
+ref::Matrix headRows(const std::vector<float> &x, int tokens, int heads,
+                     int head) {
+  ref::Matrix m(tokens, kDim);
+  for (int t = 0; t < tokens; ++t)
+    for (int c = 0; c < kDim; ++c)
+      m.at(t, c) = x[(static_cast<size_t>(t) * heads + head) * kDim + c];
+  return m;
+}
+
+/// Kept entries of a selection by score, with the score of each entry for
+/// the tie tolerance.
+struct Selection {
+  std::vector<int> kept; // Prompt indices, ascending.
+  ref::Vector scores;    // Reference scores (+inf for protected entries).
+};
+
+/// Expects the kept positions to match, allowing swaps at the boundary.
+void expectSameKept(const Selection &expected, const std::set<int> &actual,
+                    const std::string &where) {
+  std::set<int> want(expected.kept.begin(), expected.kept.end());
+  if (want == actual)
+    return;
+  // The lowest kept reference score is the boundary.
+  double boundary = INFINITY;
+  for (int i : expected.kept)
+    boundary = std::min(boundary, expected.scores[i]);
+  double scale = 0.0;
+  for (double s : expected.scores)
+    if (std::isfinite(s))
+      scale = std::max(scale, std::fabs(s));
+  auto nearBoundary = [&](int i) {
+    return std::fabs(expected.scores[i] - boundary) <= 1e-5 * scale;
+  };
+  std::vector<int> missing, extra;
+  std::set_difference(want.begin(), want.end(), actual.begin(), actual.end(),
+                      std::back_inserter(missing));
+  std::set_difference(actual.begin(), actual.end(), want.begin(), want.end(),
+                      std::back_inserter(extra));
+  EXPECT_EQ(missing.size(), extra.size()) << where << ": kept counts differ";
+  for (int i : missing)
+    EXPECT_TRUE(nearBoundary(i))
+        << where << ": entry " << i << " should be kept (score "
+        << expected.scores[i] << ", boundary " << boundary << ")";
+  for (int i : extra)
+    EXPECT_TRUE(i < static_cast<int>(expected.scores.size()) && nearBoundary(i))
+        << where << ": entry " << i << " should have been evicted";
+}
+
+class GeneratedPolicyTest
+    : public ::testing::TestWithParam<std::tuple<int, bool>> {
+protected:
+  void SetUp() override {
+    test = allCases()[std::get<0>(GetParam())];
+    structured = std::get<1>(GetParam());
+    kvc_config_t config{};
+    test.api.configure(&config);
+    ASSERT_EQ(config.num_layers, kLayers);
+    ASSERT_EQ(config.num_q_heads, kQHeads);
+    ASSERT_EQ(config.num_kv_heads, kKvHeads);
+    ASSERT_EQ(config.head_dim, kDim);
+    config.page_size = kPageSize;
+    config.num_pages = kLayers * kKvHeads * ((kPrompt + 64) / kPageSize + 2);
+    config.max_sequences = 1;
+    config.memory = KVC_MEMORY_HOST;
+    uint64_t bytes = 0;
+    ASSERT_EQ(kvc_pool_bytes_required(&config, &bytes), KVC_STATUS_OK)
+        << kvc_last_error();
+    poolBytes = bytes;
+    pool.reset(static_cast<char *>(
+        std::aligned_alloc(KVC_POOL_ALIGNMENT,
+                           (bytes + KVC_POOL_ALIGNMENT - 1) /
+                               KVC_POOL_ALIGNMENT * KVC_POOL_ALIGNMENT)));
+    ASSERT_EQ(kvc_context_create(&config, pool.get(), bytes, &context),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+    ASSERT_EQ(kvc_sequence_add(context, 0), KVC_STATUS_OK);
+    this->config = config;
+  }
+  void TearDown() override { kvc_context_destroy(context); }
+
+  /// Live positions of one head and the slot of each.
+  std::map<int, int> livePositions(int layer, int head) {
+    kvc_metadata_t meta{};
+    EXPECT_EQ(kvc_get_metadata(context, 0, layer, head, &meta), KVC_STATUS_OK);
+    std::map<int, int> live;
+    for (int s = 0; s < meta.num_slots; ++s)
+      if (meta.position[s] != KVC_POSITION_NONE)
+        live[meta.position[s]] = s;
+    return live;
+  }
+
+  /// The selection the reference model makes after prefill.
+  Selection prefillSelection(const std::vector<ref::Matrix> &probabilities,
+                             int layer) {
+    const Model &m = test.model;
+    Selection sel;
+    const int n = kPrompt;
+    if (m.score == Model::Score::Keep) {
+      for (int i = 0; i < n; ++i)
+        sel.kept.push_back(i);
+      sel.scores.assign(n, INFINITY);
+      return sel;
+    }
+    ref::Vector reduced;
+    if (m.score == Model::Score::Recency) {
+      for (int i = 0; i < n; ++i)
+        reduced.push_back(i);
+    } else {
+      std::vector<ref::Vector> perQuery;
+      for (const ref::Matrix &p : probabilities) {
+        if (m.score == Model::Score::Accumulated) {
+          perQuery.push_back(ref::h2oScores(p, /*normalize=*/false));
+          continue;
+        }
+        // SnapKV: window mean over the prefix, pooled over the prefix.
+        const int w = std::min(m.window, n);
+        ref::Vector mean = ref::windowMean(p, w);
+        ref::Vector prefix(mean.begin(), mean.end() - w);
+        ref::Vector pooled = ref::pool1d(prefix, m.poolKernel, m.pool);
+        pooled.resize(n, 0.0);
+        perQuery.push_back(pooled);
+      }
+      reduced = ref::groupReduce(perQuery, 1, ref::ReduceKind::Mean)[0];
+    }
+    sel.scores = ref::protect(reduced, m.sinks, m.recent);
+    int64_t budget = m.count ? ref::uniformBudget(n, m.count)
+                             : ref::pyramidBudgets(m.capacity, m.window,
+                                                   m.beta, n, kLayers)
+                                   .total[layer];
+    sel.kept = ref::topK(sel.scores, static_cast<int>(budget));
+    return sel;
+  }
+
+  Case test;
+  bool structured = false;
+  kvc_config_t config{};
+  struct Free {
+    void operator()(char *p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> pool;
+  uint64_t poolBytes = 0;
+  kvc_context_t *context = nullptr;
+};
+
+TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
+  std::mt19937 rng(1234 + std::get<0>(GetParam()) * 7 + structured);
+  const Model &m = test.model;
+  // Reference caches per (layer, kv-head).
+  std::vector<std::vector<std::vector<RefEntry>>> cache(
+      kLayers, std::vector<std::vector<RefEntry>>(kKvHeads));
+
+  std::vector<int32_t> positions(kPrompt);
+  for (int i = 0; i < kPrompt; ++i)
+    positions[i] = i;
+  std::vector<char> workspace(test.api.prefillBytes(kPrompt));
+  for (int layer = 0; layer < kLayers; ++layer) {
+    LayerInputs in = makeInputs(rng, kPrompt, structured, 0);
+    std::vector<float> out(in.q.size());
+    ASSERT_EQ(test.api.prefill(context, 0, layer, kPrompt, in.q.data(),
+                               in.k.data(), in.v.data(), positions.data(),
+                               out.data(), workspace.data(), workspace.size()),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+    for (int h = 0; h < kKvHeads; ++h) {
+      std::vector<ref::Matrix> queries;
+      for (int g = 0; g < kGroup; ++g)
+        queries.push_back(headRows(in.q, kPrompt, kQHeads, h * kGroup + g));
+      ref::Matrix keys = headRows(in.k, kPrompt, kKvHeads, h);
+      ref::Matrix values = headRows(in.v, kPrompt, kKvHeads, h);
+      ref::AttentionResult att = ref::attention(queries, {keys}, {values});
+      std::string where = std::string(test.api.name) + " layer " +
+                          std::to_string(layer) + " head " + std::to_string(h);
+      // Outputs of every prompt query.
+      double worst = 0.0;
+      for (int g = 0; g < kGroup; ++g)
+        for (int t = 0; t < kPrompt; ++t)
+          for (int c = 0; c < kDim; ++c)
+            worst = std::max(
+                worst,
+                std::fabs(att.output[g].at(t, c) -
+                          out[(static_cast<size_t>(t) * kQHeads + h * kGroup +
+                               g) * kDim + c]));
+      EXPECT_LT(worst, 2e-4) << where << ": prefill output";
+
+      // Kept set.
+      Selection sel = prefillSelection(att.probabilities, layer);
+      std::map<int, int> live = livePositions(layer, h);
+      std::set<int> actual;
+      for (auto &[pos, slot] : live)
+        actual.insert(pos);
+      expectSameKept(sel, actual, where + " prefill");
+
+      // Stored data and accumulated state of every live entry.
+      kvc_metadata_t meta{};
+      ASSERT_EQ(kvc_get_metadata(context, 0, layer, h, &meta), KVC_STATUS_OK);
+      double keyLo = INFINITY, keyHi = -INFINITY;
+      for (double x : keys.data) {
+        keyLo = std::min(keyLo, x);
+        keyHi = std::max(keyHi, x);
+      }
+      std::vector<float> key(kDim), value(kDim);
+      for (auto &[pos, slot] : live) {
+        ASSERT_EQ(kvc_read_entry(context, 0, layer, h, slot, kDim, key.data(),
+                                 value.data()),
+                  KVC_STATUS_OK);
+        RefEntry e{pos, ref::Vector(kDim), ref::Vector(kDim)};
+        double valueLo = INFINITY, valueHi = -INFINITY;
+        for (int c = 0; c < kDim; ++c) {
+          valueLo = std::min(valueLo, values.at(pos, c));
+          valueHi = std::max(valueHi, values.at(pos, c));
+        }
+        for (int c = 0; c < kDim; ++c) {
+          if (!m.kivi) {
+            ASSERT_EQ(key[c], roundToStored(keys.at(pos, c)))
+                << where << " key " << pos;
+            ASSERT_EQ(value[c], roundToStored(values.at(pos, c)))
+                << where << " value " << pos;
+          } else {
+            EXPECT_LE(std::fabs(key[c] - keys.at(pos, c)),
+                      (keyHi - keyLo) / 6.0 + 1e-2)
+                << where << " key " << pos;
+            EXPECT_LE(std::fabs(value[c] - values.at(pos, c)),
+                      (valueHi - valueLo) / 6.0 + 1e-2)
+                << where << " value " << pos;
+          }
+          e.key[c] = key[c];
+          e.value[c] = value[c];
+        }
+        if (m.score == Model::Score::Accumulated) {
+          double state = 0.0;
+          for (int g = 0; g < kGroup; ++g)
+            for (int t = 0; t < kPrompt; ++t)
+              state += att.probabilities[g].at(t, pos) / kGroup;
+          EXPECT_NEAR(meta.score[slot], state, 1e-3 * std::max(1.0, state))
+              << where << " state " << pos;
+          e.state = state;
+        }
+        cache[layer][h].push_back(e);
+      }
+    }
+  }
+
+  // Decode steps.
+  for (int step = 0; step < kDecodeSteps; ++step) {
+    const int32_t position = kPrompt + step;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      LayerInputs in = makeInputs(rng, 1, structured, position);
+      int32_t slots = 0;
+      ASSERT_EQ(kvc_get_num_slots(context, 0, layer, 0, &slots),
+                KVC_STATUS_OK);
+      std::vector<char> ws(test.api.decodeBytes(slots + 2 * kPageSize));
+      std::vector<float> out(in.q.size());
+      ASSERT_EQ(test.api.decode(context, 0, layer, in.q.data(), in.k.data(),
+                                in.v.data(), position, out.data(), ws.data(),
+                                ws.size()),
+                KVC_STATUS_OK)
+          << kvc_last_error();
+      for (int h = 0; h < kKvHeads; ++h) {
+        std::string where = std::string(test.api.name) + " step " +
+                            std::to_string(step) + " layer " +
+                            std::to_string(layer) + " head " +
+                            std::to_string(h);
+        std::vector<RefEntry> &entries = cache[layer][h];
+        // The new entry, as stored. KIVI keeps it in the full-precision
+        // residual window, so it is rounded like full storage.
+        RefEntry fresh{position, ref::Vector(kDim), ref::Vector(kDim)};
+        for (int c = 0; c < kDim; ++c) {
+          fresh.key[c] = roundToStored(in.k[h * kDim + c]);
+          fresh.value[c] = roundToStored(in.v[h * kDim + c]);
+        }
+        entries.push_back(fresh);
+        if (m.kivi) {
+          // Quantized storage: attend over what the runtime stores now.
+          std::map<int, int> live = livePositions(layer, h);
+          std::vector<float> key(kDim), value(kDim);
+          for (RefEntry &e : entries) {
+            ASSERT_EQ(kvc_read_entry(context, 0, layer, h, live.at(e.position),
+                                     kDim, key.data(), value.data()),
+                      KVC_STATUS_OK);
+            for (int c = 0; c < kDim; ++c) {
+              e.key[c] = key[c];
+              e.value[c] = value[c];
+            }
+          }
+        }
+        ref::Matrix keys(static_cast<int>(entries.size()), kDim);
+        ref::Matrix values(static_cast<int>(entries.size()), kDim);
+        for (size_t i = 0; i < entries.size(); ++i)
+          for (int c = 0; c < kDim; ++c) {
+            keys.at(i, c) = entries[i].key[c];
+            values.at(i, c) = entries[i].value[c];
+          }
+        std::vector<ref::Matrix> queries;
+        for (int g = 0; g < kGroup; ++g) {
+          ref::Matrix qm(1, kDim);
+          for (int c = 0; c < kDim; ++c)
+            qm.at(0, c) = in.q[(h * kGroup + g) * kDim + c];
+          queries.push_back(qm);
+        }
+        ref::AttentionResult att = ref::attention(queries, {keys}, {values});
+        double worst = 0.0;
+        for (int g = 0; g < kGroup; ++g)
+          for (int c = 0; c < kDim; ++c)
+            worst = std::max(worst,
+                             std::fabs(att.output[g].at(0, c) -
+                                       out[(h * kGroup + g) * kDim + c]));
+        EXPECT_LT(worst, 2e-4) << where << ": decode output";
+
+        // The reference policy's decode-time eviction.
+        if (m.evictsAtDecode) {
+          ref::Vector base(entries.size());
+          for (size_t i = 0; i < entries.size(); ++i) {
+            if (m.score == Model::Score::Accumulated) {
+              double p = 0.0;
+              for (int g = 0; g < kGroup; ++g)
+                p += att.probabilities[g].at(0, i) / kGroup;
+              entries[i].state = ref::decayedAccumulate(
+                  {entries[i].state}, {p}, 1.0)[0];
+              base[i] = entries[i].state;
+            } else {
+              base[i] = entries[i].position;
+            }
+          }
+          // Entries are in position order, so index-based protection is
+          // position-based protection.
+          std::vector<size_t> order(entries.size());
+          for (size_t i = 0; i < order.size(); ++i)
+            order[i] = i;
+          std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            return entries[a].position < entries[b].position;
+          });
+          std::vector<RefEntry> sorted;
+          ref::Vector sortedBase;
+          for (size_t i : order) {
+            sorted.push_back(entries[i]);
+            sortedBase.push_back(base[i]);
+          }
+          entries = sorted;
+          Selection sel;
+          sel.scores = ref::protect(sortedBase, m.sinks, m.recent);
+          sel.kept = ref::topK(sel.scores, static_cast<int>(m.count));
+          std::map<int, int> live = livePositions(layer, h);
+          std::set<int> actualIdx;
+          for (size_t i = 0; i < entries.size(); ++i)
+            if (live.count(entries[i].position))
+              actualIdx.insert(static_cast<int>(i));
+          EXPECT_EQ(live.size(), actualIdx.size())
+              << where << ": the runtime holds an entry the reference lacks";
+          expectSameKept(sel, actualIdx, where);
+          std::vector<RefEntry> kept;
+          for (size_t i = 0; i < entries.size(); ++i)
+            if (actualIdx.count(static_cast<int>(i)))
+              kept.push_back(entries[i]);
+          entries = kept;
+          if (m.score == Model::Score::Accumulated) {
+            kvc_metadata_t meta{};
+            ASSERT_EQ(kvc_get_metadata(context, 0, layer, h, &meta),
+                      KVC_STATUS_OK);
+            for (const RefEntry &e : entries)
+              EXPECT_NEAR(meta.score[live.at(e.position)], e.state,
+                          1e-3 * std::max(1.0, e.state))
+                  << where << " state " << e.position;
+          }
+        } else {
+          EXPECT_EQ(livePositions(layer, h).size(), entries.size())
+              << where << ": no eviction at decode";
+        }
+      }
+    }
+  }
+}
+
+std::string caseName(
+    const ::testing::TestParamInfo<std::tuple<int, bool>> &info) {
+  return std::string(allCases()[std::get<0>(info.param)].api.name) +
+         (std::get<1>(info.param) ? "_structured" : "_random");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, GeneratedPolicyTest,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(allCases().size())),
+                       ::testing::Bool()),
+    caseName);
+
+/// Bad input to a generated entry point is reported, not crashed on.
+TEST(GeneratedPolicyErrors, ValidatesItsInputs) {
+  kvc_config_t config{};
+  kvc_snapkv_cpu_configure(&config);
+  config.page_size = kPageSize;
+  config.num_pages = 8;
+  config.max_sequences = 1;
+  config.memory = KVC_MEMORY_HOST;
+  uint64_t bytes = 0;
+  ASSERT_EQ(kvc_pool_bytes_required(&config, &bytes), KVC_STATUS_OK);
+  std::unique_ptr<char, void (*)(void *)> pool(
+      static_cast<char *>(std::aligned_alloc(
+          KVC_POOL_ALIGNMENT, (bytes + 255) / 256 * 256)),
+      std::free);
+  kvc_context_t *context = nullptr;
+  ASSERT_EQ(kvc_context_create(&config, pool.get(), bytes, &context),
+            KVC_STATUS_OK);
+  ASSERT_EQ(kvc_sequence_add(context, 0), KVC_STATUS_OK);
+  std::vector<float> q(kQHeads * kDim * 4), k(kKvHeads * kDim * 4), v = k,
+      out = q;
+  std::vector<int32_t> positions{0, 1, 2, 3};
+  std::vector<char> ws(kvc_snapkv_cpu_prefill_workspace_bytes(4));
+
+  EXPECT_EQ(kvc_snapkv_cpu_prefill(context, 0, 0, 4, nullptr, k.data(),
+                                   v.data(), positions.data(), out.data(),
+                                   ws.data(), ws.size()),
+            KVC_STATUS_NULL_POINTER);
+  EXPECT_STREQ(kvc_last_error(), "kvc_snapkv_cpu_prefill: null argument");
+  EXPECT_EQ(kvc_snapkv_cpu_prefill(context, 0, kLayers, 4, q.data(), k.data(),
+                                   v.data(), positions.data(), out.data(),
+                                   ws.data(), ws.size()),
+            KVC_STATUS_OUT_OF_RANGE);
+  EXPECT_STREQ(kvc_last_error(),
+               "kvc_snapkv_cpu_prefill: layer out of range");
+  EXPECT_EQ(kvc_snapkv_cpu_prefill(context, 0, 0, 4, q.data(), k.data(),
+                                   v.data(), positions.data(), out.data(),
+                                   ws.data(), ws.size() - 1),
+            KVC_STATUS_BUFFER_TOO_SMALL);
+  // A valid call, then a second prefill of the same layer is refused and
+  // leaves the cache as it was.
+  ASSERT_EQ(kvc_snapkv_cpu_prefill(context, 0, 0, 4, q.data(), k.data(),
+                                   v.data(), positions.data(), out.data(),
+                                   ws.data(), ws.size()),
+            KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(kvc_snapkv_cpu_prefill(context, 0, 0, 4, q.data(), k.data(),
+                                   v.data(), positions.data(), out.data(),
+                                   ws.data(), ws.size()),
+            KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(),
+               "kvc_snapkv_cpu_prefill: prefill needs an empty cache");
+  int32_t live = 0;
+  ASSERT_EQ(kvc_get_num_entries(context, 0, 0, 0, &live), KVC_STATUS_OK);
+  EXPECT_EQ(live, 4);
+  // A context of another geometry is rejected.
+  kvc_config_t other = config;
+  other.head_dim = kDim * 2;
+  uint64_t otherBytes = 0;
+  ASSERT_EQ(kvc_pool_bytes_required(&other, &otherBytes), KVC_STATUS_OK);
+  std::unique_ptr<char, void (*)(void *)> otherPool(
+      static_cast<char *>(std::aligned_alloc(
+          KVC_POOL_ALIGNMENT, (otherBytes + 255) / 256 * 256)),
+      std::free);
+  kvc_context_t *otherContext = nullptr;
+  ASSERT_EQ(kvc_context_create(&other, otherPool.get(), otherBytes,
+                               &otherContext),
+            KVC_STATUS_OK);
+  ASSERT_EQ(kvc_sequence_add(otherContext, 0), KVC_STATUS_OK);
+  EXPECT_EQ(kvc_snapkv_cpu_prefill(otherContext, 0, 0, 4, q.data(), k.data(),
+                                   v.data(), positions.data(), out.data(),
+                                   ws.data(), ws.size()),
+            KVC_STATUS_GEOMETRY_MISMATCH);
+  kvc_context_destroy(otherContext);
+  kvc_context_destroy(context);
+}
+
+} // namespace
