@@ -283,7 +283,7 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
     std::string window = pass.getWindow()
                              ? "kWindow"
                              : (pass.getLast() ? "1" : "0");
-    std::string outArg = pass.getOutput() ? "oh" : "scratchOut";
+    std::string outArg = pass.getOutput() ? "oh" : "nullptr";
     os << "    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, "
           "kh, vh, kKvStride, kSoftmaxScale, "
        << outArg << ", " << window << ", "
@@ -293,8 +293,8 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
     return success();
   }
   const bool needProbs = pass.getLast() || acc;
-  std::string outArg = pass.getOutput() ? "out + h * kGroup * kHeadDim"
-                                        : "scratchOut";
+  std::string outArg =
+      pass.getOutput() ? "out + h * kGroup * kHeadDim" : "nullptr";
   os << "    KVC_CPU_TRY(kvc::cpu::decodeAttention<kGroup, kHeadDim>(head, "
         "q + h * kGroup * kHeadDim, kSoftmaxScale, "
      << outArg << ", " << (needProbs ? "probs" : "nullptr") << ", logits));\n";
@@ -605,7 +605,6 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     ints.push_back({"keptIndex", "1"});
     ints.push_back({"slots", "1"});
   }
-  bool scratchOut = attention && !attention.getOutput();
   std::string rowSum;
   for (auto &[bufName, rows] : floats)
     rowSum += (rowSum.empty() ? "" : " + ") + rows;
@@ -618,8 +617,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
       << " floats or ints this kernel carves from its workspace.\n";
   out << workspaceDeclaration() << " {\n";
   out << "  return sizeof(float) * (static_cast<uint64_t>(" << entries
-      << ") * (" << rowSum << ")"
-      << (scratchOut ? " + kGroup * kHeadDim" : "") << ");\n}\n\n";
+      << ") * (" << rowSum << "));\n}\n\n";
 
   // The entry point.
   out << "/// " << documentation() << "\n";
@@ -691,8 +689,6 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   for (auto &[bufName, rows] : ints)
     out << "    int32_t *" << bufName
         << " = reinterpret_cast<int32_t *>(ws);\n    ws += n;\n";
-  if (scratchOut)
-    out << "    float *scratchOut = ws;\n";
   if (selects)
     out << "    int32_t numVictims = 0;\n";
   out << body;

@@ -140,11 +140,14 @@ struct FormKernelsPass final
 
     OpBuilder b(ctx);
     Location loc = policy.getLoc();
+    // Entries are written where the storage was declared.
+    Location storageLoc =
+        policy.getStorage() ? policy.getStorage().getLoc() : loc;
     auto gather = [&] {
-      GatherOp::create(b, loc, keyFormat, valueFormat, residual);
+      GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual);
     };
     auto append = [&] {
-      AppendOp::create(b, loc, keyFormat, valueFormat, residual);
+      AppendOp::create(b, storageLoc, keyFormat, valueFormat, residual);
     };
 
     // Prefill.

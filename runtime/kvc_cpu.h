@@ -187,7 +187,8 @@ private:
 ///  - `accumulated` != nullptr: accumulated[g * n + i] = sum over all
 ///    queries of p_{q,i}.
 /// q rows: q + t * qStride + g * D; k, v rows: k + t * kvStride. out rows
-/// like q. `logits` is scratch of n floats.
+/// like q; a null `out` skips the weighted sum of values (scoring only).
+/// `logits` is scratch of n floats.
 template <int G, int D>
 void prefillAttention(int32_t n, const float *q, int64_t qStride,
                       const float *k, const float *v, int64_t kvStride,
@@ -219,22 +220,26 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
       float acc[D] = {};
       for (int32_t i = 0; i <= t; ++i) {
         const float p = logits[i] * inv;
-        const float *vr = v + i * kvStride;
-        for (int c = 0; c < D; ++c)
-          acc[c] += p * vr[c];
+        if (out) {
+          const float *vr = v + i * kvStride;
+          for (int c = 0; c < D; ++c)
+            acc[c] += p * vr[c];
+        }
         if (accumulated)
           accumulated[g * n + i] += p;
         if (windowProbs && t >= n - w && i < n - w)
           windowProbs[g * n + i] += p / w;
       }
-      std::memcpy(out + t * qStride + g * D, acc, sizeof acc);
+      if (out)
+        std::memcpy(out + t * qStride + g * D, acc, sizeof acc);
     }
   }
 }
 
 /// Decode attention of the G query heads of one kv-head over every live
 /// entry, in one pass over keys and values (online softmax). Writes the
-/// output rows and, when `probs` is given, the normalized weight
+/// output rows (skipped when `out` is null: scoring only) and, when `probs`
+/// is given, the normalized weight
 /// probs[g * slots + s] of every slot (0 for free slots). `logits` is
 /// scratch of G * slots floats.
 template <int G, int D>
@@ -267,14 +272,16 @@ kvc_status_t decodeAttention(const HeadView &head, const float *q, float scale,
           }
           const float e = std::exp(l - m[g]);
           z[g] += e;
-          for (int c = 0; c < D; ++c)
-            acc[g][c] += e * vr[c];
+          if (out)
+            for (int c = 0; c < D; ++c)
+              acc[g][c] += e * vr[c];
         }
       }));
   for (int g = 0; g < G; ++g) {
     const float inv = z[g] > 0.0f ? 1.0f / z[g] : 0.0f;
-    for (int c = 0; c < D; ++c)
-      out[g * D + c] = acc[g][c] * inv;
+    if (out)
+      for (int c = 0; c < D; ++c)
+        out[g * D + c] = acc[g][c] * inv;
     if (!probs)
       continue;
     for (int32_t s = 0; s < slots; ++s)

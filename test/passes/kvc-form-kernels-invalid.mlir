@@ -1,0 +1,40 @@
+// Policies kernel formation cannot handle are located errors.
+//
+// RUN: kvc-opt %s --split-input-file --kvc-form-kernels --verify-diagnostics
+
+// expected-error @below {{'kvc.policy' op is not specialized to a model; run kvc-specialize first}}
+kvc.policy @unspecialized {
+  kvc.storage key #kvc.format<full> value #kvc.format<int8, per_token>
+}
+
+// -----
+
+kvc.policy @periodic geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  // expected-error @below {{'every_n' phases are not formed into kernels yet; periodic compression has no generated kernel}}
+  kvc.phase every_n period 32 {
+    %w = kvc.attn_window size 16
+    %g = kvc.group_reduce mean %w
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %g, %b tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}
+
+// -----
+
+kvc.policy @two_decode_phases geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  // expected-note @below {{first phase here}}
+  kvc.phase every_step {
+    %r = kvc.recency
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %r, %b tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+  // expected-error @below {{is the second phase that runs at decode; a kernel runs one phase}}
+  kvc.phase over_budget {
+    %r = kvc.recency
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %r, %b tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}
