@@ -2,18 +2,20 @@
 #     POLICY <file.mlir>
 #     TARGETS cpu
 #     GEOMETRY model=<name> | "layers=L q-heads=Q kv-heads=K head-dim=D dtype=T"
+#     [NAME <name>]
 #     [UNFUSED])
 #
 # Compiles a kvc policy into a static library target: runs kvc-opt to
 # specialize the policy to the geometry, form its kernels and emit the
 # sources into ${CMAKE_CURRENT_BINARY_DIR}/<target>/, then builds them.
 # The target links the kvc runtime and exposes the generated header
-# kvc_<policy>_cpu.h (the policy name is the symbol of its kvc.policy op).
+# kvc_<policy>_cpu.h (the policy name is the symbol of its kvc.policy op,
+# or NAME, which renames it so that variants can be linked side by side).
 #
 # Needs KVC_OPT_EXECUTABLE (the kvc-opt to run) and KVC_RUNTIME_TARGET (the
 # runtime library target); find_package(kvc) and the kvc build set both.
 function(kvc_add_policy_library target)
-  cmake_parse_arguments(ARG "UNFUSED" "POLICY" "TARGETS;GEOMETRY" ${ARGN})
+  cmake_parse_arguments(ARG "UNFUSED" "POLICY;NAME" "TARGETS;GEOMETRY" ${ARGN})
   if(NOT ARG_POLICY)
     message(FATAL_ERROR "kvc_add_policy_library(${target}): POLICY is required")
   endif()
@@ -44,6 +46,10 @@ function(kvc_add_policy_library target)
          policy_name "${policy_lines}")
 
   string(REPLACE ";" " " geometry "${ARG_GEOMETRY}")
+  if(ARG_NAME)
+    set(policy_name ${ARG_NAME})
+    string(APPEND geometry " name=${ARG_NAME}")
+  endif()
   set(form "--kvc-form-kernels")
   if(ARG_UNFUSED)
     set(form "--kvc-form-kernels=unfused=1")

@@ -12,7 +12,10 @@ def KvcSpecializePass : Pass<"kvc-specialize", "mlir::ModuleOp"> {
     model name (`model=smollm2-135m`) or from explicit sizes. A policy already
     bound to a different geometry is an error. After binding, the policy
     verifier checks the model-dependent rules (quantization groups against
-    the head dimension, head tables against layers and kv-heads).
+    the head dimension, head tables against layers and kv-heads). With
+    `name`, the module's only policy is renamed, so that variants of one
+    policy (another geometry, the unfused pipeline) can be linked side by
+    side.
   }];
   let options = [
     Option<"model", "model", "std::string", /*default=*/"\"\"",
@@ -27,6 +30,9 @@ def KvcSpecializePass : Pass<"kvc-specialize", "mlir::ModuleOp"> {
            "Head dimension">,
     Option<"dtype", "dtype", "std::string", /*default=*/"\"f16\"",
            "Element type of keys and values: f16, bf16 or f32">,
+    Option<"name", "name", "std::string", /*default=*/"\"\"",
+           "New symbol of the (single) policy; it names the generated "
+           "library's files and entry points">,
   ];
   let statistics = [
     Statistic<"numSpecialized", "num-specialized",

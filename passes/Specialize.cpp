@@ -10,6 +10,7 @@
 #include "dialect/KvcOps.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSwitch.h"
 
 namespace kvc {
@@ -78,6 +79,21 @@ struct SpecializePass final
       return signalPassFailure();
     auto geometry = GeometryAttr::get(ctx, l, q, kv, d, elementType);
 
+    if (!name.empty()) {
+      auto policies = llvm::to_vector(module.getOps<PolicyOp>());
+      if (policies.size() != 1) {
+        module.emitError() << "kvc-specialize: 'name' renames a module's "
+                              "only policy, but it holds "
+                           << policies.size();
+        return signalPassFailure();
+      }
+      if (!llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; })) {
+        module.emitError() << "kvc-specialize: policy name '" << name
+                           << "' must be letters, digits and '_'";
+        return signalPassFailure();
+      }
+      policies.front().setSymName(name);
+    }
     for (PolicyOp policy : module.getOps<PolicyOp>()) {
       GeometryAttr existing = policy.getGeometryAttr();
       if (existing && existing != geometry) {

@@ -32,6 +32,21 @@ namespace kvc::cpu {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
+/// Dot product of two rows of D floats. Eight independent partial sums let
+/// the compiler vectorize without reassociating a single float reduction.
+template <int D>
+inline float dot(const float *__restrict a, const float *__restrict b) {
+  constexpr int L = D % 8 == 0 ? 8 : 1;
+  float partial[L] = {};
+  for (int c = 0; c < D; c += L)
+    for (int u = 0; u < L; ++u)
+      partial[u] += a[c + u] * b[c + u];
+  float sum = 0.0f;
+  for (int u = 0; u < L; ++u)
+    sum += partial[u];
+  return sum;
+}
+
 /// Returns from the enclosing function when a runtime call fails.
 #define KVC_CPU_TRY(...)                                                       \
   do {                                                                         \
@@ -87,9 +102,22 @@ inline void decodeRow(const void *row, kvc_dtype_t dtype, int dim, float *out) {
     std::memcpy(out, row, sizeof(float) * dim);
     return;
   case KVC_DTYPE_F16: {
+    // Branch-free so that it vectorizes: shifting the exponent and mantissa
+    // into float position and scaling by 2^112 rebiases normal numbers and
+    // normalizes subnormals exactly; infinities and NaNs are patched.
     const uint16_t *h = static_cast<const uint16_t *>(row);
-    for (int c = 0; c < dim; ++c)
-      out[c] = halfToFloat(h[c]);
+    for (int c = 0; c < dim; ++c) {
+      const uint32_t magnitude = static_cast<uint32_t>(h[c] & 0x7fffu) << 13;
+      float f;
+      std::memcpy(&f, &magnitude, sizeof f);
+      f *= 0x1p112f;
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      if ((h[c] & 0x7c00u) == 0x7c00u)
+        bits = magnitude | 0x7f800000u;
+      bits |= static_cast<uint32_t>(h[c] & 0x8000u) << 16;
+      std::memcpy(&out[c], &bits, sizeof bits);
+    }
     return;
   }
   case KVC_DTYPE_BF16: {
@@ -132,37 +160,58 @@ public:
     return meta_.position[slot] != KVC_POSITION_NONE;
   }
 
-  /// Calls fn(slot, key, value) for every live slot in slot order, with
-  /// key and value decoded to float rows of head_dim.
+  /// Entries of one tile: at most kTileEntries live entries, decoded.
+  static constexpr int32_t kTileEntries = 64;
+
+  /// Calls fn(count, slots, keys, values) for the live entries of the head
+  /// in slot order, a tile of at most kTileEntries entries at a time: keys
+  /// and values are decoded into the caller's tiles (kTileEntries x
+  /// head_dim floats each), so the cache is never expanded beyond a tile.
   template <typename Fn>
-  kvc_status_t forEachEntry(float *keyRow, float *valueRow, Fn &&fn) const {
+  kvc_status_t forEachTile(float *keyTile, float *valueTile, int32_t *slotTile,
+                           Fn &&fn) const {
     const int32_t pageSize = config_.page_size;
     const int32_t dim = config_.head_dim;
     const bool direct = config_.format == KVC_FORMAT_FULL;
+    const kvc_dtype_t dtype = static_cast<kvc_dtype_t>(config_.dtype);
+    int32_t count = 0;
     for (int32_t slot0 = 0; slot0 < meta_.num_slots; slot0 += pageSize) {
       const char *page = nullptr;
       if (direct) {
         void *address = nullptr;
         KVC_CPU_TRY(kvc_get_page(context_, sequence_, layer_, head_,
-                                 slot0 / pageSize, nullptr, nullptr, &address));
+                                 slot0 / pageSize, nullptr, nullptr,
+                                 &address));
         page = static_cast<const char *>(address);
       }
       for (int32_t o = 0; o < pageSize; ++o) {
         int32_t slot = slot0 + o;
         if (slot >= meta_.num_slots || !isLive(slot))
           continue;
+        float *keyRow = keyTile + static_cast<int64_t>(count) * dim;
+        float *valueRow = valueTile + static_cast<int64_t>(count) * dim;
         if (direct) {
-          decodeRow(page + layout_.key_offset + o * layout_.key_stride,
-                    static_cast<kvc_dtype_t>(config_.dtype), dim, keyRow);
+          decodeRow(page + layout_.key_offset + o * layout_.key_stride, dtype,
+                    dim, keyRow);
           decodeRow(page + layout_.value_offset + o * layout_.value_stride,
-                    static_cast<kvc_dtype_t>(config_.dtype), dim, valueRow);
+                    dtype, dim, valueRow);
         } else {
           KVC_CPU_TRY(kvc_read_entry(context_, sequence_, layer_, head_, slot,
                                      dim, keyRow, valueRow));
         }
-        fn(slot, keyRow, valueRow);
+        slotTile[count++] = slot;
+        if (count == kTileEntries) {
+          fn(count, static_cast<const int32_t *>(slotTile),
+             static_cast<const float *>(keyTile),
+             static_cast<const float *>(valueTile));
+          count = 0;
+        }
       }
     }
+    if (count > 0)
+      fn(count, static_cast<const int32_t *>(slotTile),
+         static_cast<const float *>(keyTile),
+         static_cast<const float *>(valueTile));
     return KVC_STATUS_OK;
   }
 
@@ -204,11 +253,7 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
       const float *qr = q + t * qStride + g * D;
       float m = kNegInf;
       for (int32_t i = 0; i <= t; ++i) {
-        const float *kr = k + i * kvStride;
-        float dot = 0.0f;
-        for (int c = 0; c < D; ++c)
-          dot += qr[c] * kr[c];
-        logits[i] = dot * scale;
+        logits[i] = dot<D>(qr, k + i * kvStride) * scale;
         m = std::max(m, logits[i]);
       }
       float z = 0.0f;
@@ -237,44 +282,60 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
 }
 
 /// Decode attention of the G query heads of one kv-head over every live
-/// entry, in one pass over keys and values (online softmax). Writes the
-/// output rows (skipped when `out` is null: scoring only) and, when `probs`
-/// is given, the normalized weight
+/// entry, in one pass over keys and values (online softmax, a tile of
+/// entries at a time). Writes the output rows (skipped when `out` is null:
+/// scoring only) and, when `probs` is given, the normalized weight
 /// probs[g * slots + s] of every slot (0 for free slots). `logits` is
 /// scratch of G * slots floats.
 template <int G, int D>
-kvc_status_t decodeAttention(const HeadView &head, const float *q, float scale,
-                             float *out, float *probs, float *logits) {
+kvc_status_t decodeAttention(const HeadView &head, const float *q,
+                             float scale, float *out, float *probs,
+                             float *logits) {
+  constexpr int32_t T = HeadView::kTileEntries;
   const int32_t slots = head.numSlots();
-  float m[G], z[G], acc[G][D];
+  float m[G], z[G];
+  alignas(64) float acc[G][D];
+  alignas(64) float keyTile[T * D], valueTile[T * D];
+  int32_t slotTile[T];
+  float tileLogits[G][T];
   for (int g = 0; g < G; ++g) {
     m[g] = kNegInf;
     z[g] = 0.0f;
     std::fill(acc[g], acc[g] + D, 0.0f);
   }
   std::fill(logits, logits + static_cast<int64_t>(G) * slots, kNegInf);
-  float keyRow[D], valueRow[D];
-  KVC_CPU_TRY(head.forEachEntry(
-      keyRow, valueRow, [&](int32_t slot, const float *kr, const float *vr) {
+  KVC_CPU_TRY(head.forEachTile(
+      keyTile, valueTile, slotTile,
+      [&](int32_t count, const int32_t *tileSlots, const float *keys,
+          const float *values) {
         for (int g = 0; g < G; ++g) {
-          const float *qr = q + g * D;
-          float dot = 0.0f;
-          for (int c = 0; c < D; ++c)
-            dot += qr[c] * kr[c];
-          const float l = dot * scale;
-          logits[g * slots + slot] = l;
-          if (l > m[g]) { // Rescale what was accumulated so far.
-            const float r = std::exp(m[g] - l);
-            z[g] *= r;
-            for (int c = 0; c < D; ++c)
-              acc[g][c] *= r;
-            m[g] = l;
+          const float *__restrict qr = q + g * D;
+          float *__restrict l = tileLogits[g];
+          float tileMax = kNegInf;
+          for (int32_t j = 0; j < count; ++j) {
+            l[j] = dot<D>(qr, keys + j * D) * scale;
+            tileMax = std::max(tileMax, l[j]);
           }
-          const float e = std::exp(l - m[g]);
-          z[g] += e;
+          for (int32_t j = 0; j < count; ++j)
+            logits[g * slots + tileSlots[j]] = l[j];
+          // Rescale what was accumulated before this tile once per tile.
+          const float newMax = std::max(m[g], tileMax);
+          const float r = std::exp(m[g] - newMax);
+          m[g] = newMax;
+          z[g] *= r;
+          float *__restrict a = acc[g];
           if (out)
             for (int c = 0; c < D; ++c)
-              acc[g][c] += e * vr[c];
+              a[c] *= r;
+          for (int32_t j = 0; j < count; ++j) {
+            const float e = std::exp(l[j] - newMax);
+            z[g] += e;
+            if (!out)
+              continue;
+            const float *__restrict vr = values + j * D;
+            for (int c = 0; c < D; ++c)
+              a[c] += e * vr[c];
+          }
         }
       }));
   for (int g = 0; g < G; ++g) {

@@ -23,7 +23,8 @@ if [ ! -f "$san/build.ninja" ]; then
     -DKVC_BUILD_COMPILER=OFF -DKVC_ENABLE_SANITIZERS=ON \
     -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++ >/dev/null
 fi
-ninja -C "$san"
-ctest --test-dir "$san" --output-on-failure -j2
+ninja -C "$san" kvc-runtime-tests
+ctest --test-dir "$san" --output-on-failure -j2 -R '^runtime\.'
+
 
 echo "test.sh: all suites passed in $(( $(date +%s) - start )) s"

@@ -8,6 +8,10 @@
 // RUN: not kvc-opt %s --kvc-specialize="model=smollm2-135m dtype=f64" 2>&1 | FileCheck %s --check-prefix=DTYPE
 // RUN: not kvc-opt %s --kvc-specialize="layers=4 q-heads=8 kv-heads=2 head-dim=48" 2>&1 | FileCheck %s --check-prefix=GROUP
 
+// RUN: not kvc-opt %s --kvc-specialize="model=smollm2-135m name=x" 2>&1 | FileCheck %s --check-prefix=RENAME-MANY
+
+// RENAME-MANY: error: kvc-specialize: 'name' renames a module's only policy, but it holds 2
+
 // MODEL: kvc.policy @a geometry #kvc.geometry<layers = 30, q_heads = 9, kv_heads = 3, head_dim = 64, dtype = f16> {
 // MODEL: kvc.policy @b geometry #kvc.geometry<layers = 30, q_heads = 9, kv_heads = 3, head_dim = 64, dtype = f16> {
 // SIZES: kvc.policy @a geometry #kvc.geometry<layers = 4, q_heads = 8, kv_heads = 2, head_dim = 128, dtype = bf16> {
@@ -28,3 +32,4 @@ kvc.policy @b {
     kvc.evict %k
   }
 }
+
