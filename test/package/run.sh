@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the kvc build tree into a scratch prefix, builds the example engine
+# against the installed package and runs it.
+# Usage: run.sh <kvc build dir> <kvc source dir> <scratch dir>
+set -euo pipefail
+build=$1 src=$2 scratch=$3
+rm -rf "$scratch"
+cmake --install "$build" --prefix "$scratch/prefix" >/dev/null
+cmake -G Ninja -S "$src/test/package" -B "$scratch/engine" \
+  -DCMAKE_PREFIX_PATH="$scratch/prefix" \
+  -DKVC_EXAMPLE_POLICY="$src/policies/streaming_llm.mlir" >/dev/null
+cmake --build "$scratch/engine" >/dev/null
+"$scratch/engine/engine"
