@@ -288,7 +288,8 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
           "kh, vh, kKvStride, kSoftmaxScale, "
        << outArg << ", " << window << ", "
        << (pass.getWindow() || pass.getLast() ? "windowProbs" : "nullptr")
-       << ", " << (acc ? "accumulated" : "nullptr") << ", logits);\n";
+       << ", " << (acc ? "accumulated, kDecay" : "nullptr, 1.0f")
+       << ", logits);\n";
     hasState = acc;
     return success();
   }

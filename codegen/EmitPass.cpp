@@ -26,9 +26,9 @@ struct EmitPass final : kvc::impl::KvcEmitPassBase<EmitPass> {
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (target != "cpu") {
+    if (target != "cpu" && target != "cuda") {
       module.emitError() << "kvc-emit: unknown target '" << target
-                         << "'; expected cpu";
+                         << "'; expected cpu or cuda";
       return signalPassFailure();
     }
     if (outputDir.empty() || !llvm::sys::fs::is_directory(outputDir)) {
@@ -38,7 +38,8 @@ struct EmitPass final : kvc::impl::KvcEmitPassBase<EmitPass> {
     }
     SmallVector<EmittedFile> files;
     for (PolicyOp policy : module.getOps<PolicyOp>())
-      if (failed(emitCpp(policy, files)))
+      if (failed(target == "cuda" ? emitCuda(policy, files)
+                                  : emitCpp(policy, files)))
         return signalPassFailure();
     if (files.empty()) {
       module.emitError() << "kvc-emit: the module holds no policy";

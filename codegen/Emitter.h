@@ -45,6 +45,13 @@ std::string dtypeEnumerator(mlir::Type type);
 mlir::LogicalResult emitCpp(PolicyOp policy,
                             llvm::SmallVectorImpl<EmittedFile> &files);
 
+/// Emits the CUDA backend of `policy`: a C header and a .cu source whose
+/// host entry points take a cudaStream_t (as void *) and device pointers;
+/// see docs/codegen-cuda.md. Rejects KIVI storage (no device pool) and
+/// head dimensions other than 32, 64 and 128.
+mlir::LogicalResult emitCuda(PolicyOp policy,
+                             llvm::SmallVectorImpl<EmittedFile> &files);
+
 } // namespace kvc
 
 #endif // KVC_CODEGEN_EMITTER_H

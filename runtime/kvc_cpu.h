@@ -233,8 +233,9 @@ private:
 ///  - `window` > 0: windowProbs[g * n + i] = mean over the last
 ///    w = min(window, n) queries of p_{q,i} for the entries before the
 ///    window, 0 for the w window entries themselves;
-///  - `accumulated` != nullptr: accumulated[g * n + i] = sum over all
-///    queries of p_{q,i}.
+///  - `accumulated` != nullptr: accumulated[g * n + i] = the decayed sum
+///    over all queries t of decay^(n-1-t) * p_{t,i}, i.e. the state
+///    s <- decay * s + p_t after the last prompt query.
 /// q rows: q + t * qStride + g * D; k, v rows: k + t * kvStride. out rows
 /// like q; a null `out` skips the weighted sum of values (scoring only).
 /// `logits` is scratch of n floats.
@@ -242,13 +243,15 @@ template <int G, int D>
 void prefillAttention(int32_t n, const float *q, int64_t qStride,
                       const float *k, const float *v, int64_t kvStride,
                       float scale, float *out, int32_t window,
-                      float *windowProbs, float *accumulated, float *logits) {
+                      float *windowProbs, float *accumulated, float decay,
+                      float *logits) {
   const int32_t w = std::min(window, n);
   if (windowProbs)
     std::fill(windowProbs, windowProbs + static_cast<int64_t>(G) * n, 0.0f);
   if (accumulated)
     std::fill(accumulated, accumulated + static_cast<int64_t>(G) * n, 0.0f);
   for (int32_t t = 0; t < n; ++t) {
+    const float age = decay == 1.0f ? 1.0f : std::pow(decay, float(n - 1 - t));
     for (int g = 0; g < G; ++g) {
       const float *qr = q + t * qStride + g * D;
       float m = kNegInf;
@@ -271,7 +274,7 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
             acc[c] += p * vr[c];
         }
         if (accumulated)
-          accumulated[g * n + i] += p;
+          accumulated[g * n + i] += p * age;
         if (windowProbs && t >= n - w && i < n - w)
           windowProbs[g * n + i] += p / w;
       }

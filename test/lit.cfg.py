@@ -2,6 +2,7 @@
 # lit configuration of the kvc test suite.
 
 import os
+import shutil
 
 import lit.formats
 from lit.llvm import llvm_config
@@ -34,4 +35,8 @@ llvm_config.add_tool_substitutions(tools, tool_dirs)
 
 if config.cuda_nvcc and os.path.exists(config.cuda_nvcc):
     config.available_features.add("nvcc")
-    config.substitutions.append(("%nvcc", config.cuda_nvcc))
+    # nvcc 13 accepts g++-12 as host compiler; prefer it where it exists.
+    nvcc = config.cuda_nvcc
+    if shutil.which("g++-12"):
+        nvcc += " -ccbin g++-12"
+    config.substitutions.append(("%nvcc", nvcc))

@@ -21,9 +21,17 @@
 #include "kvc_snapkv_cpu.h"
 #include "kvc_streaming_llm_cpu.h"
 #ifndef KVC_TEST_UNFUSED
+#include "kvc_a2sf_cpu.h"
+#include "kvc_fp8_cpu.h"
+#include "kvc_int8_cpu.h"
+#include "kvc_keydiff_cpu.h"
 #include "kvc_kivi2_cpu.h"
+#include "kvc_kivi4_cpu.h"
+#include "kvc_knorm_cpu.h"
 #include "kvc_pyramidkv_cpu.h"
 #include "kvc_snapkv_kivi2_cpu.h"
+#include "kvc_snapkv_maxpool_cpu.h"
+#include "kvc_value_aware_cpu.h"
 #endif
 
 #include "test/reference/Reference.h"
@@ -137,15 +145,26 @@ KVC_UNFUSED_PREFILL(pyramidkv_small)
 /// What the policy does, from its published definition (the variants the
 /// policy files name).
 struct Model {
-  enum class Score { Keep, Recency, Accumulated, Window } score;
+  enum class Score {
+    Keep,
+    Recency,
+    Accumulated,
+    Window,
+    KeyNorm,
+    KeyDiversity,
+    ValueAware
+  } score;
   int sinks = 0, recent = 0;
   int window = 0, poolKernel = 1;
   ref::PoolKind pool = ref::PoolKind::Avg;
   int64_t count = 0;    ///< Uniform budget (0: none).
   int64_t capacity = 0; ///< Pyramid capacity (0: none).
   int beta = 20;
+  double decay = 1.0; ///< Of the accumulated attention.
   bool evictsAtDecode = false;
-  bool kivi = false;
+  /// Storage format and the analytic error bound of one stored element.
+  enum class Storage { Full, Kivi2, Kivi4, Int8, Fp8 } storage = Storage::Full;
+  bool quantized() const { return storage != Storage::Full; }
 };
 
 struct Case {
@@ -167,9 +186,25 @@ std::vector<Case> allCases() {
   Model pyramidSmall = pyramid;
   pyramidSmall.capacity = 256;
   Model kivi{Model::Score::Keep};
-  kivi.kivi = true;
+  kivi.storage = Model::Storage::Kivi2;
   Model snapkvKivi = snapkv;
-  snapkvKivi.kivi = true;
+  snapkvKivi.storage = Model::Storage::Kivi2;
+  Model kivi4{Model::Score::Keep};
+  kivi4.storage = Model::Storage::Kivi4;
+  Model fp8{Model::Score::Keep};
+  fp8.storage = Model::Storage::Fp8;
+  Model int8{Model::Score::Keep};
+  int8.storage = Model::Storage::Int8;
+  Model knorm{Model::Score::KeyNorm};
+  knorm.count = 1024;
+  Model keydiff{Model::Score::KeyDiversity};
+  keydiff.count = 1024;
+  Model a2sf = h2o;
+  a2sf.decay = 0.9;
+  Model snapkvMax{Model::Score::Window, 0, 8, 8, 7, ref::PoolKind::Max};
+  snapkvMax.count = 1024;
+  Model valueAware{Model::Score::ValueAware, 0, 64};
+  valueAware.count = 1024;
 #ifdef KVC_TEST_UNFUSED
   return {{KVC_API_UNFUSED_BOTH(streaming_llm), streaming},
           {KVC_API_UNFUSED_BOTH(h2o), h2o},
@@ -182,7 +217,15 @@ std::vector<Case> allCases() {
           {KVC_API(pyramidkv), pyramid},
           {KVC_API(pyramidkv_small), pyramidSmall},
           {KVC_API(kivi2), kivi},
-          {KVC_API(snapkv_kivi2), snapkvKivi}};
+          {KVC_API(snapkv_kivi2), snapkvKivi},
+          {KVC_API(kivi4), kivi4},
+          {KVC_API(fp8), fp8},
+          {KVC_API(int8), int8},
+          {KVC_API(knorm), knorm},
+          {KVC_API(keydiff), keydiff},
+          {KVC_API(a2sf), a2sf},
+          {KVC_API(snapkv_maxpool), snapkvMax},
+          {KVC_API(value_aware), valueAware}};
 #endif
 }
 
@@ -233,6 +276,37 @@ ref::Matrix headRows(const std::vector<float> &x, int tokens, int heads,
     for (int c = 0; c < kDim; ++c)
       m.at(t, c) = x[(static_cast<size_t>(t) * heads + head) * kDim + c];
   return m;
+}
+
+/// The decayed accumulated attention after every prompt query, one step of
+/// the oracle's recurrence per query.
+ref::Vector accumulated(const ref::Matrix &p, double decay) {
+  ref::Vector state(p.cols, 0.0);
+  for (int t = 0; t < p.rows; ++t)
+    state = ref::decayedAccumulate(state, p.row(t), decay);
+  return state;
+}
+
+/// Largest error of one element of `x` stored in `storage`, from the
+/// format's definition; `lo`/`hi` bound the values sharing quantization
+/// parameters with it.
+double storageBound(Model::Storage storage, double x, double lo, double hi,
+                    double maxAbs) {
+  switch (storage) {
+  case Model::Storage::Full:
+    return 0.0;
+  case Model::Storage::Kivi2:
+    return (hi - lo) / (2.0 * 3.0) + 1e-2;
+  case Model::Storage::Kivi4:
+    return (hi - lo) / (2.0 * 15.0) + 1e-2;
+  case Model::Storage::Int8:
+    return maxAbs / 127.0 / 2.0 + 1e-6;
+  case Model::Storage::Fp8:
+    // Three mantissa bits: half an ulp is 2^-4 relative; subnormals of the
+    // scaled value are spaced 2^-9 apart.
+    return std::fabs(x) / 16.0 + maxAbs / 448.0 * std::ldexp(1.0, -10) + 1e-6;
+  }
+  return 0.0;
 }
 
 /// Kept entries of a selection by score, with the score of each entry for
@@ -319,7 +393,8 @@ protected:
 
   /// The selection the reference model makes after prefill.
   Selection prefillSelection(const std::vector<ref::Matrix> &probabilities,
-                             int layer) {
+                             const ref::Matrix &keys,
+                             const ref::Matrix &values, int layer) {
     const Model &m = test.model;
     Selection sel;
     const int n = kPrompt;
@@ -333,11 +408,16 @@ protected:
     if (m.score == Model::Score::Recency) {
       for (int i = 0; i < n; ++i)
         reduced.push_back(i);
+    } else if (m.score == Model::Score::KeyNorm) {
+      reduced = ref::keyNormScores(keys);
+    } else if (m.score == Model::Score::KeyDiversity) {
+      reduced = ref::keyDiversityScores(keys);
     } else {
       std::vector<ref::Vector> perQuery;
       for (const ref::Matrix &p : probabilities) {
-        if (m.score == Model::Score::Accumulated) {
-          perQuery.push_back(ref::h2oScores(p, /*normalize=*/false));
+        if (m.score == Model::Score::Accumulated ||
+            m.score == Model::Score::ValueAware) {
+          perQuery.push_back(accumulated(p, m.decay));
           continue;
         }
         // SnapKV: window mean over the prefix, pooled over the prefix.
@@ -349,6 +429,13 @@ protected:
         perQuery.push_back(pooled);
       }
       reduced = ref::groupReduce(perQuery, 1, ref::ReduceKind::Mean)[0];
+      if (m.score == Model::Score::ValueAware)
+        for (int i = 0; i < n; ++i) {
+          double l1 = 0.0;
+          for (int c = 0; c < kDim; ++c)
+            l1 += std::fabs(values.at(i, c));
+          reduced[i] *= l1;
+        }
     }
     sel.scores = ref::protect(reduced, m.sinks, m.recent);
     int64_t budget = m.count ? ref::uniformBudget(n, m.count)
@@ -411,7 +498,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
       EXPECT_LT(worst, 2e-4) << where << ": prefill output";
 
       // Kept set.
-      Selection sel = prefillSelection(att.probabilities, layer);
+      Selection sel = prefillSelection(att.probabilities, keys, values, layer);
       std::map<int, int> live = livePositions(layer, h);
       std::set<int> actual;
       for (auto &[pos, slot] : live)
@@ -432,23 +519,28 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
                                  value.data()),
                   KVC_STATUS_OK);
         RefEntry e{pos, ref::Vector(kDim), ref::Vector(kDim)};
-        double valueLo = INFINITY, valueHi = -INFINITY;
+        double valueLo = INFINITY, valueHi = -INFINITY, keyAbs = 0.0,
+               valueAbs = 0.0;
         for (int c = 0; c < kDim; ++c) {
           valueLo = std::min(valueLo, values.at(pos, c));
           valueHi = std::max(valueHi, values.at(pos, c));
+          keyAbs = std::max(keyAbs, std::fabs(keys.at(pos, c)));
+          valueAbs = std::max(valueAbs, std::fabs(values.at(pos, c)));
         }
         for (int c = 0; c < kDim; ++c) {
-          if (!m.kivi) {
+          if (!m.quantized()) {
             ASSERT_EQ(key[c], roundToStored(keys.at(pos, c)))
                 << where << " key " << pos;
             ASSERT_EQ(value[c], roundToStored(values.at(pos, c)))
                 << where << " value " << pos;
           } else {
             EXPECT_LE(std::fabs(key[c] - keys.at(pos, c)),
-                      (keyHi - keyLo) / 6.0 + 1e-2)
+                      storageBound(m.storage, keys.at(pos, c), keyLo, keyHi,
+                                   keyAbs))
                 << where << " key " << pos;
             EXPECT_LE(std::fabs(value[c] - values.at(pos, c)),
-                      (valueHi - valueLo) / 6.0 + 1e-2)
+                      storageBound(m.storage, values.at(pos, c), valueLo,
+                                   valueHi, valueAbs))
                 << where << " value " << pos;
           }
           e.key[c] = key[c];
@@ -457,8 +549,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
         if (m.score == Model::Score::Accumulated) {
           double state = 0.0;
           for (int g = 0; g < kGroup; ++g)
-            for (int t = 0; t < kPrompt; ++t)
-              state += att.probabilities[g].at(t, pos) / kGroup;
+            state += accumulated(att.probabilities[g], m.decay)[pos] / kGroup;
           EXPECT_NEAR(meta.score[slot], state, 1e-3 * std::max(1.0, state))
               << where << " state " << pos;
           e.state = state;
@@ -497,7 +588,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           fresh.value[c] = roundToStored(in.v[h * kDim + c]);
         }
         entries.push_back(fresh);
-        if (m.kivi) {
+        if (m.quantized()) {
           // Quantized storage: attend over what the runtime stores now.
           std::map<int, int> live = livePositions(layer, h);
           std::vector<float> key(kDim), value(kDim);
@@ -543,7 +634,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
               for (int g = 0; g < kGroup; ++g)
                 p += att.probabilities[g].at(0, i) / kGroup;
               entries[i].state = ref::decayedAccumulate(
-                  {entries[i].state}, {p}, 1.0)[0];
+                  {entries[i].state}, {p}, m.decay)[0];
               base[i] = entries[i].state;
             } else {
               base[i] = entries[i].position;

@@ -1,0 +1,1157 @@
+//===- CudaEmitter.cpp - the CUDA backend ---------------------------------===//
+//
+// Emits one host entry point per kernel of a policy, plus one generated
+// __global__ "stages" kernel that runs the policy's stages for one kv-head
+// per block. Attention, the split merge and entry stores are the building
+// blocks of runtime/kvc_cuda.cuh, instantiated with the policy's constants.
+// The runtime's bookkeeping is on the host: entry points snapshot page
+// tables, positions and score state into the device workspace, launch on
+// the caller's stream, and write back evictions, kept slots and score
+// state. docs/codegen-cuda.md describes what runs where.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/Emitter.h"
+
+#include "mlir/IR/AsmState.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <cmath>
+#include <cstdio>
+
+using namespace mlir;
+using namespace kvc;
+
+namespace {
+
+/// Prints `x` so that it reads back as the same float.
+std::string floatLiteral(double x) {
+  if (std::isinf(x))
+    return x > 0 ? "kvc::cuda::kPosInf" : "kvc::cuda::kNegInf";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", x);
+  std::string s = text;
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+std::string reduceEnumerator(ReduceKind kind) {
+  switch (kind) {
+  case ReduceKind::mean:
+    return "kvc::cuda::Reduce::Mean";
+  case ReduceKind::max:
+    return "kvc::cuda::Reduce::Max";
+  case ReduceKind::sum:
+    return "kvc::cuda::Reduce::Sum";
+  }
+  llvm_unreachable("unknown reduce kind");
+}
+
+std::string normalizeEnumerator(NormalizeKind kind) {
+  switch (kind) {
+  case NormalizeKind::zscore:
+    return "kvc::cuda::Normalize::ZScore";
+  case NormalizeKind::sum:
+    return "kvc::cuda::Normalize::Sum";
+  case NormalizeKind::max:
+    return "kvc::cuda::Normalize::Max";
+  }
+  llvm_unreachable("unknown normalize kind");
+}
+
+bool isQueryScore(Value v) {
+  return cast<ScoreType>(v.getType()).getGranularity() == Granularity::query;
+}
+
+bool isDecodeKernel(KernelOp kernel) {
+  return kernel.getKind() == KernelKind::decode ||
+         kernel.getKind() == KernelKind::decode_scoring;
+}
+
+bool writesOutput(KernelOp kernel) {
+  return kernel.getKind() == KernelKind::prefill ||
+         kernel.getKind() == KernelKind::decode;
+}
+
+/// "prefill_scoring" -> "PrefillScoring".
+std::string camelKind(KernelKind kind) {
+  std::string s;
+  bool upper = true;
+  for (char c : stringifyKernelKind(kind)) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    s += upper ? static_cast<char>(std::toupper(c)) : c;
+    upper = false;
+  }
+  return s;
+}
+
+/// Emits the stages kernel, the workspace and the host entry point of one
+/// kernel of a policy.
+class CudaKernelEmitter {
+public:
+  CudaKernelEmitter(PolicyOp policy, KernelOp kernel, AsmState &asmState)
+      : policy(policy), kernel(kernel), asmState(asmState),
+        decode(isDecodeKernel(kernel)),
+        name(("kvc_" + policy.getSymName() + "_cuda_" +
+              stringifyKernelKind(kernel.getKind()))
+                 .str()),
+        camel(camelKind(kernel.getKind())) {}
+
+  /// The C declaration of the entry point (without a trailing ';').
+  std::string declaration() {
+    std::string s = "kvc_status_t " + name + "(kvc_context_t *context, "
+                    "uint64_t sequence, int32_t layer, ";
+    if (decode)
+      s += "const float *q, ";
+    else
+      s += "int32_t n, const float *q, ";
+    if (kernel.getKind() != KernelKind::decode_scoring)
+      s += "const float *k, const float *v, ";
+    s += decode ? "int32_t position, " : "const int32_t *positions, ";
+    if (writesOutput(kernel))
+      s += "float *out, ";
+    s += "void *workspace, uint64_t workspace_bytes, void *stream)";
+    return s;
+  }
+
+  std::string workspaceDeclaration() {
+    return "uint64_t " + name + "_workspace_bytes(int32_t " +
+           (decode ? "num_slots" : "n") + ")";
+  }
+
+  std::string documentation();
+
+  /// Emits the device part (workspace, stages kernel) into `dev` and the
+  /// extern "C" part (workspace query, entry point) into `host`.
+  LogicalResult emit(raw_ostream &dev, raw_ostream &host);
+
+private:
+  /// A score buffer of the current head: `perQuery` ones hold G rows
+  /// `stride` floats apart.
+  struct Buffer {
+    std::string name;
+    bool perQuery;
+  };
+
+  std::string newFloatBuffer(bool perQuery) {
+    std::string bufferName = "s" + std::to_string(floatBuffers.size());
+    floatBuffers.push_back({bufferName, perQuery});
+    return bufferName;
+  }
+
+  void bind(Value value, const std::string &bufferName, bool perQuery) {
+    values[value] = {bufferName, perQuery};
+  }
+
+  std::string opComment(Operation *op) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    op->print(os, asmState);
+    return "// " + text;
+  }
+
+  LogicalResult unsupported(Operation *op, StringRef why = "") {
+    InFlightDiagnostic diag = op->emitOpError()
+                              << "is not supported by the cuda emitter in a "
+                              << stringifyKernelKind(kernel.getKind())
+                              << " kernel yet";
+    if (!why.empty())
+      diag << ": " << why;
+    return diag;
+  }
+
+  /// Emits `call` once per row of a per-query buffer (with `+ g * stride`
+  /// offsets substituted for "@"), or once.
+  void forRows(raw_ostream &os, bool perQuery, const std::string &call);
+  /// Emits an elementwise loop over the entries of the head.
+  void elementwise(raw_ostream &os, bool perQuery, const std::string &target,
+                   const std::string &expr);
+
+  LogicalResult emitStage(Operation *op, raw_ostream &os);
+  void emitAttentionStage(raw_ostream &os);
+  void emitGatherStage(raw_ostream &os);
+  void emitWorkspace(raw_ostream &os);
+  void emitPrefillEntry(raw_ostream &os);
+  void emitDecodeEntry(raw_ostream &os);
+  void emitValidation(raw_ostream &os);
+
+  PolicyOp policy;
+  KernelOp kernel;
+  AsmState &asmState;
+  bool decode;
+  std::string name;
+  std::string camel;
+
+  llvm::DenseMap<Value, Buffer> values;
+  llvm::DenseMap<Value, std::string> budgets;
+  SmallVector<Buffer> floatBuffers;
+  AttentionPassOp attention;
+  AppendOp append;
+  GatherOp gather;
+  /// The kernel's stages include a selection (kvc.topk).
+  bool selects = false;
+  /// Decode reads the last query's probabilities (kvc.attn_last).
+  bool needsProbs = false;
+  /// A generated stages kernel exists.
+  bool stagesKernel = false;
+};
+
+std::string CudaKernelEmitter::documentation() {
+  const std::string devices =
+      " q, k, v, out and workspace are device pointers, positions a host "
+      "array; the work is queued on `stream` (a cudaStream_t).";
+  switch (kernel.getKind()) {
+  case KernelKind::prefill:
+    return "Prefill of one layer on the GPU: causal attention of the n prompt "
+           "tokens (out: n x q_heads x head_dim)" +
+           std::string(kernel.getTrigger()
+                           ? ", the policy's prefill phase, and the gather of "
+                             "the kept entries into the runtime's device "
+                             "pages"
+                           : "") +
+           ". q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after "
+           "RoPE, float32. The heads of `layer` must be empty." +
+           devices +
+           (kernel.getBody().front().getOps<GatherOp>().empty()
+                ? ""
+                : " Synchronizes the stream once: the runtime allocates the "
+                  "slots of the kept entries on the host.");
+  case KernelKind::prefill_scoring:
+    return "Unfused prefill scoring of one layer on the GPU: recomputes the "
+           "attention weights of the prompt, scores, selects and gathers the "
+           "kept entries into the runtime's device pages." +
+           devices;
+  case KernelKind::decode:
+    return "Decode step of one layer on the GPU for one new token: appends "
+           "k, v (kv_heads x head_dim) at `position` into the lowest free "
+           "slot, then split-KV attention of q (q_heads x head_dim) over the "
+           "cache into out" +
+           std::string(kernel.getTrigger()
+                           ? ", with the policy's decode statistics and "
+                             "victim selection on the device; synchronizes "
+                             "the stream once to hand the evictions and the "
+                             "score state to the runtime"
+                           : "") +
+           "." + devices;
+  case KernelKind::decode_scoring:
+    return "Unfused decode scoring of one layer on the GPU: recomputes the "
+           "attention weights of q over the cache, folds the statistics and "
+           "evicts the victims; synchronizes the stream once." +
+           devices;
+  }
+  llvm_unreachable("unknown kernel kind");
+}
+
+void CudaKernelEmitter::forRows(raw_ostream &os, bool perQuery,
+                                const std::string &call) {
+  std::string text;
+  for (char c : call)
+    text += c == '@' ? std::string(perQuery ? " + g * stride" : "")
+                     : std::string(1, c);
+  if (perQuery)
+    os << "  for (int32_t g = 0; g < kGroup; ++g)\n  ";
+  os << "  " << text << "\n";
+}
+
+void CudaKernelEmitter::elementwise(raw_ostream &os, bool perQuery,
+                                    const std::string &target,
+                                    const std::string &expr) {
+  if (perQuery)
+    os << "  for (int32_t g = 0; g < kGroup; ++g)\n  ";
+  os << "  for (int32_t i = threadIdx.x; i < n; i += kStageThreads)\n";
+  os << (perQuery ? "  " : "") << "    " << target
+     << (perQuery ? "[g * stride + i]" : "[i]") << " = " << expr << ";\n";
+  os << "  __syncthreads();\n";
+}
+
+void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
+  // Decode: the splits ran before this kernel; merge them exactly and form
+  // the statistics from the stored logits.
+  os << "  " << opComment(attention) << "\n";
+  os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n";
+  os << "  kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>("
+        "w.partials, numSplits, h, "
+     << (attention.getOutput() ? "out" : "nullptr")
+     << ", maxLogit, invSum);\n";
+  if (attention.getAccumulate())
+    os << "  kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, "
+          "t.state, n, logits, stride, maxLogit, invSum, kDecay, "
+       << reduceEnumerator(*attention.getReduce()) << ");\n";
+  if (needsProbs)
+    os << "  kvc::cuda::writeProbabilities<kGroup, kStageThreads>(logits, "
+          "stride, n, maxLogit, invSum, probs);\n";
+}
+
+void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
+  const bool state = attention && attention.getAccumulate();
+  if (!selects && !state)
+    return; // The host keeps every entry.
+  os << "  " << opComment(gather) << "\n";
+  if (selects) {
+    os << "  // The kept list, in prompt order, for the host to allocate "
+          "slots.\n"
+          "  kvc::cuda::compactIndices<kStageThreads>(\n"
+          "      n, [&](int32_t i) { return !victim[i]; }, w.kept + h * "
+          "stride, &w.numKept[h]);\n";
+  }
+  if (state)
+    os << "  // Accumulated attention carried into decode as score state.\n"
+          "  kvc::cuda::groupReduce<kStageThreads>(accumulated, kGroup, "
+          "stride, n, "
+       << reduceEnumerator(*attention.getReduce())
+       << ", w.state + h * stride);\n";
+}
+
+LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
+  if (isa<AttentionPassOp>(op)) {
+    if (decode)
+      emitAttentionStage(os);
+    return success();
+  }
+  if (isa<GatherOp>(op)) {
+    emitGatherStage(os);
+    return success();
+  }
+  if (isa<AppendOp>(op))
+    return success(); // On the host, ahead of the attention.
+
+  os << "  " << opComment(op) << "\n";
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](AttnWindowOp window) -> LogicalResult {
+        if (decode)
+          return unsupported(op, "window statistics are a prefill statistic");
+        if (!window.getVisibleNormalized()) {
+          bind(window, "windowProbs", true);
+          return success();
+        }
+        // Sum over the window divided by the window queries that see i.
+        std::string b = newFloatBuffer(true);
+        bind(window, b, true);
+        elementwise(os, true, b,
+                    "windowProbs[g * stride + i] * min(kWindow, n) / "
+                    "min(min(kWindow, n), n - i)");
+        return success();
+      })
+      .Case([&](AttnLastOp last) -> LogicalResult {
+        bind(last, decode ? "probs" : "windowProbs", true);
+        return success();
+      })
+      .Case([&](AttnAccumulateOp acc) -> LogicalResult {
+        if (!decode) {
+          if (!acc.getVisibleNormalized()) {
+            bind(acc, "accumulated", true);
+            return success();
+          }
+          std::string b = newFloatBuffer(true);
+          bind(acc, b, true);
+          elementwise(os, true, b,
+                      "accumulated[g * stride + i] / (n - i)");
+          return success();
+        }
+        // Decode: the state is already reduced over the group; the
+        // kvc.group_reduce that follows is an alias.
+        std::string b = newFloatBuffer(false);
+        bind(acc, b, false);
+        elementwise(os, false, b,
+                    std::string("positions[i] == KVC_POSITION_NONE ? "
+                                "kvc::cuda::kNegInf : ") +
+                        (acc.getVisibleNormalized()
+                             ? "t.state[i] / (position - positions[i] + 1)"
+                             : "t.state[i]"));
+        return success();
+      })
+      .Case([&](RecencyOp recency) -> LogicalResult {
+        std::string b = newFloatBuffer(false);
+        bind(recency, b, false);
+        elementwise(os, false, b, "static_cast<float>(positions[i])");
+        return success();
+      })
+      .Case([&](KeyNormOp keyNorm) -> LogicalResult {
+        if (decode)
+          return unsupported(op);
+        std::string b = newFloatBuffer(false);
+        bind(keyNorm, b, false);
+        os << "  kvc::cuda::rowNorms<kStageThreads>(k + h * kHeadDim, "
+              "kKvStride, n, kHeadDim, 2, "
+           << b << ");\n";
+        return success();
+      })
+      .Case([&](ValueNormOp valueNorm) -> LogicalResult {
+        if (decode)
+          return unsupported(op);
+        std::string b = newFloatBuffer(false);
+        bind(valueNorm, b, false);
+        os << "  kvc::cuda::rowNorms<kStageThreads>(v + h * kHeadDim, "
+              "kKvStride, n, kHeadDim, "
+           << valueNorm.getP() << ", " << b << ");\n";
+        return success();
+      })
+      .Case([&](KeyDiversityOp diversity) -> LogicalResult {
+        if (decode)
+          return unsupported(op);
+        std::string b = newFloatBuffer(false);
+        bind(diversity, b, false);
+        os << "  kvc::cuda::keyDiversity<kStageThreads, kHeadDim>(k + h * "
+              "kHeadDim, kKvStride, n, "
+           << b << ");\n";
+        return success();
+      })
+      .Case([&](PoolOp pool) -> LogicalResult {
+        if (decode)
+          return unsupported(op, "slots are not in token order at decode");
+        Buffer in = values.lookup(pool.getInput());
+        std::string b = newFloatBuffer(in.perQuery);
+        bind(pool, b, in.perQuery);
+        forRows(os, in.perQuery,
+                "kvc::cuda::pool<kStageThreads>(" + in.name + "@, n, " +
+                    std::to_string(pool.getKernel()) + ", " +
+                    (pool.getKind() == PoolKind::max ? "true" : "false") +
+                    ", " + b + "@);");
+        return success();
+      })
+      .Case([&](GroupReduceOp reduce) -> LogicalResult {
+        Buffer in = values.lookup(reduce.getInput());
+        if (!in.perQuery) { // Decode state: reduced by the attention pass.
+          if (!attention || !attention.getReduce() ||
+              reduce.getKind() != *attention.getReduce())
+            return unsupported(op, "the state was reduced differently");
+          bind(reduce, in.name, false);
+          os << "  // Folded into the accumulated state by the attention "
+                "pass.\n";
+          return success();
+        }
+        std::string b = newFloatBuffer(false);
+        bind(reduce, b, false);
+        os << "  kvc::cuda::groupReduce<kStageThreads>(" << in.name
+           << ", kGroup, stride, n, " << reduceEnumerator(reduce.getKind())
+           << ", " << b << ");\n";
+        return success();
+      })
+      .Case([&](NormalizeOp norm) -> LogicalResult {
+        Buffer in = values.lookup(norm.getInput());
+        std::string b = newFloatBuffer(in.perQuery);
+        bind(norm, b, in.perQuery);
+        forRows(os, in.perQuery,
+                "kvc::cuda::normalize<kStageThreads>(" + in.name +
+                    "@, positions, n, " + normalizeEnumerator(norm.getKind()) +
+                    ", " + b + "@);");
+        return success();
+      })
+      .Case([&](ProtectOp protect) -> LogicalResult {
+        Buffer in = values.lookup(protect.getInput());
+        std::string b = newFloatBuffer(in.perQuery);
+        bind(protect, b, in.perQuery);
+        forRows(os, in.perQuery,
+                "kvc::cuda::protect<kStageThreads>(" + in.name +
+                    "@, positions, n, " + std::to_string(protect.getSinks()) +
+                    ", " + std::to_string(protect.getRecent()) + ", " + b +
+                    "@);");
+        return success();
+      })
+      .Case([&](CombineOp combine) -> LogicalResult {
+        bool perQuery = isQueryScore(combine.getResult());
+        std::string b = newFloatBuffer(perQuery);
+        bind(combine, b, perQuery);
+        std::string index = perQuery ? "[g * stride + i]" : "[i]";
+        std::string expr;
+        for (auto [i, input] : llvm::enumerate(combine.getInputs())) {
+          std::string term = values.lookup(input).name + index;
+          if (combine.getKind() == CombineKind::product) {
+            expr += (i ? " * " : "") + term;
+            continue;
+          }
+          expr += (i ? " + " : "") + floatLiteral(combine.getWeight(i)) +
+                  " * " + term;
+        }
+        elementwise(os, perQuery, b, expr);
+        return success();
+      })
+      .Case([&](BudgetUniformOp uniform) -> LogicalResult {
+        std::string b = "budget" + std::to_string(budgets.size());
+        budgets[uniform] = b;
+        if (std::optional<int64_t> count = uniform.getCount()) {
+          os << "  const int64_t " << b << " = " << *count << ";\n";
+          return success();
+        }
+        if (decode)
+          return unsupported(op, "decode-time eviction needs a count budget");
+        os << "  const int64_t " << b << " = static_cast<int64_t>(n * (1.0 - "
+           << floatLiteral(uniform.getRatio()->convertToDouble()) << "));\n";
+        return success();
+      })
+      .Case([&](BudgetPyramidOp pyramid) -> LogicalResult {
+        if (decode)
+          return unsupported(op, "decode-time eviction needs a count budget");
+        std::string b = "budget" + std::to_string(budgets.size());
+        budgets[pyramid] = b;
+        os << "  const int64_t " << b << " = kvc::cuda::pyramidBudget("
+           << pyramid.getCapacity() << ", " << pyramid.getWindow() << ", "
+           << pyramid.getBeta() << ", kLayers, layer, n);\n";
+        return success();
+      })
+      .Case([&](TopKOp topk) -> LogicalResult {
+        if (!budgets.count(topk.getBudget()))
+          return unsupported(op, "its budget has no generated form");
+        if (cast<ScoreType>(topk.getScore().getType()).getGranularity() ==
+            Granularity::layer)
+          return unsupported(op, "layer-wide selection");
+        os << "  kvc::cuda::selectVictims<kStageThreads>("
+           << values.lookup(topk.getScore()).name << ", positions, n, "
+           << budgets.lookup(topk.getBudget()) << ", "
+           << (topk.getTie() == TieBreak::recent ? "true" : "false")
+           << ", victim);\n";
+        return success();
+      })
+      .Case([&](EvictOp) -> LogicalResult {
+        if (decode)
+          os << "  // The victims' slots, for the host to evict.\n"
+                "  kvc::cuda::compactIndices<kStageThreads>(\n"
+                "      n, [&](int32_t i) { return victim[i] != 0; }, "
+                "w.victims + h * stride, &w.numVictims[h]);\n";
+        else
+          os << "  // The gather below skips the victims.\n";
+        return success();
+      })
+      .Default([&](Operation *other) { return unsupported(other); });
+}
+
+void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
+  const bool window =
+      attention && (attention.getWindow() || attention.getLast());
+  const bool acc = attention && attention.getAccumulate();
+  const bool scratchOut = attention && !attention.getOutput();
+  struct Field {
+    std::string type, name, count, doc;
+  };
+  SmallVector<Field> fields;
+  if (decode) {
+    fields.push_back({"char", "tables", "kvc::cuda::tableBytes(kKvHeads, "
+                                        "stride)",
+                      "Snapshot of the runtime's page tables, positions and "
+                      "score state (TableStager)."});
+    fields.push_back({"float", "logits", "kKvHeads * kGroup * stride",
+                      "Per head, G rows of unnormalized logits per slot."});
+    fields.push_back(
+        {"float", "partials",
+         "kKvHeads * kMaxSplits * kGroup * "
+         "kvc::cuda::partialFloats<kHeadDim>()",
+         "Per (head, split, query head): maximum, sum and value sum."});
+    if (needsProbs)
+      fields.push_back({"float", "probs", "kKvHeads * kGroup * stride",
+                        "Per head, G rows of normalized weights."});
+    if (scratchOut)
+      fields.push_back({"float", "scratchOut", "kKvHeads * kGroup * kHeadDim",
+                        "The attention output nobody reads."});
+  } else {
+    fields.push_back({"int32_t", "positions", "stride",
+                      "The prompt's original positions."});
+    fields.push_back({"float", "lse", "kQHeads * stride",
+                      "Log-sum-exp of every prompt query."});
+    if (scratchOut)
+      fields.push_back({"float", "scratchOut", "stride * kQHeads * kHeadDim",
+                        "The attention output nobody reads."});
+    if (window)
+      fields.push_back({"float", "windowProbs", "kKvHeads * kGroup * stride",
+                        "Window statistics per query head."});
+    if (acc)
+      fields.push_back({"float", "accumulated", "kKvHeads * kGroup * stride",
+                        "Summed attention per query head."});
+    if (acc && gather)
+      fields.push_back({"float", "state", "kKvHeads * stride",
+                        "Group-reduced score state of every prompt entry."});
+  }
+  for (const Buffer &b : floatBuffers)
+    fields.push_back({"float", b.name,
+                      std::string("kKvHeads * ") +
+                          (b.perQuery ? "kGroup * " : "") + "stride",
+                      "Score buffer of a policy stage."});
+  if (selects)
+    fields.push_back(
+        {"uint8_t", "victim", "kKvHeads * stride", "Victim flag per entry."});
+  if (decode && selects) {
+    fields.push_back({"int32_t", "victims", "kKvHeads * stride",
+                      "Victim slots per head, ascending."});
+    fields.push_back(
+        {"int32_t", "numVictims", "kKvHeads", "Victims per head."});
+  }
+  if (!decode && selects) {
+    fields.push_back({"int32_t", "kept", "kKvHeads * stride",
+                      "Kept prompt indices per head, ascending."});
+    fields.push_back({"int32_t", "numKept", "kKvHeads", "Kept per head."});
+  }
+  if (append)
+    fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads",
+                      "The new entry's destination in each head."});
+  if (gather)
+    fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads * stride",
+                      "Destinations of the kept entries."});
+
+  os << "/// Device workspace of " << name << ", carved in this order.\n";
+  os << "struct " << camel << "Workspace {\n";
+  if (decode)
+    os << "  /// Device copy of the HeadTable of every kv-head (in tables).\n"
+          "  const kvc::cuda::HeadTable *heads;\n";
+  for (const Field &f : fields)
+    os << "  /// " << f.doc << "\n  " << f.type << " *" << f.name << ";\n";
+  os << "};\n\n";
+  os << "/// Carves the workspace for `stride` entries per kv-head (null "
+        "base: sizing only).\n";
+  os << "void carve" << camel << "Workspace(kvc::cuda::Carver &c, int64_t "
+        "stride, "
+     << camel << "Workspace &w) {\n";
+  for (const Field &f : fields)
+    os << "  w." << f.name << " = c.take<" << f.type << ">(" << f.count
+       << ");\n";
+  os << "}\n\n";
+}
+
+LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
+  for (Operation &op : kernel.getBody().front()) {
+    if (auto a = dyn_cast<AttentionPassOp>(op))
+      attention = a;
+    if (auto a = dyn_cast<AppendOp>(op))
+      append = a;
+    if (auto g = dyn_cast<GatherOp>(op))
+      gather = g;
+    selects |= isa<TopKOp>(op);
+    needsProbs |= decode && isa<AttnLastOp>(op);
+  }
+  if (!attention)
+    return kernel.emitOpError() << "has no kvc.attention_pass";
+  if (!decode && attention.getWindow() && attention.getLast())
+    return unsupported(attention, "a window and the last query in one kernel");
+  if (decode && attention.getWindow())
+    return unsupported(attention, "window statistics are a prefill statistic");
+
+  // Stages first, into a buffer: they decide which buffers exist.
+  std::string body;
+  llvm::raw_string_ostream bs(body);
+  for (Operation &op : kernel.getBody().front())
+    if (failed(emitStage(&op, bs)))
+      return failure();
+
+  std::string fn = camel;
+  fn[0] = static_cast<char>(std::tolower(fn[0]));
+  fn += "Stages";
+  stagesKernel = decode || !body.empty();
+
+  out << "//===--- " << name << ": device part ---===//\n\n";
+  emitWorkspace(out);
+
+  // The stages kernel: one block per kv-head.
+  if (stagesKernel) {
+    out << "/// The stages of " << name
+        << ", one block per kv-head, in the order of the policy.\n";
+    out << "__global__ void __launch_bounds__(kStageThreads)\n    " << fn
+        << "(" << camel << "Workspace w, ";
+    if (decode) {
+      out << "int64_t stride, int32_t numSplits, int32_t position, "
+          << "float *out) {\n"
+          << "  const int32_t h = blockIdx.x;\n"
+          ;
+      bool readsEntries = attention.getAccumulate() || needsProbs;
+      for (Operation &op : kernel.getBody().front())
+        readsEntries |= !isa<AttentionPassOp, AppendOp>(op);
+      if (readsEntries)
+        out << "  const kvc::cuda::HeadTable t = w.heads[h];\n"
+            << "  const int32_t n = t.numSlots;\n"
+            << "  const int32_t *positions = t.positions;\n";
+      if (attention.getAccumulate() || needsProbs)
+        out << "  const float *logits = w.logits + h * kGroup * stride;\n";
+    } else {
+      out << "int32_t n, int32_t layer, const float *k, const float *v) {\n"
+          << "  const int32_t h = blockIdx.x;\n"
+          << "  const int64_t stride = n;\n"
+          << "  const int32_t *positions = w.positions;\n";
+    }
+    if (needsProbs)
+      out << "  float *probs = w.probs + h * kGroup * stride;\n";
+    if (!decode && (attention.getWindow() || attention.getLast()))
+      out << "  const float *windowProbs = w.windowProbs + h * kGroup * "
+             "stride;\n";
+    if (!decode && attention.getAccumulate())
+      out << "  const float *accumulated = w.accumulated + h * kGroup * "
+             "stride;\n";
+    for (const Buffer &b : floatBuffers)
+      out << "  float *" << b.name << " = w." << b.name << " + h * "
+          << (b.perQuery ? "kGroup * " : "") << "stride;\n";
+    if (selects)
+      out << "  uint8_t *victim = w.victim + h * stride;\n";
+    out << body << "}\n\n";
+  }
+
+  // Workspace query and entry point.
+  host << "/// Device workspace bytes of " << name << ".\n";
+  host << workspaceDeclaration() << " {\n"
+      << "  kvc::cuda::Carver c(nullptr);\n"
+      << "  " << camel << "Workspace w;\n"
+      << "  carve" << camel << "Workspace(c, " << (decode ? "num_slots" : "n")
+      << ", w);\n"
+      << "  return c.bytes();\n}\n\n";
+
+  host << "/// " << documentation() << "\n";
+  host << declaration() << " {\n";
+  emitValidation(host);
+  if (decode)
+    emitDecodeEntry(host);
+  else
+    emitPrefillEntry(host);
+  host << "  return KVC_STATUS_OK;\n}\n\n";
+  return success();
+}
+
+void CudaKernelEmitter::emitValidation(raw_ostream &out) {
+  const bool hasKv = kernel.getKind() != KernelKind::decode_scoring;
+  out << "  if (!context || !q" << (hasKv ? " || !k || !v" : "")
+      << (decode ? "" : " || !positions")
+      << (writesOutput(kernel) ? " || !out" : "") << " || !workspace)\n"
+      << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
+      << ": null argument\");\n";
+  out << "  if (layer < 0 || layer >= kLayers)\n"
+      << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
+      << ": layer out of range\");\n";
+  if (!decode) {
+    out << "  if (n <= 0)\n"
+        << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
+        << name << ": the prompt is empty\");\n";
+    out << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
+        << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+        << name << ": workspace smaller than " << name
+        << "_workspace_bytes(n)\");\n";
+  }
+  out << "  kvc_config_t config;\n"
+         "  KVC_CUDA_TRY(kvc_context_config(context, &config));\n"
+         "  if (config.num_layers != kLayers || config.num_q_heads != kQHeads "
+         "||\n"
+         "      config.num_kv_heads != kKvHeads || config.head_dim != "
+         "kHeadDim)\n"
+      << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
+      << ": the context's geometry is not the policy's\");\n";
+  out << "  if (config.memory != KVC_MEMORY_DEVICE || config.dtype != kDtype "
+         "||\n"
+         "      config.format != kFormat)\n"
+      << "    return kvc_report_error(KVC_STATUS_UNSUPPORTED, \"" << name
+      << ": needs a device pool of the policy's dtype and format\");\n";
+  out << "  kvc_page_layout_t layout;\n"
+         "  KVC_CUDA_TRY(kvc_page_layout(&config, &layout));\n"
+         "  if (layout.key_stride != kRowBytes || layout.value_stride != "
+         "kRowBytes ||\n"
+         "      layout.value_offset % 16 != 0)\n"
+      << "    return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
+      << ": unexpected page layout\");\n";
+  out << "  cudaStream_t s = static_cast<cudaStream_t>(stream);\n";
+}
+
+void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
+  const std::string fn = [&] {
+    std::string f = camel;
+    f[0] = static_cast<char>(std::tolower(f[0]));
+    return f + "Stages";
+  }();
+  out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+         "    int32_t existing = 0;\n"
+         "    KVC_CUDA_TRY(kvc_get_num_entries(context, sequence, layer, h, "
+         "&existing));\n"
+         "    if (existing != 0)\n"
+      << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
+      << ": prefill needs an empty cache\");\n  }\n";
+  out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
+      << "Workspace w;\n  carve" << camel << "Workspace(carver, n, w);\n";
+  out << "  KVC_CUDA_CHECK(\"" << name
+      << "\", cudaMemcpyAsync(w.positions, positions, sizeof(int32_t) * n,\n"
+         "                                   cudaMemcpyHostToDevice, s));\n";
+  out << "  " << opComment(attention) << "\n";
+  out << "  kvc::cuda::prefillAttention<kGroup, kHeadDim>\n"
+         "      <<<dim3((n + kvc::cuda::kPrefillQueryTile - 1) / "
+         "kvc::cuda::kPrefillQueryTile, kQHeads),\n"
+         "         kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, "
+         "kSoftmaxScale, "
+      << (attention.getOutput() ? "out" : "w.scratchOut") << ", w.lse);\n";
+  const bool window = attention.getWindow() || attention.getLast();
+  const bool acc = attention.getAccumulate().has_value();
+  if (window || acc)
+    out << "  kvc::cuda::prefillColumnStats<kGroup, kHeadDim>\n"
+           "      <<<dim3((n + kvc::cuda::kKeyTile - 1) / kvc::cuda::kKeyTile, "
+           "kKvHeads),\n"
+           "         kvc::cuda::kPrefillThreads, 0, s>>>(n, kKvHeads, q, k, "
+           "kSoftmaxScale, w.lse, "
+        << (attention.getWindow() ? "kWindow" : (attention.getLast() ? "1" : "0"))
+        << ", " << (window ? "w.windowProbs" : "nullptr") << ", "
+        << (acc ? "w.accumulated" : "nullptr") << ");\n";
+  if (stagesKernel)
+    out << "  // The policy's stages, one block per kv-head.\n"
+        << "  " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, "
+        << "v);\n";
+  out << "  KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
+  if (!gather)
+    return;
+  const bool state = acc;
+  out << "  " << opComment(gather) << "\n";
+  out << "  // The runtime allocates the slots of the kept entries on the "
+         "host;\n"
+         "  // storeEntries then writes them into their pages.\n";
+  out << "  try {\n";
+  if (selects)
+    out << "    std::vector<int32_t> numKept(kKvHeads), kept(static_cast<"
+           "size_t>(kKvHeads) * n);\n"
+        << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaMemcpyAsync(numKept.data(), w.numKept, sizeof(int32_t) * "
+           "kKvHeads,\n"
+           "                                     cudaMemcpyDeviceToHost, s));\n"
+        << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaMemcpyAsync(kept.data(), w.kept, sizeof(int32_t) * "
+           "kept.size(),\n"
+           "                                     cudaMemcpyDeviceToHost, s));\n";
+  if (state)
+    out << "    std::vector<float> state(static_cast<size_t>(kKvHeads) * n);\n"
+        << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaMemcpyAsync(state.data(), w.state, sizeof(float) * "
+           "state.size(),\n"
+           "                                     cudaMemcpyDeviceToHost, s));\n";
+  if (selects || state)
+    out << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaStreamSynchronize(s));\n";
+  out << "    std::vector<int32_t> keptPositions(n), slots(n);\n"
+         "    std::vector<kvc::cuda::StoreEntry> stores;\n"
+         "    stores.reserve(static_cast<size_t>(kKvHeads) * n);\n"
+         "    for (int32_t h = 0; h < kKvHeads; ++h) {\n";
+  if (selects)
+    out << "      const int32_t count = numKept[h];\n"
+           "      const int32_t *index = kept.data() + static_cast<size_t>(h) "
+           "* n;\n";
+  else
+    out << "      const int32_t count = n;\n";
+  std::string index = selects ? "index[j]" : "j";
+  out << "      if (count == 0)\n        continue;\n"
+      << "      for (int32_t j = 0; j < count; ++j)\n"
+      << "        keptPositions[j] = positions[" << index << "];\n"
+      << "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, "
+         "kHeadDim, nullptr, nullptr,\n"
+         "                              keptPositions.data(), slots.data()));\n";
+  if (state)
+    out << "      kvc_metadata_t meta;\n"
+           "      KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, "
+           "&meta));\n"
+           "      for (int32_t j = 0; j < count; ++j)\n"
+        << "        meta.score[slots[j]] = state[static_cast<size_t>(h) * n + "
+        << index << "];\n";
+  out << "      int32_t page = -1;\n"
+         "      void *address = nullptr;\n"
+         "      for (int32_t j = 0; j < count; ++j) {\n"
+         "        if (slots[j] / config.page_size != page) {\n"
+         "          page = slots[j] / config.page_size;\n"
+         "          KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, h, "
+         "page, nullptr, nullptr, &address));\n"
+         "        }\n"
+         "        stores.push_back(kvc::cuda::storeEntry(layout, "
+         "config.page_size,\n"
+         "                                               "
+         "reinterpret_cast<uint64_t>(address), slots[j], h,\n"
+      << "                                               " << index
+      << ", kRowBytes));\n"
+         "      }\n"
+         "    }\n"
+      << "    KVC_CUDA_TRY(kvc::cuda::launchStores<kHeadDim, kStorage>(stores, "
+         "w.stores, k, v, kKvStride, s,\n"
+         "                                                           \""
+      << name << "\"));\n"
+      << "  } catch (const std::bad_alloc &) {\n"
+         "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
+      << name << ": host allocation failed\");\n  }\n";
+}
+
+void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
+  std::string fn = camel;
+  fn[0] = static_cast<char>(std::tolower(fn[0]));
+  fn += "Stages";
+  const bool state = attention.getAccumulate().has_value();
+  out << "  int32_t maxSlots = 0;\n"
+         "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+         "    int32_t slots = 0;\n"
+         "    KVC_CUDA_TRY(kvc_get_num_slots(context, sequence, layer, h, "
+         "&slots));\n"
+         "    maxSlots = slots > maxSlots ? slots : maxSlots;\n"
+         "  }\n";
+  out << "  // Slots after the append: at most one more page per head.\n"
+         "  const int64_t stride = static_cast<int64_t>(maxSlots) + "
+         "config.page_size;\n";
+  out << "  if (workspace_bytes < " << name
+      << "_workspace_bytes(static_cast<int32_t>(stride)))\n"
+      << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
+      << ": workspace smaller than " << name
+      << "_workspace_bytes(slots + page_size)\");\n";
+  out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
+      << "Workspace w;\n  carve" << camel << "Workspace(carver, stride, w);\n";
+  out << "  try {\n";
+  if (append) {
+    out << "    " << opComment(append) << "\n"
+        << "    // The runtime takes the lowest free slot of each head (a "
+           "victim's slot\n"
+           "    // after an eviction); storeEntries writes the row there.\n"
+           "    int32_t newSlots[kKvHeads];\n"
+           "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+           "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, 1, "
+           "kHeadDim, nullptr, nullptr, &position,\n"
+           "                              &newSlots[h]));\n";
+  }
+  out << "    kvc::cuda::TableStager tables;\n"
+         "    KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, "
+         "/*withState=*/"
+      << (state ? "true" : "false") << "));\n"
+      << "    KVC_CUDA_TRY(tables.upload(w.tables, s, \"" << name
+      << "\", &w.heads));\n";
+  if (append)
+    out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
+           "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+           "      stores.push_back(kvc::cuda::storeEntry(\n"
+           "          layout, config.page_size, tables.pageAddress(h, "
+           "newSlots[h] / config.page_size),\n"
+           "          newSlots[h], h, 0, kRowBytes));\n"
+        << "    KVC_CUDA_TRY(kvc::cuda::launchStores<kHeadDim, kStorage>("
+           "stores, w.stores, k, v, kKvStride, s,\n"
+           "                                                           \""
+        << name << "\"));\n";
+  out << "    " << opComment(attention) << "\n"
+      << "    // Split-KV: one block per (split, kv-head) reads every key "
+         "and value once.\n"
+         "    const kvc::cuda::SplitPlan plan =\n"
+         "        kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, "
+         "kMinSlotsPerSplit);\n"
+         "    kvc::cuda::DecodeSplitArgs args{w.heads, "
+         "kvc::cuda::devicePageLayout(config, layout), q,\n"
+         "                                    kSoftmaxScale, "
+         "plan.slotsPerSplit, plan.splits, stride,\n"
+         "                                    w.logits, w.partials};\n"
+         "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
+         "kvc::cuda::kDecodeThreads>\n"
+         "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+         "0, s>>>(args);\n"
+      << "    // Exact merge of the splits, then the policy's stages, one "
+         "block per kv-head.\n"
+      << "    " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, "
+      << "plan.splits, position, "
+      << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n"
+      << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
+  if (selects || state) {
+    out << "    // Hand the policy's decisions to the runtime's host "
+           "bookkeeping.\n";
+    if (selects)
+      out << "    std::vector<int32_t> numVictims(kKvHeads), "
+             "victims(static_cast<size_t>(kKvHeads * stride));\n"
+          << "    KVC_CUDA_CHECK(\"" << name
+          << "\", cudaMemcpyAsync(numVictims.data(), w.numVictims, "
+             "sizeof(int32_t) * kKvHeads,\n"
+             "                                     cudaMemcpyDeviceToHost, "
+             "s));\n"
+          << "    KVC_CUDA_CHECK(\"" << name
+          << "\", cudaMemcpyAsync(victims.data(), w.victims, sizeof(int32_t) "
+             "* victims.size(),\n"
+             "                                     cudaMemcpyDeviceToHost, "
+             "s));\n";
+    out << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaStreamSynchronize(s));\n";
+    if (state)
+      out << "    KVC_CUDA_TRY(tables.downloadState(w.tables, \"" << name
+          << "\"));\n";
+    if (selects)
+      out << "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+             "      if (numVictims[h] > 0)\n"
+             "        KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, "
+             "numVictims[h],\n"
+             "                               victims.data() + h * stride));\n";
+  }
+  out << "  } catch (const std::bad_alloc &) {\n"
+         "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
+      << name << ": host allocation failed\");\n  }\n";
+}
+
+/// The runtime's storage of a policy on device pools.
+struct DeviceStorage {
+  std::string format;  ///< kvc_format_t enumerator.
+  std::string storage; ///< kvc::cuda::Storage enumerator.
+  int64_t elementBytes;
+};
+
+FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
+                                       ArrayRef<KernelOp> kernels) {
+  GeometryAttr geometry = policy.getGeometryAttr();
+  FailureOr<RuntimeStorage> storage = RuntimeStorage();
+  Operation *writer = nullptr;
+  for (KernelOp kernel : kernels)
+    for (Operation &op : kernel.getBody().front()) {
+      if (auto g = dyn_cast<GatherOp>(op))
+        storage = mapStorage(g, g.getKey(), g.getValue(), g.getResidualAttr());
+      else if (auto a = dyn_cast<AppendOp>(op))
+        storage = mapStorage(a, a.getKey(), a.getValue(), a.getResidualAttr());
+      else
+        continue;
+      if (failed(storage))
+        return failure();
+      writer = &op;
+    }
+  DeviceStorage d;
+  d.format = storage->format;
+  if (d.format == "KVC_FORMAT_FULL") {
+    Type t = geometry.getDtype();
+    d.storage = t.isF16()    ? "kvc::cuda::Storage::F16"
+                : t.isBF16() ? "kvc::cuda::Storage::BF16"
+                             : "kvc::cuda::Storage::F32";
+    d.elementBytes = t.isF16() || t.isBF16() ? 2 : 4;
+    return d;
+  }
+  if (d.format == "KVC_FORMAT_INT8" || d.format == "KVC_FORMAT_FP8_E4M3") {
+    d.storage = d.format == "KVC_FORMAT_INT8"
+                    ? "kvc::cuda::Storage::Int8"
+                    : "kvc::cuda::Storage::Fp8E4M3";
+    d.elementBytes = 1;
+    return d;
+  }
+  return writer->emitOpError()
+         << "KIVI storage has no device pool in the runtime (KIVI flushes "
+            "quantize on the host); the cuda emitter supports full, int8 "
+            "and fp8_e4m3 storage";
+}
+
+} // namespace
+
+LogicalResult kvc::emitCuda(PolicyOp policy,
+                            SmallVectorImpl<EmittedFile> &files) {
+  GeometryAttr geometry = policy.getGeometryAttr();
+  std::string p = policy.getSymName().str();
+  SmallVector<KernelOp> kernels(policy.getBody().front().getOps<KernelOp>());
+  if (!geometry || kernels.empty())
+    return policy.emitOpError()
+           << "has no kernels; run kvc-specialize and kvc-form-kernels first";
+  const int64_t dim = geometry.getHeadDim();
+  // Rows spread over a power-of-two number of lanes, and the prefill tiles
+  // of 32 keys and values fit the 48 KiB of static shared memory.
+  if (dim != 32 && dim != 64 && dim != 128)
+    return policy.emitOpError()
+           << "head_dim " << dim
+           << " is not supported by the cuda emitter: it needs 32, 64 or 128";
+  FailureOr<DeviceStorage> storage = deviceStorage(policy, kernels);
+  if (failed(storage))
+    return failure();
+
+  std::string constants;
+  llvm::raw_string_ostream cs(constants);
+  std::optional<int64_t> window;
+  std::optional<double> decay;
+  for (KernelOp kernel : kernels)
+    for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
+      if (pass.getWindow())
+        window = *pass.getWindow();
+      // Only decode folds a decayed state; prefill sums.
+      if (pass.getAccumulate() && isDecodeKernel(kernel))
+        decay = pass.getAccumulate()->convertToDouble();
+    }
+  if (window)
+    cs << "/// Observation window of the prefill statistics.\n"
+       << "constexpr int32_t kWindow = " << *window << ";\n";
+  if (decay)
+    cs << "/// Decay of the accumulated attention state.\n"
+       << "constexpr float kDecay = " << floatLiteral(*decay) << ";\n";
+
+  AsmState asmState(policy);
+  std::string source, header;
+  llvm::raw_string_ostream src(source), hdr(header);
+  std::string guard = "KVC_GENERATED_" + llvm::StringRef(p).upper() + "_CUDA_H";
+  std::string geometryText;
+  llvm::raw_string_ostream(geometryText) << geometry;
+
+  hdr << "/* Generated by kvc-opt --kvc-emit=target=cuda from policy @" << p
+      << ". Do not edit. */\n"
+      << "/* " << geometryText << " */\n\n"
+      << "#ifndef " << guard << "\n#define " << guard << "\n\n"
+      << "#include \"runtime/kvc_runtime.h\"\n\n"
+      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  hdr << "/// Fills the geometry and storage fields of a runtime configuration "
+         "for\n/// this policy on a device pool (memory = KVC_MEMORY_DEVICE); "
+         "the caller\n/// chooses page_size, num_pages and max_sequences.\n";
+  hdr << "void kvc_" << p << "_cuda_configure(kvc_config_t *config);\n\n";
+
+  src << "// Generated by kvc-opt --kvc-emit=target=cuda from policy @" << p
+      << ". Do not edit.\n"
+      << "// " << geometryText << "\n"
+      << "// Kernels:";
+  for (KernelOp kernel : kernels)
+    src << " " << stringifyKernelKind(kernel.getKind());
+  src << ".\n"
+      << "//\n"
+      << "// On the device: attention, statistics, merge, selection and the "
+         "stores of\n"
+      << "// entries into pages. On the host: the runtime's bookkeeping (slot "
+         "allocation,\n"
+      << "// eviction, score state), staged through the workspace once per "
+         "call.\n\n"
+      << "#include \"kvc_" << p << "_cuda.h\"\n\n"
+      << "#include \"runtime/kvc_cuda.cuh\"\n\n"
+      << "namespace {\n"
+      << "constexpr int32_t kLayers = " << geometry.getLayers() << ";\n"
+      << "constexpr int32_t kQHeads = " << geometry.getQHeads() << ";\n"
+      << "constexpr int32_t kKvHeads = " << geometry.getKvHeads() << ";\n"
+      << "/// Query heads per kv-head (GQA group).\n"
+      << "constexpr int32_t kGroup = " << geometry.getGroupSize() << ";\n"
+      << "constexpr int32_t kHeadDim = " << geometry.getHeadDim() << ";\n"
+      << "/// Row stride of prompt keys and values, in floats.\n"
+      << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
+      << "/// 1 / sqrt(head_dim).\n"
+      << "constexpr float kSoftmaxScale = "
+      << floatLiteral(1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
+      << "/// Storage of keys and values in the device pages.\n"
+      << "constexpr kvc_dtype_t kDtype = "
+      << dtypeEnumerator(geometry.getDtype()) << ";\n"
+      << "constexpr kvc_format_t kFormat = " << storage->format << ";\n"
+      << "constexpr kvc::cuda::Storage kStorage = " << storage->storage
+      << ";\n"
+      << "/// Bytes of one stored key or value row.\n"
+      << "constexpr uint64_t kRowBytes = " << storage->elementBytes
+      << " * kHeadDim;\n"
+      << "/// Decode splits: at most kMaxSplits per kv-head, each of at least\n"
+      << "/// kMinSlotsPerSplit slots.\n"
+      << "constexpr int32_t kMaxSplits = 64;\n"
+      << "constexpr int32_t kMinSlotsPerSplit = 256;\n"
+      << "/// Threads of the per-kv-head stage kernels.\n"
+      << "constexpr int kStageThreads = 256;\n"
+      << constants << "\n";
+
+  std::string entries;
+  llvm::raw_string_ostream host(entries);
+  for (KernelOp kernel : kernels) {
+    CudaKernelEmitter emitter(policy, kernel, asmState);
+    if (failed(emitter.emit(src, host)))
+      return failure();
+    hdr << "/// Device workspace bytes of the entry point below.\n"
+        << emitter.workspaceDeclaration() << ";\n";
+    hdr << "/// " << emitter.documentation() << "\n"
+        << emitter.declaration() << ";\n\n";
+  }
+  src << "} // namespace\n\n"
+      << "extern \"C\" {\n\n"
+      << entries;
+  src << "void kvc_" << p
+      << "_cuda_configure(kvc_config_t *config) {\n"
+      << "  if (!config)\n    return;\n"
+      << "  config->num_layers = kLayers;\n"
+      << "  config->num_q_heads = kQHeads;\n"
+      << "  config->num_kv_heads = kKvHeads;\n"
+      << "  config->head_dim = kHeadDim;\n"
+      << "  config->dtype = kDtype;\n"
+      << "  config->format = kFormat;\n"
+      << "  config->group_size = 0;\n"
+      << "  config->residual_length = 0;\n"
+      << "  config->memory = KVC_MEMORY_DEVICE;\n"
+      << "}\n\n"
+      << "} // extern \"C\"\n";
+  hdr << "#ifdef __cplusplus\n} /* extern \"C\" */\n#endif\n\n#endif /* "
+      << guard << " */\n";
+
+  files.push_back({"kvc_" + p + "_cuda.h", header});
+  files.push_back({"kvc_" + p + "_cuda.cu", source});
+  return success();
+}

@@ -1,0 +1,1335 @@
+//===- kvc_cuda.cuh - CUDA building blocks of generated kernels -*- CUDA -*-===//
+//
+// Header-only device building blocks and host helpers that the CUDA emitter
+// composes into policy kernels (codegen/CudaEmitter.cpp). The generated code
+// folds the policy constants and the geometry into template arguments; the
+// loops live here, written once.
+//
+// Division of labour (see docs/codegen-cuda.md):
+//  - The runtime's bookkeeping (page tables, free lists, positions, score
+//    state) lives on the host. A generated entry point snapshots what its
+//    kernels read (TableStager: page addresses, positions, score state of
+//    every kv-head of one layer) into the device workspace with one
+//    asynchronous copy, launches the kernels on the caller's stream, and
+//    writes back what the host owns (score state, evictions, new slots).
+//  - Keys and values only ever move on the device: storeEntries writes new
+//    or gathered entries into their pages (encoding f16/bf16/f32, int8 or
+//    fp8 in registers), decodeAttentionSplit reads them once per step.
+//
+// Layouts: prompt tensors are float32, row-major [token][head][channel];
+// a score buffer of a kv-head holds one float per entry (prompt index in
+// prefill, slot in decode); the G query-head rows of a group are G buffers
+// `stride` floats apart. Free slots read as -infinity wherever a score is.
+//
+// Every __device__ block function below is called by all threads of a block
+// of kThreads threads and ends with __syncthreads(), so the next stage sees
+// its global-memory writes.
+//
+// Not part of the C ABI: generated .cu files include it, engines need not.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_KVC_CUDA_CUH
+#define KVC_RUNTIME_KVC_CUDA_CUH
+
+#include "runtime/kvc_runtime.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <vector>
+
+namespace kvc::cuda {
+
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kPosInf = __builtin_huge_valf();
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+/// Returns from the enclosing function when a runtime call fails.
+#define KVC_CUDA_TRY(...)                                                      \
+  do {                                                                         \
+    kvc_status_t kvc_cuda_status_ = (__VA_ARGS__);                             \
+    if (kvc_cuda_status_ != KVC_STATUS_OK)                                     \
+      return kvc_cuda_status_;                                                 \
+  } while (0)
+
+/// Returns a kvc status naming `name` when a CUDA call fails.
+#define KVC_CUDA_CHECK(name, ...)                                              \
+  do {                                                                         \
+    cudaError_t kvc_cuda_error_ = (__VA_ARGS__);                               \
+    if (kvc_cuda_error_ != cudaSuccess)                                        \
+      return ::kvc::cuda::reportCudaError(name, kvc_cuda_error_);              \
+  } while (0)
+
+/// Records a CUDA failure as the calling thread's kvc error.
+inline kvc_status_t reportCudaError(const char *name, cudaError_t error) {
+  char message[256];
+  std::snprintf(message, sizeof message, "%s: CUDA error: %s", name,
+                cudaGetErrorString(error));
+  return kvc_report_error(error == cudaErrorMemoryAllocation
+                              ? KVC_STATUS_OUT_OF_MEMORY
+                              : KVC_STATUS_INTERNAL,
+                          message);
+}
+
+/// Reduction kinds over the query heads of a group.
+enum class Reduce { Mean, Max, Sum };
+/// Score normalizations.
+enum class Normalize { ZScore, Sum, Max };
+
+//===----------------------------------------------------------------------===//
+// Element storage: how one key or value row is encoded in a page
+//===----------------------------------------------------------------------===//
+
+/// Row encodings of the runtime's device formats (kvc_page_layout_t).
+enum class Storage { F32, F16, BF16, Int8, Fp8E4M3 };
+
+/// fp8 e4m3 bits to float, exact (0x7f/0xff are NaN, no infinities).
+__device__ inline float fp8E4m3ToFloat(uint32_t bits) {
+  const uint32_t exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
+  float magnitude;
+  if (exponent == 15 && mantissa == 7)
+    magnitude = __int_as_float(0x7fc00000);
+  else if (exponent == 0)
+    magnitude = static_cast<float>(mantissa) * (1.0f / 512.0f);
+  else
+    magnitude = __int_as_float(((exponent + 120u) << 23) | (mantissa << 20));
+  return (bits & 0x80u) ? -magnitude : magnitude;
+}
+
+/// float to fp8 e4m3 with round-half-to-even, saturating to +-448; the same
+/// bits as kvc_f32_to_fp8_e4m3.
+__device__ inline uint8_t floatToFp8E4m3(float value) {
+  const uint32_t x = __float_as_uint(value);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t magnitude = x & 0x7fffffffu;
+  if (magnitude > 0x7f800000u)
+    return 0x7f;
+  const float a = __uint_as_float(magnitude);
+  if (a >= 448.0f)
+    return sign | 0x7e;
+  if (a < 0.015625f) // Subnormals in units of 2^-9.
+    return sign | static_cast<uint8_t>(rintf(a * 512.0f));
+  const uint32_t rounded = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
+  return sign | static_cast<uint8_t>((rounded >> 20) - (120u << 3));
+}
+
+/// Decoding and encoding of one storage kind. kScaled formats carry one
+/// float scale per row in the page's parameter region.
+template <Storage S> struct Codec;
+
+template <> struct Codec<Storage::F32> {
+  static constexpr int kBytes = 4;
+  static constexpr bool kScaled = false;
+  __device__ static void decode(const uint4 &raw, float, float *out) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  }
+  __device__ static void store(uint8_t *row, int c, float x, float) {
+    reinterpret_cast<float *>(row)[c] = x;
+  }
+};
+
+template <> struct Codec<Storage::F16> {
+  static constexpr int kBytes = 2;
+  static constexpr bool kScaled = false;
+  __device__ static void decode(const uint4 &raw, float, float *out) {
+    const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static void store(uint8_t *row, int c, float x, float) {
+    reinterpret_cast<__half *>(row)[c] = __float2half_rn(x);
+  }
+};
+
+template <> struct Codec<Storage::BF16> {
+  static constexpr int kBytes = 2;
+  static constexpr bool kScaled = false;
+  __device__ static void decode(const uint4 &raw, float, float *out) {
+    const __nv_bfloat162 *b = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(b[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static void store(uint8_t *row, int c, float x, float) {
+    reinterpret_cast<__nv_bfloat16 *>(row)[c] = __float2bfloat16_rn(x);
+  }
+};
+
+template <> struct Codec<Storage::Int8> {
+  static constexpr int kBytes = 1;
+  static constexpr bool kScaled = true;
+  /// scale = max|x| / 127 (0 for a zero row), as kvc_quantize_int8.
+  __device__ static float scaleOf(float amax) { return amax / 127.0f; }
+  __device__ static void decode(const uint4 &raw, float scale, float *out) {
+    const int8_t *q = reinterpret_cast<const int8_t *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      out[i] = static_cast<float>(q[i]) * scale;
+  }
+  __device__ static void store(uint8_t *row, int c, float x, float scale) {
+    float r = 0.0f;
+    if (scale > 0.0f)
+      r = fminf(rintf(fabsf(x) / scale), 127.0f);
+    reinterpret_cast<int8_t *>(row)[c] =
+        static_cast<int8_t>(x < 0.0f ? -r : r);
+  }
+};
+
+template <> struct Codec<Storage::Fp8E4M3> {
+  static constexpr int kBytes = 1;
+  static constexpr bool kScaled = true;
+  /// scale = max|x| / 448 (1 for a zero row), as kvc_quantize_fp8_e4m3.
+  __device__ static float scaleOf(float amax) {
+    return amax > 0.0f ? amax / 448.0f : 1.0f;
+  }
+  __device__ static void decode(const uint4 &raw, float scale, float *out) {
+    const uint8_t *q = reinterpret_cast<const uint8_t *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      out[i] = fp8E4m3ToFloat(q[i]) * scale;
+  }
+  __device__ static void store(uint8_t *row, int c, float x, float scale) {
+    row[c] = floatToFp8E4m3(x / scale);
+  }
+};
+
+/// How a row of D channels splits into 16-byte vectors and lanes: kLanes
+/// consecutive lanes read one row with 128-bit loads, vector j of lane L
+/// holding channels (j * kLanes + L) * kElemsPerVec onwards, so that the
+/// lanes of a row read consecutive 16 bytes (coalesced).
+template <int D, Storage S> struct RowShape {
+  static constexpr int kRowBytes = D * Codec<S>::kBytes;
+  static constexpr int kVecs = kRowBytes / 16;
+  static constexpr int kElemsPerVec = 16 / Codec<S>::kBytes;
+  static constexpr int kLanes = kVecs < kWarpSize ? kVecs : kWarpSize;
+  static constexpr int kVecsPerLane = kVecs / kLanes;
+  /// Channels one lane holds.
+  static constexpr int kChunk = kVecsPerLane * kElemsPerVec;
+  static_assert(kRowBytes % 16 == 0, "rows must be whole 16-byte vectors");
+  static_assert((kLanes & (kLanes - 1)) == 0 && kVecs % kLanes == 0,
+                "a row must spread over a power-of-two number of lanes");
+  __device__ static int channel(int j, int lane, int e) {
+    return (j * kLanes + lane) * kElemsPerVec + e;
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Device views of the runtime's pages
+//===----------------------------------------------------------------------===//
+
+/// The page layout of a context (kvc_page_layout_t), as kernels read it.
+struct PageLayout {
+  int32_t pageSize;
+  uint64_t keyOffset, valueOffset, keyParamOffset, valueParamOffset;
+};
+
+/// Converts the runtime's page layout.
+inline PageLayout devicePageLayout(const kvc_config_t &config,
+                                   const kvc_page_layout_t &layout) {
+  return PageLayout{config.page_size, layout.key_offset, layout.value_offset,
+                    layout.key_param_offset, layout.value_param_offset};
+}
+
+/// Snapshot of one (sequence, layer, kv-head) in device memory.
+struct HeadTable {
+  const uint64_t *pages;    ///< Device address of each page (0: a hole).
+  const int32_t *positions; ///< Per slot; KVC_POSITION_NONE when free.
+  float *state;             ///< Score state per slot (null when unused).
+  int32_t numSlots;
+  int32_t numPages;
+};
+
+/// One row pair that storeEntries writes: source row `row` of the float
+/// k/v tensors for kv-head `head`, into the given device addresses.
+struct StoreEntry {
+  uint64_t key, value;           ///< Row addresses.
+  uint64_t keyScale, valueScale; ///< Parameter records (scaled formats).
+  int32_t head, row;
+};
+
+/// Device address of byte `offset` of slot `slot`'s page region.
+__device__ inline const uint8_t *slotBase(const HeadTable &t, int32_t slot,
+                                          int32_t pageSize) {
+  return reinterpret_cast<const uint8_t *>(t.pages[slot / pageSize]);
+}
+
+//===----------------------------------------------------------------------===//
+// Warp and block primitives
+//===----------------------------------------------------------------------===//
+
+template <typename T> __device__ T warpSum(T x) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2)
+    x += __shfl_xor_sync(kFullMask, x, o);
+  return x;
+}
+
+template <typename T> __device__ T warpMax(T x) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2)
+    x = max(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+
+/// Sum (kMax: maximum) of one value per thread over the block; every thread
+/// gets the result. Deterministic: fixed shuffle and slot order.
+template <int kThreads, bool kMax = false, typename T>
+__device__ T blockReduce(T x) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block size");
+  constexpr int kWarps = kThreads / kWarpSize;
+  __shared__ T partials[kWarps];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  x = kMax ? warpMax(x) : warpSum(x);
+  if (lane == 0)
+    partials[warp] = x;
+  __syncthreads();
+  T r = partials[0];
+  for (int w = 1; w < kWarps; ++w)
+    r = kMax ? max(r, partials[w]) : r + partials[w];
+  __syncthreads();
+  return r;
+}
+
+/// Exclusive prefix sum of one int per thread in thread order; *total gets
+/// the block's sum.
+template <int kThreads>
+__device__ int32_t blockExclusiveScan(int32_t x, int32_t *total) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  __shared__ int32_t warpTotals[kWarps];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  int32_t inclusive = x;
+#pragma unroll
+  for (int o = 1; o < kWarpSize; o *= 2) {
+    const int32_t y = __shfl_up_sync(kFullMask, inclusive, o);
+    if (lane >= o)
+      inclusive += y;
+  }
+  if (lane == kWarpSize - 1)
+    warpTotals[warp] = inclusive;
+  __syncthreads();
+  int32_t before = 0, sum = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp)
+      before += warpTotals[w];
+    sum += warpTotals[w];
+  }
+  __syncthreads();
+  *total = sum;
+  return before + inclusive - x;
+}
+
+/// Number of live entries (position != KVC_POSITION_NONE).
+template <int kThreads>
+__device__ int32_t countLive(const int32_t *positions, int32_t n) {
+  int32_t live = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads)
+    live += positions[i] != KVC_POSITION_NONE;
+  return blockReduce<kThreads>(live);
+}
+
+/// The k-th smallest (1-based, 1 <= k <= number of keys) of the keys that
+/// keyOf(i, &key) reports for i in [0, n), by radix selection: one pass of
+/// 8-bit digits per byte of `kBits`, each a shared-memory histogram. Runs in
+/// O(n * kBits / 8) without sorting.
+template <int kThreads, int kBits, typename KeyOf>
+__device__ uint64_t blockSelectKth(int32_t n, int64_t k, KeyOf keyOf) {
+  static_assert(kBits % 8 == 0 && kBits <= 64, "whole bytes");
+  __shared__ int32_t histogram[256];
+  __shared__ uint64_t sharedPrefix;
+  __shared__ int64_t sharedRank;
+  uint64_t prefix = 0, mask = 0;
+  for (int shift = kBits - 8; shift >= 0; shift -= 8) {
+    for (int d = threadIdx.x; d < 256; d += kThreads)
+      histogram[d] = 0;
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+      uint64_t key;
+      if (keyOf(i, &key) && (key & mask) == prefix)
+        atomicAdd(&histogram[(key >> shift) & 0xffu], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t rank = k;
+      int d = 0;
+      for (; d < 255 && rank > histogram[d]; ++d)
+        rank -= histogram[d];
+      sharedPrefix = prefix | (static_cast<uint64_t>(d) << shift);
+      sharedRank = rank;
+    }
+    __syncthreads();
+    prefix = sharedPrefix;
+    k = sharedRank;
+    mask |= static_cast<uint64_t>(0xffu) << shift;
+  }
+  __syncthreads();
+  return prefix;
+}
+
+/// Maps a float to an unsigned key with the same order (-0 == +0).
+__device__ inline uint32_t orderedBits(float x) {
+  const uint32_t b = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+//===----------------------------------------------------------------------===//
+// Storing entries (decode append, prefill gather)
+//===----------------------------------------------------------------------===//
+
+/// Encodes one float row of D channels into `dst` (and its scale record):
+/// called by the 32 lanes of a warp.
+template <int D, Storage S>
+__device__ void storeRow(const float *src, uint8_t *dst, float *scaleRecord) {
+  const int lane = threadIdx.x % kWarpSize;
+  float scale = 0.0f;
+  if constexpr (Codec<S>::kScaled) {
+    float amax = 0.0f;
+    for (int c = lane; c < D; c += kWarpSize)
+      amax = fmaxf(amax, fabsf(src[c]));
+    scale = Codec<S>::scaleOf(warpMax(amax));
+    if (lane == 0)
+      *scaleRecord = scale;
+  }
+  for (int c = lane; c < D; c += kWarpSize)
+    Codec<S>::store(dst, c, src[c], scale);
+}
+
+/// Writes `count` entries, one warp each: key row `row` of head `head` is
+/// k + row * kvStride + head * D (likewise values).
+template <int D, Storage S>
+__global__ void storeEntries(const StoreEntry *entries, int32_t count,
+                             const float *k, const float *v,
+                             int64_t kvStride) {
+  const int32_t e = blockIdx.x * (blockDim.x / kWarpSize) +
+                    threadIdx.x / kWarpSize;
+  if (e >= count)
+    return;
+  const StoreEntry s = entries[e];
+  const int64_t offset = s.row * kvStride + static_cast<int64_t>(s.head) * D;
+  storeRow<D, S>(k + offset, reinterpret_cast<uint8_t *>(s.key),
+                 reinterpret_cast<float *>(s.keyScale));
+  storeRow<D, S>(v + offset, reinterpret_cast<uint8_t *>(s.value),
+                 reinterpret_cast<float *>(s.valueScale));
+}
+
+/// Threads per block of storeEntries (one warp per entry).
+constexpr int kStoreThreads = 128;
+
+//===----------------------------------------------------------------------===//
+// Decode attention: split-KV with exact statistics
+//===----------------------------------------------------------------------===//
+
+/// Arguments of decodeAttentionSplit.
+struct DecodeSplitArgs {
+  const HeadTable *heads;
+  PageLayout layout;
+  const float *q;     ///< kv_heads * G rows of D floats.
+  float scale;        ///< Softmax scale.
+  int32_t splitSlots; ///< Slots per split.
+  int32_t numSplits;
+  int64_t stride; ///< Row stride of `logits` (>= every head's num_slots).
+  /// Per head, G rows of `stride` unnormalized logits (-inf: free slot).
+  float *logits;
+  /// Per (head, split, g): {m, z, acc[D]}: the split's maximum logit, its
+  /// sum of exp(l - m), and its exp-weighted value sum.
+  float *partials;
+};
+
+/// Floats of one (head, split, g) partial record.
+template <int D> __host__ __device__ constexpr int partialFloats() { return D + 2; }
+
+/// One block per (split, kv-head): the G query heads of the group read each
+/// key and value of the split once, with 128-bit loads, dequantizing in
+/// registers. kLanes lanes share a row; the block's rows run an online
+/// softmax each, combined at the end into the split's partial record. Every
+/// slot's logit is stored so that the merge can form exact probabilities.
+template <int G, int D, Storage S, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    decodeAttentionSplit(DecodeSplitArgs a) {
+  using Shape = RowShape<D, S>;
+  constexpr int kRowGroups = kThreads / Shape::kLanes;
+  constexpr int kChunk = Shape::kChunk;
+  const int32_t h = blockIdx.y, split = blockIdx.x;
+  const HeadTable t = a.heads[h];
+  const int lane = threadIdx.x % Shape::kLanes;
+  const int rowGroup = threadIdx.x / Shape::kLanes;
+  const int32_t begin = split * a.splitSlots;
+  const int32_t end = min(begin + a.splitSlots, t.numSlots);
+
+  float q[G][kChunk], acc[G][kChunk], m[G], z[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegInf;
+    z[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+        const int x = j * Shape::kElemsPerVec + e;
+        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g) * D +
+                      Shape::channel(j, lane, e)];
+        acc[g][x] = 0.0f;
+      }
+  }
+
+  // Every thread runs the same trip count so that the shuffles stay
+  // convergent; rows past the split or free are masked.
+  for (int32_t base = begin; base < end; base += kRowGroups) {
+    const int32_t slot = base + rowGroup;
+    const bool inRange = slot < end;
+    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
+    uint4 kRaw[Shape::kVecsPerLane], vRaw[Shape::kVecsPerLane];
+    float kScale = 1.0f, vScale = 1.0f;
+    if (live) {
+      const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
+      const int32_t o = slot % a.layout.pageSize;
+      const uint4 *kRow = reinterpret_cast<const uint4 *>(
+          page + a.layout.keyOffset + static_cast<uint64_t>(o) * Shape::kRowBytes);
+      const uint4 *vRow = reinterpret_cast<const uint4 *>(
+          page + a.layout.valueOffset +
+          static_cast<uint64_t>(o) * Shape::kRowBytes);
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
+        vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
+      }
+      if constexpr (Codec<S>::kScaled) {
+        kScale = __ldg(reinterpret_cast<const float *>(
+                           page + a.layout.keyParamOffset) +
+                       o);
+        vScale = __ldg(reinterpret_cast<const float *>(
+                           page + a.layout.valueParamOffset) +
+                       o);
+      }
+    }
+    float dot[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      dot[g] = 0.0f;
+    if (live) {
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        float kf[Shape::kElemsPerVec];
+        Codec<S>::decode(kRaw[j], kScale, kf);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            dot[g] += q[g][j * Shape::kElemsPerVec + e] * kf[e];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int o = Shape::kLanes / 2; o > 0; o /= 2)
+        dot[g] += __shfl_xor_sync(kFullMask, dot[g], o);
+    if (inRange && lane == 0)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
+            live ? dot[g] * a.scale : kNegInf;
+    if (!live)
+      continue;
+    float vf[Shape::kVecsPerLane][Shape::kElemsPerVec];
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j)
+      Codec<S>::decode(vRaw[j], vScale, vf[j]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float l = dot[g] * a.scale;
+      const float mNew = fmaxf(m[g], l);
+      const float r = expf(m[g] - mNew);
+      const float p = expf(l - mNew);
+      z[g] = z[g] * r + p;
+      m[g] = mNew;
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+        for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+          float &x = acc[g][j * Shape::kElemsPerVec + e];
+          x = x * r + p * vf[j][e];
+        }
+    }
+  }
+
+  // Combine the row groups of the block, in row-group order.
+  __shared__ float groupMax[kRowGroups][G], groupSum[kRowGroups][G];
+  __shared__ float blockAcc[G][D];
+  if (lane == 0)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      groupMax[rowGroup][g] = m[g];
+      groupSum[rowGroup][g] = z[g];
+    }
+  for (int i = threadIdx.x; i < G * D; i += kThreads)
+    (&blockAcc[0][0])[i] = 0.0f;
+  __syncthreads();
+  float factor[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float bm = kNegInf;
+    for (int r = 0; r < kRowGroups; ++r)
+      bm = fmaxf(bm, groupMax[r][g]);
+    factor[g] = m[g] == kNegInf ? 0.0f : expf(m[g] - bm);
+  }
+  for (int r = 0; r < kRowGroups; ++r) {
+    if (rowGroup == r)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            blockAcc[g][Shape::channel(j, lane, e)] +=
+                acc[g][j * Shape::kElemsPerVec + e] * factor[g];
+    __syncthreads();
+  }
+  float *out = a.partials + ((static_cast<int64_t>(h) * a.numSplits + split) *
+                             G) * partialFloats<D>();
+  for (int i = threadIdx.x; i < G * partialFloats<D>(); i += kThreads) {
+    const int g = i / partialFloats<D>(), x = i % partialFloats<D>();
+    float bm = kNegInf;
+    for (int r = 0; r < kRowGroups; ++r)
+      bm = fmaxf(bm, groupMax[r][g]);
+    if (x == 0) {
+      out[i] = bm;
+    } else if (x == 1) {
+      float bz = 0.0f;
+      for (int r = 0; r < kRowGroups; ++r)
+        if (groupMax[r][g] != kNegInf)
+          bz += groupSum[r][g] * expf(groupMax[r][g] - bm);
+      out[i] = bz;
+    } else {
+      out[i] = blockAcc[g][x - 2];
+    }
+  }
+}
+
+/// Threads per block of decodeAttentionSplit.
+constexpr int kDecodeThreads = 128;
+
+/// Merges the split partial records of kv-head `h` exactly: M = max m_s,
+/// Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z. Writes the G
+/// output rows (when `out` is given) and M and 1/Z to `maxOut` and
+/// `invSumOut` (shared arrays of G, read by the statistics that follow).
+template <int G, int D, int kThreads>
+__device__ void mergeSplits(const float *partials, int32_t numSplits,
+                            int32_t h, float *out, float *maxOut,
+                            float *invSumOut) {
+  constexpr int kRecord = partialFloats<D>();
+  const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float bm = kNegInf;
+    for (int s = 0; s < numSplits; ++s)
+      bm = fmaxf(bm, head[(s * G + g) * kRecord]);
+    float bz = 0.0f;
+    for (int s = 0; s < numSplits; ++s) {
+      const float ms = head[(s * G + g) * kRecord];
+      if (ms != kNegInf)
+        bz += head[(s * G + g) * kRecord + 1] * expf(ms - bm);
+    }
+    maxOut[g] = bm;
+    invSumOut[g] = bz > 0.0f ? 1.0f / bz : 0.0f;
+  }
+  __syncthreads();
+  if (out)
+    for (int i = threadIdx.x; i < G * D; i += kThreads) {
+      const int g = i / D, c = i % D;
+      float sum = 0.0f;
+      for (int s = 0; s < numSplits; ++s) {
+        const float ms = head[(s * G + g) * kRecord];
+        if (ms != kNegInf)
+          sum += head[(s * G + g) * kRecord + 2 + c] * expf(ms - maxOut[g]);
+      }
+      out[(static_cast<int64_t>(h) * G + g) * D + c] = sum * invSumOut[g];
+    }
+  __syncthreads();
+}
+
+/// Normalized weight of slot s for query head g once the splits are merged:
+/// exactly exp(l - M) / Z of the single-pass softmax (0 for a free slot).
+__device__ inline float probability(const float *logits, int64_t stride,
+                                    int g, int32_t s, const float *maxLogit,
+                                    const float *invSum) {
+  const float l = logits[g * stride + s];
+  return l == kNegInf ? 0.0f : expf(l - maxLogit[g]) * invSum[g];
+}
+
+/// Writes the probabilities of the G query heads (rows `stride` apart).
+template <int G, int kThreads>
+__device__ void writeProbabilities(const float *logits, int64_t stride,
+                                   int32_t n, const float *maxLogit,
+                                   const float *invSum, float *probs) {
+  for (int32_t s = threadIdx.x; s < n; s += kThreads)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      probs[g * stride + s] = probability(logits, stride, g, s, maxLogit, invSum);
+  __syncthreads();
+}
+
+/// Folds this step's probabilities into the score state of every live
+/// slot: state <- decay * state + reduce_g(p_g).
+template <int G, int kThreads>
+__device__ void foldAccumulated(const int32_t *positions, float *state,
+                                int32_t n, const float *logits, int64_t stride,
+                                const float *maxLogit, const float *invSum,
+                                float decay, Reduce kind) {
+  for (int32_t s = threadIdx.x; s < n; s += kThreads) {
+    if (positions[s] == KVC_POSITION_NONE)
+      continue;
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float p = probability(logits, stride, g, s, maxLogit, invSum);
+      r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+    }
+    state[s] = decay * state[s] + (kind == Reduce::Mean ? r / G : r);
+  }
+  __syncthreads();
+}
+
+//===----------------------------------------------------------------------===//
+// Prefill attention and window statistics
+//===----------------------------------------------------------------------===//
+
+/// Queries of one prefill attention block (4 warps x 4 queries).
+constexpr int kPrefillQueriesPerWarp = 4;
+constexpr int kPrefillWarps = 4;
+constexpr int kPrefillThreads = kPrefillWarps * kWarpSize;
+constexpr int kPrefillQueryTile = kPrefillQueriesPerWarp * kPrefillWarps;
+/// Keys per shared-memory tile: one per lane.
+constexpr int kKeyTile = kWarpSize;
+
+/// Causal attention of one query head over the prompt, one block per tile
+/// of kPrefillQueryTile queries (grid: query tiles x q_heads). Keys and
+/// values pass through shared memory 32 at a time; lane j scores key j of
+/// the tile, the warp then accumulates the 32 values. Writes the output
+/// rows (when `out` is given) and the log-sum-exp of every query, which the
+/// statistics pass needs to form exact probabilities.
+template <int G, int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefillAttention(int32_t n, const float *q, const float *k, const float *v,
+                     float scale, float *out, float *lse) {
+  static_assert(D % kWarpSize == 0, "head_dim must be a multiple of 32");
+  constexpr int kPerLane = D / kWarpSize;
+  const int32_t qHead = blockIdx.y, kvHead = qHead / G;
+  const int64_t qStride = static_cast<int64_t>(gridDim.y) * D;
+  const int64_t kvStride = static_cast<int64_t>(gridDim.y / G) * D;
+  const int32_t tile = blockIdx.x * kPrefillQueryTile;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+
+  __shared__ float keys[kKeyTile][D + 1], values[kKeyTile][D + 1];
+  __shared__ float queries[kPrefillQueryTile][D];
+  for (int i = threadIdx.x; i < kPrefillQueryTile * D; i += kPrefillThreads) {
+    const int r = i / D, c = i % D;
+    const int32_t t = tile + r;
+    queries[r][c] = t < n ? q[t * qStride + qHead * D + c] : 0.0f;
+  }
+  float m[kPrefillQueriesPerWarp], z[kPrefillQueriesPerWarp];
+  float acc[kPrefillQueriesPerWarp][kPerLane];
+#pragma unroll
+  for (int r = 0; r < kPrefillQueriesPerWarp; ++r) {
+    m[r] = kNegInf;
+    z[r] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < kPerLane; ++x)
+      acc[r][x] = 0.0f;
+  }
+  const int32_t last = min(tile + kPrefillQueryTile, n) - 1;
+  for (int32_t k0 = 0; k0 <= last; k0 += kKeyTile) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < kKeyTile * D; i += kPrefillThreads) {
+      const int r = i / D, c = i % D;
+      const int32_t j = k0 + r;
+      keys[r][c] = j < n ? k[j * kvStride + kvHead * D + c] : 0.0f;
+      values[r][c] = j < n ? v[j * kvStride + kvHead * D + c] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kPrefillQueriesPerWarp; ++r) {
+      const int row = warp * kPrefillQueriesPerWarp + r;
+      const int32_t t = tile + row;
+      if (t >= n || k0 > t) // Uniform over the warp.
+        continue;
+      float dot = 0.0f;
+#pragma unroll 8
+      for (int c = 0; c < D; ++c)
+        dot += queries[row][c] * keys[lane][c];
+      const float l = k0 + lane <= t ? dot * scale : kNegInf;
+      const float mNew = fmaxf(m[r], warpMax(l));
+      const float p = expf(l - mNew);
+      const float rescale = expf(m[r] - mNew);
+      z[r] = z[r] * rescale + warpSum(p);
+      m[r] = mNew;
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x)
+        acc[r][x] *= rescale;
+      for (int j = 0; j < kKeyTile; ++j) {
+        const float pj = __shfl_sync(kFullMask, p, j);
+#pragma unroll
+        for (int x = 0; x < kPerLane; ++x)
+          acc[r][x] += pj * values[j][lane + x * kWarpSize];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kPrefillQueriesPerWarp; ++r) {
+    const int32_t t = tile + warp * kPrefillQueriesPerWarp + r;
+    if (t >= n)
+      continue;
+    if (out)
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x)
+        out[t * qStride + qHead * D + lane + x * kWarpSize] = acc[r][x] / z[r];
+    if (lane == 0)
+      lse[static_cast<int64_t>(qHead) * n + t] = m[r] + logf(z[r]);
+  }
+}
+
+/// Column statistics of the prompt's attention, one block per tile of 32
+/// keys of one kv-head (grid: key tiles x kv_heads), recomputing
+/// p = exp(q.k * scale - lse) with the log-sum-exp of prefillAttention:
+///  - `windowProbs` (when given): for the G query heads, the mean over the
+///    last w = min(window, n) queries of p for the entries before the
+///    window, 0 for the window entries themselves;
+///  - `accumulated` (when given): the sum over all queries of p.
+/// Buffers are per kv-head, G rows of n. Warps split the queries; their
+/// sums are added in warp order, so the result is deterministic.
+template <int G, int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
+                       const float *k, float scale, const float *lse,
+                       int32_t window, float *windowProbs,
+                       float *accumulated) {
+  const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
+  const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
+  const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int32_t w = min(window, n);
+  __shared__ float keys[kKeyTile][D + 1];
+  __shared__ float queries[kPrefillWarps][D];
+  __shared__ float sums[kPrefillWarps][2][G][kWarpSize];
+  for (int i = threadIdx.x; i < kKeyTile * D; i += kPrefillThreads) {
+    const int r = i / D, c = i % D;
+    keys[r][c] = col0 + r < n ? k[(col0 + r) * kvStride + h * D + c] : 0.0f;
+  }
+  __syncthreads();
+  const int32_t col = col0 + lane;
+  float windowSum[G], totalSum[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    windowSum[g] = totalSum[g] = 0.0f;
+  // Queries that can see a key of this tile and matter to a statistic.
+  const int32_t first = accumulated ? col0 : max(col0, n - w);
+  for (int32_t t = first + warp; t < n; t += kPrefillWarps) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int32_t qHead = h * G + g;
+      __syncwarp();
+      for (int c = lane; c < D; c += kWarpSize)
+        queries[warp][c] = q[t * qStride + qHead * D + c];
+      __syncwarp();
+      float dot = 0.0f;
+#pragma unroll 8
+      for (int c = 0; c < D; ++c)
+        dot += queries[warp][c] * keys[lane][c];
+      const float p =
+          col <= t && col < n
+              ? expf(dot * scale - lse[static_cast<int64_t>(qHead) * n + t])
+              : 0.0f;
+      totalSum[g] += p;
+      if (t >= n - w)
+        windowSum[g] += p;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    sums[warp][0][g][lane] = windowSum[g];
+    sums[warp][1][g][lane] = totalSum[g];
+  }
+  __syncthreads();
+  if (warp != 0 || col >= n)
+    return;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float ws = 0.0f, ts = 0.0f;
+    for (int x = 0; x < kPrefillWarps; ++x) {
+      ws += sums[x][0][g][lane];
+      ts += sums[x][1][g][lane];
+    }
+    const int64_t at = (static_cast<int64_t>(h) * G + g) * n + col;
+    if (windowProbs)
+      windowProbs[at] = col < n - w ? ws / w : 0.0f;
+    if (accumulated)
+      accumulated[at] = ts;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Score transforms (block functions over one kv-head's buffers)
+//===----------------------------------------------------------------------===//
+
+/// out[i] = reduce over g of in[g * stride + i].
+template <int kThreads>
+__device__ void groupReduce(const float *in, int groups, int64_t stride,
+                            int32_t n, Reduce kind, float *out) {
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+    for (int g = 0; g < groups; ++g) {
+      const float x = in[g * stride + i];
+      r = kind == Reduce::Max ? fmaxf(r, x) : r + x;
+    }
+    out[i] = kind == Reduce::Mean ? r / groups : r;
+  }
+  __syncthreads();
+}
+
+/// 1-D pooling along n tokens with an odd kernel, stride 1, "same" padding:
+/// zeros counted in the divisor (average) or -infinity (maximum).
+template <int kThreads>
+__device__ void pool(const float *in, int32_t n, int32_t kernel, bool max,
+                     float *out) {
+  const int32_t half = kernel / 2;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    float r = max ? kNegInf : 0.0f;
+    for (int32_t j = ::max(0, i - half); j <= ::min(n - 1, i + half); ++j)
+      r = max ? fmaxf(r, in[j]) : r + in[j];
+    out[i] = max ? r : r / kernel;
+  }
+  __syncthreads();
+}
+
+/// Normalizes the live entries of one buffer (population deviation; a zero
+/// deviation, sum or maximum gives zeros), in double like the CPU backend.
+template <int kThreads>
+__device__ void normalize(const float *in, const int32_t *positions, int32_t n,
+                          Normalize kind, float *out) {
+  double sum = 0.0, sq = 0.0, mx = -__builtin_huge_val();
+  int32_t live = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    if (positions[i] == KVC_POSITION_NONE)
+      continue;
+    ++live;
+    sum += in[i];
+    sq += static_cast<double>(in[i]) * in[i];
+    mx = fmax(mx, static_cast<double>(in[i]));
+  }
+  sum = blockReduce<kThreads>(sum);
+  sq = blockReduce<kThreads>(sq);
+  mx = blockReduce<kThreads, true>(mx);
+  live = blockReduce<kThreads>(live);
+  const double mean = live ? sum / live : 0.0;
+  const double sd = live ? sqrt(fmax(0.0, sq / live - mean * mean)) : 0.0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    double x = in[i];
+    switch (kind) {
+    case Normalize::ZScore:
+      x = sd > 0.0 ? (x - mean) / sd : 0.0;
+      break;
+    case Normalize::Sum:
+      x = sum != 0.0 ? x / sum : 0.0;
+      break;
+    case Normalize::Max:
+      x = mx != 0.0 ? x / mx : 0.0;
+      break;
+    }
+    out[i] = static_cast<float>(x);
+  }
+  __syncthreads();
+}
+
+/// Sets the score of the `sinks` oldest and the `recent` newest live entries
+/// (by original position, found by radix selection) to +infinity.
+template <int kThreads>
+__device__ void protect(const float *in, const int32_t *positions, int32_t n,
+                        int32_t sinks, int32_t recent, float *out) {
+  const int32_t live = countLive<kThreads>(positions, n);
+  for (int32_t i = threadIdx.x; i < n; i += kThreads)
+    out[i] = in[i];
+  __syncthreads();
+  if (live == 0)
+    return;
+  auto keyOf = [&](int32_t i, uint64_t *key) {
+    *key = static_cast<uint32_t>(positions[i]);
+    return positions[i] != KVC_POSITION_NONE;
+  };
+  // Positions <= lowCut are sinks, positions >= highCut recent.
+  int64_t lowCut = -1, highCut = INT64_MAX;
+  if (sinks > 0)
+    lowCut = static_cast<int64_t>(
+        blockSelectKth<kThreads, 32>(n, min(sinks, live), keyOf));
+  if (recent > 0)
+    highCut = static_cast<int64_t>(blockSelectKth<kThreads, 32>(
+        n, live - min(recent, live) + 1, keyOf));
+  for (int32_t i = threadIdx.x; i < n; i += kThreads)
+    if (positions[i] != KVC_POSITION_NONE &&
+        (positions[i] <= lowCut || positions[i] >= highCut))
+      out[i] = kPosInf;
+  __syncthreads();
+}
+
+/// ||row_i||_p (p = 1 or 2) of n rows of D floats, `stride` floats apart.
+template <int kThreads>
+__device__ void rowNorms(const float *rows, int64_t stride, int32_t n, int dim,
+                         int p, float *out) {
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    double s = 0.0;
+    for (int c = 0; c < dim; ++c) {
+      const double x = rows[i * stride + c];
+      s += p == 1 ? fabs(x) : x * x;
+    }
+    out[i] = static_cast<float>(p == 1 ? s : sqrt(s));
+  }
+  __syncthreads();
+}
+
+/// KeyDiff: -cos(k_i, mean_j k_j / ||k_j||) over n prompt keys.
+template <int kThreads, int D>
+__device__ void keyDiversity(const float *rows, int64_t stride, int32_t n,
+                             float *out) {
+  __shared__ double mean[D];
+  __shared__ double meanNorm;
+  rowNorms<kThreads>(rows, stride, n, D, 2, out); // out holds ||k_i||.
+  for (int c = threadIdx.x; c < D; c += kThreads) {
+    double s = 0.0;
+    for (int32_t i = 0; i < n; ++i)
+      if (out[i] > 0.0f)
+        s += rows[i * stride + c] / static_cast<double>(out[i]);
+    mean[c] = s / (n > 1 ? n : 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0.0;
+    for (int c = 0; c < D; ++c)
+      s += mean[c] * mean[c];
+    meanNorm = sqrt(s);
+  }
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    double dot = 0.0;
+    for (int c = 0; c < D; ++c)
+      dot += rows[i * stride + c] * mean[c];
+    const double denom = static_cast<double>(out[i]) * meanNorm;
+    out[i] = static_cast<float>(denom > 0.0 ? -dot / denom : 0.0);
+  }
+  __syncthreads();
+}
+
+//===----------------------------------------------------------------------===//
+// Budgets and selection
+//===----------------------------------------------------------------------===//
+
+/// PyramidKV integer budget of `layer` for a prompt of `length` tokens,
+/// window entries included (the rule of kvc_cpu.h's pyramidBudget).
+__host__ __device__ inline int64_t pyramidBudget(int64_t capacity,
+                                                 int64_t window, int64_t beta,
+                                                 int64_t layers, int64_t layer,
+                                                 int64_t length) {
+  if (length < capacity)
+    return length;
+  const int64_t c = capacity - window;
+  if (length < 2 * c)
+    return c + window;
+  int64_t lo = c / beta;
+  int64_t hi = 2 * c - lo;
+  if (hi >= length - window) {
+    hi = length - window;
+    lo = 2 * c - hi;
+  }
+  const int64_t step = layers > 1 ? (hi - lo) / (layers - 1) : 0;
+  return hi - layer * step + window;
+}
+
+/// Flags in `victim` the live entries outside the top `budget` by score and
+/// returns their count: the `drop` smallest of the keys (score, position),
+/// positions ordered so that ties evict the older entry when `tieRecent`
+/// (the newer otherwise). The drop-th key is found by radix selection;
+/// entries equal to it (only possible with repeated positions) are taken in
+/// index order, so exactly `drop` are flagged.
+template <int kThreads>
+__device__ int32_t selectVictims(const float *scores, const int32_t *positions,
+                                 int32_t n, int64_t budget, bool tieRecent,
+                                 uint8_t *victim) {
+  const int32_t live = countLive<kThreads>(positions, n);
+  const int64_t drop = live > budget ? live - budget : 0;
+  auto keyOf = [&](int32_t i, uint64_t *key) {
+    const uint32_t pos = static_cast<uint32_t>(positions[i]);
+    *key = static_cast<uint64_t>(orderedBits(scores[i])) << 32 |
+           (tieRecent ? pos : ~pos);
+    return positions[i] != KVC_POSITION_NONE;
+  };
+  for (int32_t i = threadIdx.x; i < n; i += kThreads)
+    victim[i] = 0;
+  __syncthreads();
+  if (drop == 0)
+    return 0;
+  const uint64_t threshold = blockSelectKth<kThreads, 64>(n, drop, keyOf);
+  int32_t less = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    uint64_t key;
+    if (keyOf(i, &key) && key < threshold) {
+      victim[i] = 1;
+      ++less;
+    }
+  }
+  less = blockReduce<kThreads>(less);
+  int32_t taken = 0;
+  for (int32_t base = 0; base < n; base += kThreads) {
+    const int32_t i = base + threadIdx.x;
+    uint64_t key = 0;
+    const bool equal = i < n && keyOf(i, &key) && key == threshold;
+    int32_t total = 0;
+    const int32_t rank = blockExclusiveScan<kThreads>(equal, &total);
+    if (equal && less + taken + rank < drop)
+      victim[i] = 1;
+    taken += total;
+  }
+  __syncthreads();
+  return static_cast<int32_t>(drop);
+}
+
+/// Writes, in ascending order, the indices i < n with keep(i) to `list`
+/// and their count to *count (thread 0). Block-wide prefix sums.
+template <int kThreads, typename Keep>
+__device__ void compactIndices(int32_t n, Keep keep, int32_t *list,
+                               int32_t *count) {
+  int32_t written = 0;
+  for (int32_t base = 0; base < n; base += kThreads) {
+    const int32_t i = base + threadIdx.x;
+    const bool k = i < n && keep(i);
+    int32_t total = 0;
+    const int32_t at = blockExclusiveScan<kThreads>(k, &total);
+    if (k)
+      list[written + at] = i;
+    written += total;
+  }
+  if (threadIdx.x == 0)
+    *count = written;
+  __syncthreads();
+}
+
+//===----------------------------------------------------------------------===//
+// Host side: workspace carving and the staging of the runtime's tables
+//===----------------------------------------------------------------------===//
+
+/// Alignment of every workspace buffer.
+constexpr uint64_t kWorkspaceAlignment = 256;
+
+/// Bump allocator over a device workspace. With a null base it only
+/// counts, so a workspace-size query and the entry point carve alike.
+class Carver {
+public:
+  explicit Carver(void *base) : base_(static_cast<char *>(base)) {}
+  template <typename T> T *take(int64_t count) {
+    offset_ = (offset_ + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
+              kWorkspaceAlignment;
+    T *p = base_ ? reinterpret_cast<T *>(base_ + offset_) : nullptr;
+    offset_ += static_cast<uint64_t>(count > 0 ? count : 0) * sizeof(T);
+    return p;
+  }
+  uint64_t bytes() const { return offset_; }
+
+private:
+  char *base_;
+  uint64_t offset_ = 0;
+};
+
+/// Workspace bytes TableStager::upload needs for `heads` heads of at most
+/// `slots` slots (a page holds at least one slot).
+inline uint64_t tableBytes(int32_t heads, int64_t slots) {
+  return static_cast<uint64_t>(heads) *
+             (sizeof(HeadTable) + 16 * 4 +
+              static_cast<uint64_t>(slots) *
+                  (sizeof(uint64_t) + sizeof(int32_t) + sizeof(float))) +
+         kWorkspaceAlignment;
+}
+
+/// Snapshot of the runtime's host bookkeeping of one (sequence, layer) for
+/// the device: per kv-head, the device address of every page, the position
+/// of every slot and (optionally) the score state, packed into one host
+/// image that a single cudaMemcpyAsync uploads.
+class TableStager {
+public:
+  /// Reads the tables of `heads` kv-heads through the runtime.
+  kvc_status_t gather(kvc_context_t *context, uint64_t sequence,
+                      int32_t layer, int32_t heads, bool withState) {
+    try {
+      heads_ = heads;
+      withState_ = withState;
+      meta_.assign(heads, kvc_metadata_t{});
+      pages_.assign(heads, {});
+      maxSlots_ = 0;
+      for (int32_t h = 0; h < heads; ++h) {
+        KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta_[h]));
+        int32_t numPages = 0;
+        KVC_CUDA_TRY(kvc_get_num_pages(context, sequence, layer, h, &numPages));
+        pages_[h].resize(numPages);
+        for (int32_t p = 0; p < numPages; ++p) {
+          void *address = nullptr;
+          KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, h, p, nullptr,
+                                    nullptr, &address));
+          pages_[h][p] = reinterpret_cast<uint64_t>(address);
+        }
+        maxSlots_ = maxSlots_ > meta_[h].num_slots ? maxSlots_
+                                                   : meta_[h].num_slots;
+      }
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host staging allocation failed");
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// Uploads the snapshot into `region` (tableBytes(heads, maxSlots()) bytes
+  /// of device workspace) on `stream`; *heads receives the device array of
+  /// HeadTable.
+  kvc_status_t upload(void *region, cudaStream_t stream, const char *name,
+                      const HeadTable **heads) {
+    try {
+      std::vector<HeadTable> tables(heads_);
+      uint64_t at = align(sizeof(HeadTable) * heads_);
+      std::vector<uint64_t> offsets(3 * heads_);
+      for (int32_t h = 0; h < heads_; ++h) {
+        offsets[3 * h] = at;
+        at = align(at + sizeof(uint64_t) * pages_[h].size());
+        offsets[3 * h + 1] = at;
+        at = align(at + sizeof(int32_t) * meta_[h].num_slots);
+        offsets[3 * h + 2] = at;
+        if (withState_)
+          at = align(at + sizeof(float) * meta_[h].num_slots);
+      }
+      image_.assign(at, 0);
+      char *device = static_cast<char *>(region);
+      for (int32_t h = 0; h < heads_; ++h) {
+        const int32_t slots = meta_[h].num_slots;
+        std::memcpy(image_.data() + offsets[3 * h], pages_[h].data(),
+                    sizeof(uint64_t) * pages_[h].size());
+        std::memcpy(image_.data() + offsets[3 * h + 1], meta_[h].position,
+                    sizeof(int32_t) * slots);
+        if (withState_)
+          std::memcpy(image_.data() + offsets[3 * h + 2], meta_[h].score,
+                      sizeof(float) * slots);
+        tables[h].pages =
+            reinterpret_cast<const uint64_t *>(device + offsets[3 * h]);
+        tables[h].positions =
+            reinterpret_cast<const int32_t *>(device + offsets[3 * h + 1]);
+        tables[h].state =
+            withState_ ? reinterpret_cast<float *>(device + offsets[3 * h + 2])
+                       : nullptr;
+        tables[h].numSlots = slots;
+        tables[h].numPages = static_cast<int32_t>(pages_[h].size());
+      }
+      std::memcpy(image_.data(), tables.data(), sizeof(HeadTable) * heads_);
+      stateOffsets_.resize(heads_);
+      for (int32_t h = 0; h < heads_; ++h)
+        stateOffsets_[h] = offsets[3 * h + 2];
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host staging allocation failed");
+    }
+    // Pageable source: the call returns once the image is staged, so the
+    // host buffer may change afterwards.
+    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image_.data(), image_.size(),
+                                         cudaMemcpyHostToDevice, stream));
+    *heads = static_cast<const HeadTable *>(region);
+    return KVC_STATUS_OK;
+  }
+
+  /// Copies the device score state (after the kernels ran and the stream
+  /// was synchronized) back into the runtime's metadata.
+  kvc_status_t downloadState(const void *region, const char *name) {
+    const char *device = static_cast<const char *>(region);
+    for (int32_t h = 0; h < heads_; ++h)
+      KVC_CUDA_CHECK(name, cudaMemcpy(meta_[h].score,
+                                      device + stateOffsets_[h],
+                                      sizeof(float) * meta_[h].num_slots,
+                                      cudaMemcpyDeviceToHost));
+    return KVC_STATUS_OK;
+  }
+
+  int32_t maxSlots() const { return maxSlots_; }
+  const kvc_metadata_t &metadata(int32_t h) const { return meta_[h]; }
+  uint64_t pageAddress(int32_t h, int32_t page) const { return pages_[h][page]; }
+
+private:
+  static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
+  int32_t heads_ = 0, maxSlots_ = 0;
+  bool withState_ = false;
+  std::vector<kvc_metadata_t> meta_;
+  std::vector<std::vector<uint64_t>> pages_;
+  std::vector<uint64_t> stateOffsets_;
+  std::vector<char> image_;
+};
+
+/// The StoreEntry of slot `slot` of a head whose page addresses `pages`
+/// (pool addresses from kvc_get_page) are known on the host.
+inline StoreEntry storeEntry(const kvc_page_layout_t &layout, int32_t pageSize,
+                             uint64_t pageAddress, int32_t slot, int32_t head,
+                             int32_t row, uint64_t keyRowBytes) {
+  const uint64_t o = static_cast<uint64_t>(slot % pageSize);
+  StoreEntry e;
+  e.key = pageAddress + layout.key_offset + o * keyRowBytes;
+  e.value = pageAddress + layout.value_offset + o * keyRowBytes;
+  e.keyScale = pageAddress + layout.key_param_offset + o * sizeof(float);
+  e.valueScale = pageAddress + layout.value_param_offset + o * sizeof(float);
+  e.head = head;
+  e.row = row;
+  return e;
+}
+
+/// How decode splits the slots of a head: `splits` blocks per kv-head of
+/// `slotsPerSplit` slots each.
+struct SplitPlan {
+  int32_t splits;
+  int32_t slotsPerSplit;
+};
+
+/// Enough splits to fill the device with kv_heads x splits blocks without
+/// making a split shorter than `minSlotsPerSplit` (or more than `maxSplits`).
+inline SplitPlan planSplits(int32_t maxSlots, int32_t maxSplits,
+                            int32_t minSlotsPerSplit) {
+  int32_t splits = (maxSlots + minSlotsPerSplit - 1) / minSlotsPerSplit;
+  splits = splits < 1 ? 1 : (splits > maxSplits ? maxSplits : splits);
+  int32_t per = (maxSlots + splits - 1) / splits;
+  return SplitPlan{splits, per < 1 ? 1 : per};
+}
+
+/// Uploads `entries` to `region` and launches storeEntries on `stream`.
+template <int D, Storage S>
+kvc_status_t launchStores(const std::vector<StoreEntry> &entries,
+                          StoreEntry *region, const float *k, const float *v,
+                          int64_t kvStride, cudaStream_t stream,
+                          const char *name) {
+  if (entries.empty())
+    return KVC_STATUS_OK;
+  KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, entries.data(),
+                                       sizeof(StoreEntry) * entries.size(),
+                                       cudaMemcpyHostToDevice, stream));
+  constexpr int kWarps = kStoreThreads / kWarpSize;
+  const int32_t count = static_cast<int32_t>(entries.size());
+  storeEntries<D, S><<<(count + kWarps - 1) / kWarps, kStoreThreads, 0,
+                       stream>>>(region, count, k, v, kvStride);
+  KVC_CUDA_CHECK(name, cudaGetLastError());
+  return KVC_STATUS_OK;
+}
+
+} // namespace kvc::cuda
+
+#endif // KVC_RUNTIME_KVC_CUDA_CUH
