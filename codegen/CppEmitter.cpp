@@ -223,6 +223,8 @@ private:
   llvm::DenseMap<Value, std::string> budgets;
   SmallVector<Buffer> floatBuffers;
   AttentionPassOp attention;
+  /// The merge that folds evicted prompt entries into kept ones, if any.
+  Operation *merge = nullptr;
   /// The group-reduced accumulated state exists (decode: in the runtime's
   /// score metadata; prefill: computed for the gather).
   bool hasState = false;
@@ -325,8 +327,40 @@ void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
         "sizeof(float) * kHeadDim);\n"
         "      keptPositions[kept] = positions[i];\n"
         "      keptIndex[kept++] = i;\n"
-        "    }\n"
-        "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, "
+        "    }\n";
+  if (merge) {
+    os << "    " << opComment(merge) << "\n";
+    llvm::TypeSwitch<Operation *>(merge)
+        .Case([&](MergeNearestOp nearest) {
+          const char *rule = "SimNorm";
+          if (nearest.getWeight() == MergeWeight::similarity)
+            rule = "Similarity";
+          else if (nearest.getWeight() == MergeWeight::uniform)
+            rule = "Uniform";
+          os << "    kvc::cpu::mergeNearest(kh, vh, kKvStride, victims, "
+                "numVictims, gatherKeys, gatherValues, kept, kHeadDim, "
+                "kvc::cpu::MergeWeight::"
+             << rule << ", mergeScratch);\n";
+        })
+        .Case([&](MergeD2OOp d2o) {
+          // The prompt is the first merge step: the EMA threshold starts
+          // from 0.
+          os << "    kvc::cpu::mergeD2O(kh, vh, kKvStride, victims, "
+                "numVictims, gatherKeys, gatherValues, kept, kHeadDim, 0.0, "
+             << floatLiteral(d2o.getAlpha().convertToDouble()) << ", "
+             << floatLiteral(d2o.getBeta().convertToDouble())
+             << ", mergeScratch);\n";
+        })
+        .Case([&](MergeCamOp cam) {
+          os << "    kvc::cpu::groupReduce(windowProbs, kGroup, n, "
+                "kvc::cpu::Reduce::Mean, camAttention);\n"
+                "    kvc::cpu::mergeCam(vh, kKvStride, camAttention, "
+                "n - std::min(kWindow, n), victims, numVictims, keptIndex, "
+                "gatherValues, kept, kHeadDim, "
+             << cam.getSpan() << ");\n";
+        });
+  }
+  os << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, "
         "kHeadDim, gatherKeys, gatherValues, keptPositions, slots));\n";
   if (hasState) {
     // The per-entry state carried into decode is the group-reduced sum,
@@ -554,6 +588,19 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           os << "    // The gather below skips the victims.\n";
         return success();
       })
+      .Case<MergeNearestOp, MergeD2OOp, MergeCamOp>(
+          [&](Operation *mergeOp) -> LogicalResult {
+            if (decode)
+              return unsupported(mergeOp);
+            if (auto cam = dyn_cast<MergeCamOp>(mergeOp))
+              if (!attention || !attention.getWindow())
+                return unsupported(mergeOp,
+                                   "CaM reads a window attention statistic");
+            merge = mergeOp;
+            os << "    // Evicted entries merge into kept ones in the gather "
+                  "below.\n";
+            return success();
+          })
       .Default([&](Operation *other) { return unsupported(other); });
 }
 
@@ -576,7 +623,13 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
                      (attention.getLast() || attention.getAccumulate());
   const bool gathers = !decode && !kernel.getBody().front().getOps<GatherOp>().empty();
   SmallVector<std::pair<std::string, std::string>> floats, ints;
-  // Each entry: name, rows (multiples of n).
+  // Each entry: name, rows (multiples of n). Doubles of the merges come
+  // first, where the workspace is aligned.
+  const bool mergeScratch = merge && !isa<MergeCamOp>(merge);
+  if (mergeScratch)
+    floats.push_back({"mergeScratchRows", "2 * (2 * kHeadDim + 4)"});
+  if (merge && isa<MergeCamOp>(merge))
+    floats.push_back({"camAttention", "1"});
   floats.push_back({"logits", decode ? "kGroup" : "1"});
   if (!decode && window)
     floats.push_back({"windowProbs", "kGroup"});
@@ -690,6 +743,9 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   for (auto &[bufName, rows] : ints)
     out << "    int32_t *" << bufName
         << " = reinterpret_cast<int32_t *>(ws);\n    ws += n;\n";
+  if (mergeScratch)
+    out << "    double *mergeScratch = "
+           "reinterpret_cast<double *>(mergeScratchRows);\n";
   if (selects)
     out << "    int32_t numVictims = 0;\n";
   out << body;

@@ -583,6 +583,178 @@ inline void selectVictims(const float *scores, const int32_t *positions,
   std::sort(victims, victims + drop);
 }
 
+//===----------------------------------------------------------------------===//
+// Merges of evicted prompt entries into kept ones
+//
+// The kept entries are the `kept` rows of keptKeys/keptValues (contiguous,
+// head_dim floats each), taken from prompt rows keptIndex[] (ascending); the
+// evicted entries are prompt rows victims[] (ascending) of keys/values (row
+// stride `stride`). Similarities are cosines computed in double precision;
+// a tie goes to the later kept entry.
+//===----------------------------------------------------------------------===//
+
+/// Weight rules of merge-into-nearest.
+enum class MergeWeight { SimNorm, Similarity, Uniform };
+
+namespace detail {
+inline double rowNorm(const float *row, int dim) {
+  double s = 0.0;
+  for (int c = 0; c < dim; ++c)
+    s += static_cast<double>(row[c]) * row[c];
+  return std::sqrt(s);
+}
+
+/// The kept entry most cosine-similar to `key`, and that similarity.
+inline std::pair<int32_t, double> nearestKept(const float *key,
+                                              const float *keptKeys,
+                                              const double *keptNorms,
+                                              int32_t kept, int dim) {
+  const double keyNorm = rowNorm(key, dim);
+  int32_t best = -1;
+  double bestSim = -INFINITY;
+  for (int32_t t = 0; t < kept; ++t) {
+    double dotProduct = 0.0;
+    for (int c = 0; c < dim; ++c)
+      dotProduct += static_cast<double>(key[c]) * keptKeys[t * dim + c];
+    const double denom = keyNorm * keptNorms[t];
+    const double sim = denom > 0.0 ? dotProduct / denom : 0.0;
+    if (best < 0 || sim >= bestSim) {
+      best = t;
+      bestSim = sim;
+    }
+  }
+  return {best, bestSim};
+}
+} // namespace detail
+
+/// Merge into nearest: each evicted value goes to the kept entry with the
+/// most similar key, weight w by `rule` (SimNorm: max(sim, 0) * |v_e| /
+/// (|v_e| + |v_t|) with the kept value's original norm); then v_t <- (v_t +
+/// sum w v_e) / (1 + sum w). Keys are unchanged. `scratch` holds
+/// kept * (head_dim + 3) doubles.
+inline void mergeNearest(const float *keys, const float *values,
+                         int64_t stride, const int32_t *victims,
+                         int32_t numVictims, float *keptKeys,
+                         float *keptValues, int32_t kept, int dim,
+                         MergeWeight rule, double *scratch) {
+  double *keyNorms = scratch, *valueNorms = scratch + kept,
+         *weights = scratch + 2 * kept, *sums = scratch + 3 * kept;
+  for (int32_t t = 0; t < kept; ++t) {
+    keyNorms[t] = detail::rowNorm(keptKeys + t * dim, dim);
+    valueNorms[t] = detail::rowNorm(keptValues + t * dim, dim);
+    weights[t] = 0.0;
+  }
+  std::fill(sums, sums + static_cast<int64_t>(kept) * dim, 0.0);
+  for (int32_t j = 0; j < numVictims; ++j) {
+    const float *key = keys + victims[j] * stride;
+    const float *value = values + victims[j] * stride;
+    auto [t, sim] =
+        detail::nearestKept(key, keptKeys, keyNorms, kept, dim);
+    if (t < 0)
+      continue;
+    double w = 1.0;
+    if (rule != MergeWeight::Uniform)
+      w = std::max(sim, 0.0);
+    if (rule == MergeWeight::SimNorm) {
+      const double ne = detail::rowNorm(value, dim), nt = valueNorms[t];
+      w = ne + nt > 0.0 ? w * ne / (ne + nt) : 0.0;
+    }
+    weights[t] += w;
+    for (int c = 0; c < dim; ++c)
+      sums[t * dim + c] += w * value[c];
+  }
+  for (int32_t t = 0; t < kept; ++t)
+    for (int c = 0; c < dim; ++c)
+      keptValues[t * dim + c] = static_cast<float>(
+          (keptValues[t * dim + c] + sums[t * dim + c]) / (1.0 + weights[t]));
+}
+
+/// D2O: each evicted key finds its most similar kept key with similarity
+/// s_e; the threshold becomes tau <- alpha * tau + beta * mean_e s_e; the
+/// evicted entries with s_e >= tau merge into their target as the weighted
+/// mean of keys and values, weight exp(s_e) for merged entries and exp(1)
+/// for the kept entry itself. Returns the new threshold. `scratch` holds
+/// kept * (2 * head_dim + 2) + numVictims * 2 doubles.
+inline double mergeD2O(const float *keys, const float *values, int64_t stride,
+                       const int32_t *victims, int32_t numVictims,
+                       float *keptKeys, float *keptValues, int32_t kept,
+                       int dim, double threshold, double alpha, double beta,
+                       double *scratch) {
+  if (numVictims == 0)
+    return threshold;
+  double *keyNorms = scratch, *weights = scratch + kept,
+         *keySums = scratch + 2 * kept,
+         *valueSums = keySums + static_cast<int64_t>(kept) * dim,
+         *sims = valueSums + static_cast<int64_t>(kept) * dim,
+         *targets = sims + numVictims;
+  double meanSim = 0.0;
+  for (int32_t t = 0; t < kept; ++t)
+    keyNorms[t] = detail::rowNorm(keptKeys + t * dim, dim);
+  for (int32_t j = 0; j < numVictims; ++j) {
+    auto [t, sim] = detail::nearestKept(keys + victims[j] * stride, keptKeys,
+                                        keyNorms, kept, dim);
+    targets[j] = t;
+    sims[j] = sim;
+    meanSim += sim / numVictims;
+  }
+  const double tau = alpha * threshold + beta * meanSim;
+  const double self = std::exp(1.0);
+  for (int32_t t = 0; t < kept; ++t) {
+    weights[t] = self;
+    for (int c = 0; c < dim; ++c) {
+      keySums[t * dim + c] = self * keptKeys[t * dim + c];
+      valueSums[t * dim + c] = self * keptValues[t * dim + c];
+    }
+  }
+  for (int32_t j = 0; j < numVictims; ++j) {
+    const int32_t t = static_cast<int32_t>(targets[j]);
+    if (t < 0 || sims[j] < tau)
+      continue;
+    const double w = std::exp(sims[j]);
+    weights[t] += w;
+    for (int c = 0; c < dim; ++c) {
+      keySums[t * dim + c] += w * keys[victims[j] * stride + c];
+      valueSums[t * dim + c] += w * values[victims[j] * stride + c];
+    }
+  }
+  for (int32_t t = 0; t < kept; ++t)
+    for (int c = 0; c < dim; ++c) {
+      keptKeys[t * dim + c] =
+          static_cast<float>(keySums[t * dim + c] / weights[t]);
+      keptValues[t * dim + c] =
+          static_cast<float>(valueSums[t * dim + c] / weights[t]);
+    }
+  return tau;
+}
+
+/// CaM: each evicted value is added, times p_e / m, to the next `m` kept
+/// entries after it (fewer at the end), with p_e = clamp(A_e / mean(A), 0,
+/// 1) the expected value of CaM's Bernoulli mask, the mean taken over the
+/// `observed` first entries (those the attention window scores). `attention`
+/// holds A for the n prompt entries. Values only.
+inline void mergeCam(const float *values, int64_t stride,
+                     const float *attention, int32_t observed,
+                     const int32_t *victims, int32_t numVictims,
+                     const int32_t *keptIndex, float *keptValues,
+                     int32_t kept, int dim, int32_t m) {
+  double windowMean = 0.0;
+  for (int32_t i = 0; i < observed; ++i)
+    windowMean += static_cast<double>(attention[i]) / observed;
+  int32_t first = 0; // The first kept entry after the current victim.
+  for (int32_t j = 0; j < numVictims; ++j) {
+    const int32_t e = victims[j];
+    const double p =
+        windowMean > 0.0 ? std::clamp(attention[e] / windowMean, 0.0, 1.0)
+                         : 0.0;
+    while (first < kept && keptIndex[first] <= e)
+      ++first;
+    for (int32_t t = first; t < std::min(kept, first + m); ++t)
+      for (int c = 0; c < dim; ++c)
+        keptValues[t * dim + c] +=
+            static_cast<float>(p * values[e * stride + c] / m);
+  }
+}
+
 } // namespace kvc::cpu
 
 #endif // KVC_RUNTIME_KVC_CPU_H

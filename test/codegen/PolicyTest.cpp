@@ -32,6 +32,10 @@
 #include "kvc_snapkv_kivi2_cpu.h"
 #include "kvc_snapkv_maxpool_cpu.h"
 #include "kvc_value_aware_cpu.h"
+#include "kvc_cam_cpu.h"
+#include "kvc_d2o_cpu.h"
+#include "kvc_h2o_merge_cpu.h"
+#include "kvc_merge_nearest_cpu.h"
 #endif
 
 #include "test/reference/Reference.h"
@@ -70,6 +74,16 @@ double roundToStored(double x) {
   return static_cast<double>(static_cast<float>(x));
 #endif
 }
+
+/// One unit in the last place of the element type, relative.
+constexpr double kStoredUlp =
+#if defined(KVC_TEST_DTYPE_f16)
+    0x1p-10;
+#elif defined(KVC_TEST_DTYPE_bf16)
+    0x1p-7;
+#else
+    0x1p-23;
+#endif
 
 /// The C entry points of one generated library.
 struct Api {
@@ -161,6 +175,9 @@ struct Model {
   int64_t capacity = 0; ///< Pyramid capacity (0: none).
   int beta = 20;
   double decay = 1.0; ///< Of the accumulated attention.
+  /// What happens to the prompt entries the prefill selection evicts.
+  enum class Merge { None, Nearest, D2O, Cam } merge = Merge::None;
+  int camSpan = 4;
   bool evictsAtDecode = false;
   /// Storage format and the analytic error bound of one stored element.
   enum class Storage { Full, Kivi2, Kivi4, Int8, Fp8 } storage = Storage::Full;
@@ -205,6 +222,14 @@ std::vector<Case> allCases() {
   snapkvMax.count = 1024;
   Model valueAware{Model::Score::ValueAware, 0, 64};
   valueAware.count = 1024;
+  Model mergeNearest = snapkv;
+  mergeNearest.merge = Model::Merge::Nearest;
+  Model h2oMerge = h2o;
+  h2oMerge.merge = Model::Merge::Nearest;
+  Model d2o = h2o;
+  d2o.merge = Model::Merge::D2O;
+  Model cam = snapkv;
+  cam.merge = Model::Merge::Cam;
 #ifdef KVC_TEST_UNFUSED
   return {{KVC_API_UNFUSED_BOTH(streaming_llm), streaming},
           {KVC_API_UNFUSED_BOTH(h2o), h2o},
@@ -225,7 +250,11 @@ std::vector<Case> allCases() {
           {KVC_API(keydiff), keydiff},
           {KVC_API(a2sf), a2sf},
           {KVC_API(snapkv_maxpool), snapkvMax},
-          {KVC_API(value_aware), valueAware}};
+          {KVC_API(value_aware), valueAware},
+          {KVC_API(merge_nearest), mergeNearest},
+          {KVC_API(h2o_merge), h2oMerge},
+          {KVC_API(d2o), d2o},
+          {KVC_API(cam), cam}};
 #endif
 }
 
@@ -285,6 +314,45 @@ ref::Vector accumulated(const ref::Matrix &p, double decay) {
   for (int t = 0; t < p.rows; ++t)
     state = ref::decayedAccumulate(state, p.row(t), decay);
   return state;
+}
+
+/// CaM's merged values from its definition, written independently of the
+/// kernels: A = the window attention averaged over the group, normalized by
+/// its mean over the observed prefix; each evicted value adds p_e * v_e / m
+/// to the next m kept entries, p_e = clamp(A_e / mean, 0, 1).
+ref::Matrix camExpected(const std::vector<ref::Matrix> &probabilities,
+                        const ref::Matrix &values, const std::vector<int> &kept,
+                        int window, int span) {
+  const int n = values.rows, w = std::min(window, n);
+  ref::Vector a(n, 0.0);
+  for (const ref::Matrix &p : probabilities) {
+    ref::Vector mean = ref::windowMean(p, w);
+    for (int i = 0; i < n - w; ++i)
+      a[i] += mean[i] / probabilities.size();
+  }
+  double prefixMean = 0.0;
+  for (int i = 0; i < n - w; ++i)
+    prefixMean += a[i] / (n - w);
+  ref::Matrix merged(static_cast<int>(kept.size()), values.cols);
+  for (size_t t = 0; t < kept.size(); ++t)
+    for (int c = 0; c < values.cols; ++c)
+      merged.at(static_cast<int>(t), c) = values.at(kept[t], c);
+  std::set<int> keptSet(kept.begin(), kept.end());
+  for (int e = 0; e < n; ++e) {
+    if (keptSet.count(e))
+      continue;
+    const double p =
+        prefixMean > 0.0 ? std::clamp(a[e] / prefixMean, 0.0, 1.0) : 0.0;
+    int merges = 0;
+    for (size_t t = 0; t < kept.size() && merges < span; ++t) {
+      if (kept[t] <= e)
+        continue;
+      ++merges;
+      for (int c = 0; c < values.cols; ++c)
+        merged.at(static_cast<int>(t), c) += p * values.at(e, c) / span;
+    }
+  }
+  return merged;
 }
 
 /// Largest error of one element of `x` stored in `storage`, from the
@@ -505,6 +573,33 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
         actual.insert(pos);
       expectSameKept(sel, actual, where + " prefill");
 
+      // What the kept entries hold after the policy's merge.
+      ref::Matrix expectedKeys(kPrompt, kDim), expectedValues(kPrompt, kDim);
+      expectedKeys.data = keys.data;
+      expectedValues.data = values.data;
+      if (m.merge != Model::Merge::None) {
+        std::vector<int> kept;
+        for (int pos : actual)
+          kept.push_back(pos);
+        ref::Matrix mergedKeys, mergedValues;
+        if (m.merge == Model::Merge::Nearest) {
+          mergedValues = ref::mergeIntoNearest(keys, values, kept);
+        } else if (m.merge == Model::Merge::D2O) {
+          ref::D2OResult r = ref::d2oMerge(keys, values, kept, 0.0, 0.5, 0.5);
+          mergedKeys = r.keys;
+          mergedValues = r.values;
+        } else {
+          mergedValues = camExpected(att.probabilities, values, kept,
+                                     m.window, m.camSpan);
+        }
+        for (size_t t = 0; t < kept.size(); ++t)
+          for (int c = 0; c < kDim; ++c) {
+            expectedValues.at(kept[t], c) = mergedValues.at(t, c);
+            if (m.merge == Model::Merge::D2O)
+              expectedKeys.at(kept[t], c) = mergedKeys.at(t, c);
+          }
+      }
+
       // Stored data and accumulated state of every live entry.
       kvc_metadata_t meta{};
       ASSERT_EQ(kvc_get_metadata(context, 0, layer, h, &meta), KVC_STATUS_OK);
@@ -528,7 +623,18 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           valueAbs = std::max(valueAbs, std::fabs(values.at(pos, c)));
         }
         for (int c = 0; c < kDim; ++c) {
-          if (!m.quantized()) {
+          if (m.merge != Model::Merge::None) {
+            // Merged rows are sums computed in float against double: one
+            // rounding step of the element type either way.
+            const double ek = roundToStored(expectedKeys.at(pos, c));
+            const double ev = roundToStored(expectedValues.at(pos, c));
+            ASSERT_NEAR(key[c], ek,
+                        1.5 * kStoredUlp * std::max(1.0, std::fabs(ek)) + 1e-6)
+                << where << " merged key " << pos;
+            ASSERT_NEAR(value[c], ev,
+                        1.5 * kStoredUlp * std::max(1.0, std::fabs(ev)) + 1e-6)
+                << where << " merged value " << pos;
+          } else if (!m.quantized()) {
             ASSERT_EQ(key[c], roundToStored(keys.at(pos, c)))
                 << where << " key " << pos;
             ASSERT_EQ(value[c], roundToStored(values.at(pos, c)))
