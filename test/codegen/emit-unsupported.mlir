@@ -30,13 +30,26 @@ kvc.policy @key_norm_at_decode {
 
 // -----
 
-kvc.policy @merge {
-  kvc.phase after_prefill {
-    %w = kvc.attn_window size 8
-    %g = kvc.group_reduce mean %w
+kvc.policy @merge_at_decode {
+  kvc.phase every_step {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
     %b = kvc.budget_uniform count 64
     %k = kvc.topk %g, %b tie recent : !kvc.score<kv_head>
-    // expected-error @below {{'kvc.merge_nearest' op is not supported by the cpu emitter in a prefill kernel yet}}
+    // expected-error @below {{'kvc.merge_nearest' op is not supported by the cpu emitter in a decode kernel yet}}
     kvc.merge_nearest %k weight sim_norm
+  }
+}
+
+// -----
+
+kvc.policy @cam_without_window {
+  kvc.phase after_prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %g, %b tie recent : !kvc.score<kv_head>
+    // expected-error @below {{'kvc.merge_cam' op is not supported by the cpu emitter in a prefill kernel yet: CaM reads a window attention statistic}}
+    kvc.merge_cam %k span 4
   }
 }
