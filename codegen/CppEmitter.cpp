@@ -566,6 +566,27 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
            << pyramid.getBeta() << ", kLayers, layer, n);\n";
         return success();
       })
+      .Case([&](BudgetHeadClassesOp classes) -> LogicalResult {
+        std::string b = "budget" + std::to_string(budgets.size());
+        std::string table = "kHeadClasses" + std::to_string(budgets.size());
+        budgets[classes] = b;
+        os << "    // 1: retrieval head (keeps everything), 0: streaming head.\n"
+           << "    static constexpr int8_t " << table
+           << "[kLayers][kKvHeads] = {";
+        auto shape = cast<ShapedType>(classes.getTable().getType()).getShape();
+        SmallVector<APInt> entries(classes.getTable().getValues<APInt>());
+        for (int64_t l = 0; l < shape[0]; ++l) {
+          os << (l ? ", " : "") << "{";
+          for (int64_t h = 0; h < shape[1]; ++h)
+            os << (h ? ", " : "") << entries[l * shape[1] + h].getZExtValue();
+          os << "}";
+        }
+        os << "};\n";
+        os << "    const int64_t " << b << " = " << table
+           << "[layer][h] ? std::numeric_limits<int64_t>::max() : "
+           << classes.getSinks() + classes.getRecent() << ";\n";
+        return success();
+      })
       .Case([&](TopKOp topk) -> LogicalResult {
         if (!budgets.count(topk.getBudget()))
           return unsupported(op, "its budget has no generated form");

@@ -37,6 +37,9 @@
 #include "kvc_h2o_merge_cpu.h"
 #include "kvc_merge_nearest_cpu.h"
 #endif
+#ifdef KVC_TEST_HEAD_CLASSES
+#include "kvc_duo_small_cpu.h"
+#endif
 
 #include "test/reference/Reference.h"
 
@@ -178,6 +181,14 @@ struct Model {
   /// What happens to the prompt entries the prefill selection evicts.
   enum class Merge { None, Nearest, D2O, Cam } merge = Merge::None;
   int camSpan = 4;
+  /// Head classes (DuoAttention): 1 keeps everything, 0 keeps `count`.
+  std::vector<std::vector<int>> headClasses;
+
+  int64_t budgetOf(int layer, int head, int64_t n) const {
+    if (!headClasses.empty() && headClasses[layer][head])
+      return n;
+    return count;
+  }
   bool evictsAtDecode = false;
   /// Storage format and the analytic error bound of one stored element.
   enum class Storage { Full, Kivi2, Kivi4, Int8, Fp8 } storage = Storage::Full;
@@ -230,6 +241,9 @@ std::vector<Case> allCases() {
   d2o.merge = Model::Merge::D2O;
   Model cam = snapkv;
   cam.merge = Model::Merge::Cam;
+  Model duo = streaming;
+  duo.count = 4 + 60;
+  duo.headClasses = {{0, 1, 0}, {1, 0, 0}};
 #ifdef KVC_TEST_UNFUSED
   return {{KVC_API_UNFUSED_BOTH(streaming_llm), streaming},
           {KVC_API_UNFUSED_BOTH(h2o), h2o},
@@ -254,7 +268,11 @@ std::vector<Case> allCases() {
           {KVC_API(merge_nearest), mergeNearest},
           {KVC_API(h2o_merge), h2oMerge},
           {KVC_API(d2o), d2o},
-          {KVC_API(cam), cam}};
+          {KVC_API(cam), cam},
+#ifdef KVC_TEST_HEAD_CLASSES
+          {KVC_API(duo_small), duo},
+#endif
+  };
 #endif
 }
 
@@ -462,7 +480,8 @@ protected:
   /// The selection the reference model makes after prefill.
   Selection prefillSelection(const std::vector<ref::Matrix> &probabilities,
                              const ref::Matrix &keys,
-                             const ref::Matrix &values, int layer) {
+                             const ref::Matrix &values, int layer,
+                             int head) {
     const Model &m = test.model;
     Selection sel;
     const int n = kPrompt;
@@ -506,7 +525,7 @@ protected:
         }
     }
     sel.scores = ref::protect(reduced, m.sinks, m.recent);
-    int64_t budget = m.count ? ref::uniformBudget(n, m.count)
+    int64_t budget = m.count ? ref::uniformBudget(n, m.budgetOf(layer, head, n))
                              : ref::pyramidBudgets(m.capacity, m.window,
                                                    m.beta, n, kLayers)
                                    .total[layer];
@@ -566,7 +585,8 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
       EXPECT_LT(worst, 2e-4) << where << ": prefill output";
 
       // Kept set.
-      Selection sel = prefillSelection(att.probabilities, keys, values, layer);
+      Selection sel =
+          prefillSelection(att.probabilities, keys, values, layer, h);
       std::map<int, int> live = livePositions(layer, h);
       std::set<int> actual;
       for (auto &[pos, slot] : live)
@@ -670,9 +690,14 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
     const int32_t position = kPrompt + step;
     for (int layer = 0; layer < kLayers; ++layer) {
       LayerInputs in = makeInputs(rng, 1, structured, position);
+      // The workspace is sized by the largest head of the layer.
       int32_t slots = 0;
-      ASSERT_EQ(kvc_get_num_slots(context, 0, layer, 0, &slots),
-                KVC_STATUS_OK);
+      for (int h = 0; h < kKvHeads; ++h) {
+        int32_t headSlots = 0;
+        ASSERT_EQ(kvc_get_num_slots(context, 0, layer, h, &headSlots),
+                  KVC_STATUS_OK);
+        slots = std::max(slots, headSlots);
+      }
       std::vector<char> ws(test.api.decodeBytes(slots + 2 * kPageSize));
       std::vector<float> out(in.q.size());
       ASSERT_EQ(test.api.decode(context, 0, layer, in.q.data(), in.k.data(),
@@ -763,7 +788,10 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           entries = sorted;
           Selection sel;
           sel.scores = ref::protect(sortedBase, m.sinks, m.recent);
-          sel.kept = ref::topK(sel.scores, static_cast<int>(m.count));
+          sel.kept = ref::topK(
+              sel.scores, static_cast<int>(std::min<int64_t>(
+                              m.budgetOf(layer, h, entries.size()),
+                              entries.size())));
           std::map<int, int> live = livePositions(layer, h);
           std::set<int> actualIdx;
           for (size_t i = 0; i < entries.size(); ++i)
