@@ -11,6 +11,7 @@
 
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -207,6 +208,13 @@ private:
   }
 
   LogicalResult emitStage(Operation *op, raw_ostream &os);
+  /// True if every user of `op` runs after the loop it is emitted in.
+  bool usedOnlyAcrossHeads(Operation *op) {
+    return crossOp && op->isBeforeInBlock(crossOp) &&
+           llvm::all_of(op->getUsers(), [&](Operation *user) {
+             return user == crossOp || crossOp->isBeforeInBlock(user);
+           });
+  }
   LogicalResult emitAttentionPass(AttentionPassOp pass, raw_ostream &os);
   void emitGather(GatherOp gather, raw_ostream &os);
   /// Emits `body` once per query head row of a per-query buffer, or once.
@@ -221,8 +229,15 @@ private:
 
   llvm::DenseMap<Value, Buffer> values;
   llvm::DenseMap<Value, std::string> budgets;
+  /// The expression of every head-independent budget, so that a loop other
+  /// than the one that declared it can recompute it.
+  llvm::DenseMap<Value, std::string> budgetExprs;
   SmallVector<Buffer> floatBuffers;
   AttentionPassOp attention;
+  /// The op that needs every head of the layer (kvc.layer_reduce,
+  /// kvc.budget_adaptive): the kernel then runs two loops over the heads,
+  /// before and after it.
+  Operation *crossOp = nullptr;
   /// The merge that folds evicted prompt entries into kept ones, if any.
   Operation *merge = nullptr;
   /// The group-reduced accumulated state exists (decode: in the runtime's
@@ -280,18 +295,13 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
   os << "    " << opComment(pass) << "\n";
   const bool acc = pass.getAccumulate().has_value();
   if (!decode) {
-    if (pass.getWindow() && pass.getLast())
-      return unsupported(pass, "a window and the last query in one kernel");
-    std::string window = pass.getWindow()
-                             ? "kWindow"
-                             : (pass.getLast() ? "1" : "0");
     std::string outArg = pass.getOutput() ? "oh" : "nullptr";
     os << "    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, "
           "kh, vh, kKvStride, kSoftmaxScale, "
-       << outArg << ", " << window << ", "
-       << (pass.getWindow() || pass.getLast() ? "windowProbs" : "nullptr")
-       << ", " << (acc ? "accumulated, kDecay" : "nullptr, 1.0f")
-       << ", logits);\n";
+       << outArg << ", " << (pass.getWindow() ? "kWindow" : "0") << ", "
+       << (pass.getWindow() ? "windowProbs" : "nullptr") << ", "
+       << (pass.getLast() ? "lastProbs" : "nullptr") << ", "
+       << (acc ? "accumulated, kDecay" : "nullptr, 1.0f") << ", logits);\n";
     hasState = acc;
     return success();
   }
@@ -407,7 +417,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](AttnLastOp last) -> LogicalResult {
-        bind(last, decode ? "probs" : "windowProbs", true);
+        bind(last, decode ? "probs" : "lastProbs", true);
         return success();
       })
       .Case([&](AttnAccumulateOp acc) -> LogicalResult {
@@ -545,15 +555,23 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         std::string b = "budget" + std::to_string(budgets.size());
         budgets[uniform] = b;
         if (std::optional<int64_t> count = uniform.getCount()) {
-          os << "    const int64_t " << b << " = " << *count << ";\n";
+          budgetExprs[uniform] = std::to_string(*count);
+          if (usedOnlyAcrossHeads(uniform))
+            os << "    // Used after the loop over heads.\n";
+          else
+            os << "    const int64_t " << b << " = " << *count << ";\n";
           return success();
         }
         if (decode)
           return unsupported(op, "decode-time eviction needs a count budget");
-        os << "    const int64_t " << b
-           << " = static_cast<int64_t>(n * (1.0 - "
-           << floatLiteral(uniform.getRatio()->convertToDouble())
-           << "));\n";
+        budgetExprs[uniform] =
+            "static_cast<int64_t>(n * (1.0 - " +
+            floatLiteral(uniform.getRatio()->convertToDouble()) + "))";
+        if (usedOnlyAcrossHeads(uniform))
+          os << "    // Used after the loop over heads.\n";
+        else
+          os << "    const int64_t " << b << " = " << budgetExprs[uniform]
+             << ";\n";
         return success();
       })
       .Case([&](BudgetPyramidOp pyramid) -> LogicalResult {
@@ -561,9 +579,16 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           return unsupported(op, "decode-time eviction needs a count budget");
         std::string b = "budget" + std::to_string(budgets.size());
         budgets[pyramid] = b;
-        os << "    const int64_t " << b << " = kvc::cpu::pyramidBudget("
-           << pyramid.getCapacity() << ", " << pyramid.getWindow() << ", "
-           << pyramid.getBeta() << ", kLayers, layer, n);\n";
+        budgetExprs[pyramid] = "kvc::cpu::pyramidBudget(" +
+                               std::to_string(pyramid.getCapacity()) + ", " +
+                               std::to_string(pyramid.getWindow()) + ", " +
+                               std::to_string(pyramid.getBeta()) +
+                               ", kLayers, layer, n)";
+        if (usedOnlyAcrossHeads(pyramid))
+          os << "    // Used after the loop over heads.\n";
+        else
+          os << "    const int64_t " << b << " = " << budgetExprs[pyramid]
+             << ";\n";
         return success();
       })
       .Case([&](BudgetHeadClassesOp classes) -> LogicalResult {
@@ -591,7 +616,8 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         if (!budgets.count(topk.getBudget()))
           return unsupported(op, "its budget has no generated form");
         if (cast<ScoreType>(topk.getScore().getType()).getGranularity() ==
-            Granularity::layer)
+                Granularity::layer &&
+            !crossOp)
           return unsupported(op, "layer-wide selection");
         os << "    kvc::cpu::selectVictims("
            << values.lookup(topk.getScore()).name << ", positions, n, "
@@ -625,24 +651,159 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Default([&](Operation *other) { return unsupported(other); });
 }
 
+/// Rows of a buffer, as a C++ expression.
+static std::string rowsOf(bool perQuery) { return perQuery ? "kGroup" : "1"; }
+
 LogicalResult KernelEmitter::emit(raw_ostream &out) {
-  // Stages first, into a buffer: they decide which workspace buffers exist.
-  std::string body;
-  llvm::raw_string_ostream os(body);
+  Block &block = kernel.getBody().front();
+  for (Operation &op : block)
+    if (isa<LayerReduceOp, BudgetAdaptiveOp>(op)) {
+      crossOp = &op;
+      break;
+    }
+
+  // Stages first, into buffers: they decide which workspace buffers exist.
+  // Ops before the cross-head op run in the first loop over heads, the
+  // cross-head op between the loops, the rest in the second loop.
+  std::string bodyA, bodyB, cross;
+  llvm::raw_string_ostream osA(bodyA), osB(bodyB), osCross(cross);
   AppendOp append;
-  for (Operation &op : kernel.getBody().front()) {
+  bool afterCross = false;
+  for (Operation &op : block) {
     if (auto a = dyn_cast<AppendOp>(op))
       append = a;
-    if (failed(emitStage(&op, os)))
+    if (&op == crossOp) {
+      afterCross = true;
+      continue; // Emitted below, once the live-outs are known.
+    }
+    if (afterCross)
+      continue; // After the cross-head op, below.
+    if (failed(emitStage(&op, osA)))
       return failure();
   }
 
+  // Across heads: the buffers the second loop reads from the first
+  // (persisted per head), and the cross-head op itself.
+  const bool gathersEntries = !decode && !block.getOps<GatherOp>().empty();
+  SmallVector<std::pair<std::string, std::string>> liveOuts;
+  /// The live-outs the second loop reads (the rest only feed the cross op).
+  SmallVector<std::string> restoredNames;
+  SmallVector<Operation *> redeclaredBudgets;
+  std::string persistRows, crossConstant;
+  if (crossOp) {
+    llvm::SmallDenseSet<Value> seen;
+    auto addLiveOut = [&](Value v) {
+      if (!values.count(v) || !seen.insert(v).second)
+        return;
+      Buffer b = values.lookup(v);
+      for (auto &[name, rows] : liveOuts)
+        if (name == b.name)
+          return;
+      liveOuts.push_back({b.name, rowsOf(b.perQuery)});
+    };
+    bool inB = false;
+    for (Operation &op : block) {
+      if (&op == crossOp) {
+        inB = true;
+        for (Value operand : op.getOperands())
+          addLiveOut(operand);
+        continue;
+      }
+      if (!inB)
+        continue;
+      for (Value operand : op.getOperands()) {
+        Operation *def = operand.getDefiningOp();
+        if (def && def->isBeforeInBlock(crossOp)) {
+          if (budgets.count(operand)) {
+            if (!budgetExprs.count(operand))
+              return unsupported(def, "a per-head budget across two loops");
+            if (!llvm::is_contained(redeclaredBudgets, def))
+              redeclaredBudgets.push_back(def);
+            continue;
+          }
+          addLiveOut(operand);
+          if (values.count(operand))
+            restoredNames.push_back(values.lookup(operand).name);
+        }
+      }
+    }
+    if (hasState && gathersEntries) {
+      if (!llvm::any_of(liveOuts,
+                        [](auto &l) { return l.first == "accumulated"; }))
+        liveOuts.push_back({"accumulated", "kGroup"});
+      restoredNames.push_back("accumulated");
+    }
+    for (auto &[bufName, rows] : liveOuts)
+      persistRows += " + kKvHeads * " + rows;
+    if (decode)
+      persistRows += " + kKvHeads"; // Positions of every head.
+
+    osCross << "  " << opComment(crossOp) << "\n";
+    if (auto reduce = dyn_cast<LayerReduceOp>(crossOp)) {
+      Buffer in = values.lookup(reduce.getInput());
+      std::string rows = rowsOf(in.perQuery);
+      persistRows += " + 1";
+      if (decode)
+        osCross
+            << "  // Layer-wide scores index slots: every head must hold the "
+               "same entries.\n"
+               "  for (int32_t h = 1; h < kKvHeads; ++h)\n"
+               "    if (std::memcmp(persistedPositions + h * stride, "
+               "persistedPositions, sizeof(int32_t) * stride) != 0)\n"
+            << "      return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
+            << ": the heads of a layer-wide policy hold different entries\");\n";
+      const char *init = reduce.getKind() == ReduceKind::max
+                             ? "kvc::cpu::kNegInf"
+                             : "0.0f";
+      osCross << "  for (int64_t i = 0; i < stride; ++i) {\n"
+              << "    float r = " << init << ";\n"
+              << "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+              << "      for (int32_t g = 0; g < " << rows << "; ++g) {\n"
+              << "        const float x = persisted_" << in.name << "[(h * "
+              << rows << " + g) * stride + i];\n"
+              << "        r = "
+              << (reduce.getKind() == ReduceKind::max ? "std::max(r, x)"
+                                                       : "r + x")
+              << ";\n      }\n"
+              << "    layerScore[i] = r"
+              << (reduce.getKind() == ReduceKind::mean
+                      ? " / (kKvHeads * " + rows + ")"
+                      : "")
+              << ";\n  }\n";
+      bind(reduce, "layerScore", false);
+    } else {
+      auto adaptive = cast<BudgetAdaptiveOp>(crossOp);
+      Operation *base = adaptive.getBase().getDefiningOp();
+      if (!budgetExprs.count(adaptive.getBase()))
+        return unsupported(crossOp, "its base budget is per head");
+      Buffer score = values.lookup(adaptive.getScore());
+      persistRows += " + 2 * kKvHeads"; // int64 order of every entry.
+      crossConstant = " + 2 * kKvHeads"; // int64 budget of every head.
+      osCross << "  kvc::cpu::adaptiveBudgets(persisted_" << score.name << ", "
+              << (decode ? "persistedPositions, stride" : "positions, 0")
+              << ", kKvHeads, n, stride, " << budgetExprs.lookup(adaptive.getBase())
+              << ", " << floatLiteral(adaptive.getAlpha().convertToDouble())
+              << ", adaptiveBudgets, adaptiveOrder);\n";
+      (void)base;
+      budgets[adaptive] = "adaptiveBudgets[h]";
+    }
+    // The second loop's stages, which read the cross-head result by name.
+    afterCross = false;
+    for (Operation &op : block) {
+      if (&op == crossOp) {
+        afterCross = true;
+        continue;
+      }
+      if (afterCross && failed(emitStage(&op, osB)))
+        return failure();
+    }
+  }
+
   // Workspace: float rows of n entries, int rows of n entries.
-  const bool window = attention && (attention.getWindow() || attention.getLast());
   const bool acc = attention && attention.getAccumulate();
   const bool probs = decode && attention &&
                      (attention.getLast() || attention.getAccumulate());
-  const bool gathers = !decode && !kernel.getBody().front().getOps<GatherOp>().empty();
+  const bool gathers = !decode && !block.getOps<GatherOp>().empty();
   SmallVector<std::pair<std::string, std::string>> floats, ints;
   // Each entry: name, rows (multiples of n). Doubles of the merges come
   // first, where the workspace is aligned.
@@ -652,8 +813,10 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   if (merge && isa<MergeCamOp>(merge))
     floats.push_back({"camAttention", "1"});
   floats.push_back({"logits", decode ? "kGroup" : "1"});
-  if (!decode && window)
+  if (!decode && attention && attention.getWindow())
     floats.push_back({"windowProbs", "kGroup"});
+  if (!decode && attention && attention.getLast())
+    floats.push_back({"lastProbs", "kGroup"});
   if (!decode && acc)
     floats.push_back({"accumulated", "kGroup"});
   if (!decode && acc && gathers)
@@ -661,13 +824,13 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   if (probs)
     floats.push_back({"probs", "kGroup"});
   for (const Buffer &b : floatBuffers)
-    floats.push_back({b.name, b.perQuery ? "kGroup" : "1"});
+    floats.push_back({b.name, rowsOf(b.perQuery)});
   if (gathers) {
     floats.push_back({"gatherKeys", "kHeadDim"});
     floats.push_back({"gatherValues", "kHeadDim"});
   }
   bool selects = false, orders = false;
-  for (Operation &op : kernel.getBody().front()) {
+  for (Operation &op : block) {
     selects |= isa<TopKOp>(op);
     orders |= isa<TopKOp, ProtectOp>(op);
   }
@@ -680,6 +843,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     ints.push_back({"keptIndex", "1"});
     ints.push_back({"slots", "1"});
   }
+
   std::string rowSum;
   for (auto &[bufName, rows] : floats)
     rowSum += (rowSum.empty() ? "" : " + ") + rows;
@@ -689,10 +853,13 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
 
   // The workspace query.
   out << "/// Rows of " << entries
-      << " floats or ints this kernel carves from its workspace.\n";
-  out << workspaceDeclaration() << " {\n";
+      << " floats or ints this kernel carves from its workspace";
+  if (crossOp)
+    out << ", after what it keeps of every head between its two loops";
+  out << ".\n" << workspaceDeclaration() << " {\n";
   out << "  return sizeof(float) * (static_cast<uint64_t>(" << entries
-      << ") * (" << rowSum << "));\n}\n\n";
+      << ") * (" << rowSum << persistRows << ")"
+      << (crossOp ? " + 16" + crossConstant : "") << ");\n}\n\n";
 
   // The entry point.
   out << "/// " << documentation() << "\n";
@@ -722,9 +889,103 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
       << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
       << ": the context's geometry is not the policy's\");\n";
 
-  out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n";
-  if (decode) {
-    out << "    int32_t slotsBefore = 0;\n"
+  // Cross-head kernels: the region kept between the loops comes first.
+  std::string carveBase = "static_cast<float *>(workspace)";
+  if (crossOp) {
+    if (decode) {
+      out << "  // Every head's buffers share one stride: the largest slot "
+             "count after the append.\n"
+             "  int64_t stride = 0;\n"
+             "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+             "    int32_t slots = 0;\n"
+             "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
+             "&slots));\n"
+             "    stride = std::max<int64_t>(stride, slots + "
+             "config.page_size);\n"
+             "  }\n"
+          << "  if (workspace_bytes < " << name
+          << "_workspace_bytes(static_cast<int32_t>(stride)))\n"
+          << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+          << name << ": workspace smaller than " << name
+          << "_workspace_bytes(slots + page_size)\");\n";
+    } else {
+      out << "  const int64_t stride = n;\n";
+    }
+    out << "  float *acrossHeads = static_cast<float *>(workspace);\n";
+    if (isa<BudgetAdaptiveOp>(crossOp))
+      out << "  int64_t *adaptiveBudgets = "
+             "reinterpret_cast<int64_t *>(acrossHeads);\n"
+             "  acrossHeads += 2 * kKvHeads;\n"
+             "  int64_t *adaptiveOrder = "
+             "reinterpret_cast<int64_t *>(acrossHeads);\n"
+             "  acrossHeads += 2 * kKvHeads * stride;\n";
+    for (auto &[bufName, rows] : liveOuts)
+      out << "  float *persisted_" << bufName
+          << " = acrossHeads;\n  acrossHeads += kKvHeads * " << rows
+          << " * stride;\n";
+    if (decode)
+      out << "  int32_t *persistedPositions = "
+             "reinterpret_cast<int32_t *>(acrossHeads);\n"
+             "  acrossHeads += kKvHeads * stride;\n";
+    if (isa<LayerReduceOp>(crossOp))
+      out << "  float *layerScore = acrossHeads;\n  acrossHeads += stride;\n";
+    out << "  // Per-head buffers start 64-byte aligned after it.\n"
+           "  float *perHead = acrossHeads + (16 - (acrossHeads - "
+           "static_cast<float *>(workspace)) % 16) % 16;\n";
+    carveBase = "perHead";
+  }
+
+  // Carves the buffers that `uses` (the loop's code) names.
+  auto emitCarve = [&](raw_ostream &o, const std::string &uses) {
+    auto used = [&](StringRef bufName) {
+      for (size_t at = uses.find(bufName.str()); at != std::string::npos;
+           at = uses.find(bufName.str(), at + 1)) {
+        auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
+        bool before = at > 0 && isWord(uses[at - 1]);
+        size_t end = at + bufName.size();
+        bool after = end < uses.size() && isWord(uses[end]);
+        if (!before && !after)
+          return true;
+      }
+      return false;
+    };
+    o << "    float *ws = " << carveBase << ";\n";
+    for (auto &[bufName, rows] : floats) {
+      if (!used(bufName) &&
+          !(bufName == "mergeScratchRows" && used("mergeScratch")))
+        continue;
+      o << "    float *" << bufName << " = ws;\n    ws += static_cast<int64_t>("
+        << rows << ") * n;\n";
+    }
+    for (auto &[bufName, rows] : ints) {
+      if (!used(bufName))
+        continue;
+      o << "    int32_t *" << bufName
+        << " = reinterpret_cast<int32_t *>(ws);\n    ws += n;\n";
+    }
+    if (mergeScratch && used("mergeScratch"))
+      o << "    double *mergeScratch = "
+           "reinterpret_cast<double *>(mergeScratchRows);\n";
+    if (used("numVictims"))
+      o << "    int32_t numVictims = 0;\n";
+  };
+  auto emitPrefillHead = [&](raw_ostream &o, bool first) {
+    if (first)
+      o << "    int32_t existing = 0;\n"
+           "    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
+           "&existing));\n"
+        << "    if (existing != 0)\n"
+        << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
+        << name << ": prefill needs an empty cache\");\n"
+        << "    const float *qh = q + h * kGroup * kHeadDim;\n";
+    o << "    const float *kh = k + h * kHeadDim;\n"
+         "    const float *vh = v + h * kHeadDim;\n";
+    if (first && writesOutput(kernel))
+      o << "    float *oh = out + h * kGroup * kHeadDim;\n";
+  };
+  auto emitDecodeHead = [&](raw_ostream &o, bool first) {
+    if (first && !crossOp)
+      o << "    int32_t slotsBefore = 0;\n"
            "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
            "&slotsBefore));\n"
         << "    if (workspace_bytes < " << name
@@ -732,44 +993,65 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
         << "      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
         << name << ": workspace smaller than " << name
         << "_workspace_bytes(slots + page_size)\");\n";
-    if (append) {
-      out << "    " << opComment(append) << "\n";
-      out << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, 1, "
-             "kHeadDim, k + h * kHeadDim, v + h * kHeadDim, &position, "
-             "nullptr));\n";
+    if (first && append) {
+      o << "    " << opComment(append) << "\n";
+      o << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, 1, "
+           "kHeadDim, k + h * kHeadDim, v + h * kHeadDim, &position, "
+           "nullptr));\n";
     }
-    out << "    kvc::cpu::HeadView head;\n"
-           "    KVC_CPU_TRY(head.bind(context, sequence, layer, h));\n"
-           "    const int32_t n = head.numSlots();\n";
-    if (!floatBuffers.empty() || selects)
-      out << "    const int32_t *positions = head.positions();\n";
-  } else {
-    out << "    int32_t existing = 0;\n"
-           "    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
-           "&existing));\n"
-        << "    if (existing != 0)\n"
-        << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
-        << name << ": prefill needs an empty cache\");\n";
-    out << "    const float *qh = q + h * kGroup * kHeadDim;\n"
-           "    const float *kh = k + h * kHeadDim;\n"
-           "    const float *vh = v + h * kHeadDim;\n";
-    if (writesOutput(kernel))
-      out << "    float *oh = out + h * kGroup * kHeadDim;\n";
+    o << "    kvc::cpu::HeadView head;\n"
+         "    KVC_CPU_TRY(head.bind(context, sequence, layer, h));\n"
+         "    const int32_t n = head.numSlots();\n";
+    if (!floatBuffers.empty() || selects || crossOp)
+      o << "    const int32_t *positions = head.positions();\n";
+  };
+
+  if (!crossOp) {
+    out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n";
+    decode ? emitDecodeHead(out, true) : emitPrefillHead(out, true);
+    emitCarve(out, bodyA);
+    out << bodyA;
+    out << "  }\n  return KVC_STATUS_OK;\n}\n";
+    return success();
   }
-  // Carve the workspace.
-  out << "    float *ws = static_cast<float *>(workspace);\n";
-  for (auto &[bufName, rows] : floats)
-    out << "    float *" << bufName << " = ws;\n    ws += static_cast<int64_t>("
-        << rows << ") * n;\n";
-  for (auto &[bufName, rows] : ints)
-    out << "    int32_t *" << bufName
-        << " = reinterpret_cast<int32_t *>(ws);\n    ws += n;\n";
-  if (mergeScratch)
-    out << "    double *mergeScratch = "
-           "reinterpret_cast<double *>(mergeScratchRows);\n";
-  if (selects)
-    out << "    int32_t numVictims = 0;\n";
-  out << body;
+
+  // Loop 1: every head up to the cross-head op, its results kept.
+  std::string keepText, restoreText;
+  llvm::raw_string_ostream keepOs(keepText), restoreOs(restoreText);
+  for (auto &[bufName, rows] : liveOuts) {
+    keepOs << "    for (int64_t r = 0; r < " << rows << "; ++r)\n"
+           << "      std::memcpy(persisted_" << bufName << " + (h * " << rows
+           << " + r) * stride, " << bufName
+           << " + r * n, sizeof(float) * n);\n";
+    if (llvm::is_contained(restoredNames, bufName))
+      restoreOs << "    for (int64_t r = 0; r < " << rows << "; ++r)\n"
+                << "      std::memcpy(" << bufName << " + r * n, persisted_"
+                << bufName << " + (h * " << rows
+                << " + r) * stride, sizeof(float) * n);\n";
+  }
+  out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n";
+  decode ? emitDecodeHead(out, true) : emitPrefillHead(out, true);
+  emitCarve(out, bodyA + keepText);
+  out << bodyA;
+  out << "    // Keep what the cross-head stage and the second loop read.\n"
+      << keepText;
+  if (decode)
+    out << "    std::fill(persistedPositions + h * stride, persistedPositions "
+           "+ (h + 1) * stride, KVC_POSITION_NONE);\n"
+           "    std::memcpy(persistedPositions + h * stride, positions, "
+           "sizeof(int32_t) * n);\n";
+  out << "  }\n";
+  // Between the loops.
+  out << cross;
+  // Loop 2: every head from the cross-head op on.
+  out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n";
+  decode ? emitDecodeHead(out, false) : emitPrefillHead(out, false);
+  emitCarve(out, bodyB + restoreText);
+  out << restoreText;
+  for (Operation *budget : redeclaredBudgets)
+    out << "    const int64_t " << budgets.lookup(budget->getResult(0)) << " = "
+        << budgetExprs.lookup(budget->getResult(0)) << ";\n";
+  out << bodyB;
   out << "  }\n  return KVC_STATUS_OK;\n}\n";
   return success();
 }

@@ -233,6 +233,8 @@ private:
 ///  - `window` > 0: windowProbs[g * n + i] = mean over the last
 ///    w = min(window, n) queries of p_{q,i} for the entries before the
 ///    window, 0 for the w window entries themselves;
+///  - `lastProbs` != nullptr: lastProbs[g * n + i] = p_{n-1,i}, the weights
+///    of the last query over every entry (itself included);
 ///  - `accumulated` != nullptr: accumulated[g * n + i] = the decayed sum
 ///    over all queries t of decay^(n-1-t) * p_{t,i}, i.e. the state
 ///    s <- decay * s + p_t after the last prompt query.
@@ -243,8 +245,8 @@ template <int G, int D>
 void prefillAttention(int32_t n, const float *q, int64_t qStride,
                       const float *k, const float *v, int64_t kvStride,
                       float scale, float *out, int32_t window,
-                      float *windowProbs, float *accumulated, float decay,
-                      float *logits) {
+                      float *windowProbs, float *lastProbs,
+                      float *accumulated, float decay, float *logits) {
   const int32_t w = std::min(window, n);
   if (windowProbs)
     std::fill(windowProbs, windowProbs + static_cast<int64_t>(G) * n, 0.0f);
@@ -277,6 +279,8 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
           accumulated[g * n + i] += p * age;
         if (windowProbs && t >= n - w && i < n - w)
           windowProbs[g * n + i] += p / w;
+        if (lastProbs && t == n - 1)
+          lastProbs[g * n + i] = p;
       }
       if (out)
         std::memcpy(out + t * qStride + g * D, acc, sizeof acc);
@@ -753,6 +757,55 @@ inline void mergeCam(const float *values, int64_t stride,
         keptValues[t * dim + c] +=
             static_cast<float>(p * values[e * stride + c] / m);
   }
+}
+
+//===----------------------------------------------------------------------===//
+// Budgets across the heads of a layer
+//===----------------------------------------------------------------------===//
+
+/// AdaKV's per-head budgets: every head first keeps its top floor(alpha *
+/// budget) entries, then the rest of the layer's heads * budget entries go
+/// to the highest remaining scores of any head (ties: the later entry, then
+/// the later head). scores[h * stride + i] is the score of entry i of head
+/// h, for the entries whose positions[h * positionStride + i] is a live
+/// position (positionStride 0: all heads share one array). Writes the number
+/// each head keeps. `order` is scratch of heads * stride ints.
+inline void adaptiveBudgets(const float *scores, const int32_t *positions,
+                            int64_t positionStride, int32_t heads, int32_t n,
+                            int64_t stride, int64_t budget, double alpha,
+                            int64_t *perHead, int64_t *order) {
+  const int64_t share = static_cast<int64_t>(std::floor(alpha * budget));
+  int64_t remaining = heads * budget, candidates = 0;
+  for (int32_t h = 0; h < heads; ++h) {
+    // The head's live entries, best first.
+    int64_t *mine = order + candidates;
+    int64_t live = 0;
+    for (int32_t i = 0; i < n; ++i)
+      if (positions[h * positionStride + i] != KVC_POSITION_NONE)
+        mine[live++] = h * stride + i;
+    std::sort(mine, mine + live, [&](int64_t a, int64_t b) {
+      if (scores[a] != scores[b])
+        return scores[a] > scores[b];
+      return a > b;
+    });
+    perHead[h] = std::min(share, live);
+    remaining -= perHead[h];
+    // What is left of this head competes globally.
+    std::memmove(order + candidates, mine + perHead[h],
+                 sizeof(int64_t) * (live - perHead[h]));
+    candidates += live - perHead[h];
+  }
+  const int64_t picks = std::max<int64_t>(0, std::min(remaining, candidates));
+  std::partial_sort(order, order + picks, order + candidates,
+                    [&](int64_t a, int64_t b) {
+                      if (scores[a] != scores[b])
+                        return scores[a] > scores[b];
+                      if (a % stride != b % stride)
+                        return a % stride > b % stride;
+                      return a > b;
+                    });
+  for (int64_t j = 0; j < picks; ++j)
+    ++perHead[order[j] / stride];
 }
 
 } // namespace kvc::cpu

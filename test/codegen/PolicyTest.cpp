@@ -36,6 +36,9 @@
 #include "kvc_d2o_cpu.h"
 #include "kvc_h2o_merge_cpu.h"
 #include "kvc_merge_nearest_cpu.h"
+#include "kvc_tova_cpu.h"
+#include "kvc_adakv_cpu.h"
+#include "kvc_pyramidkv_small_adakv_cpu.h"
 #endif
 #ifdef KVC_TEST_HEAD_CLASSES
 #include "kvc_duo_small_cpu.h"
@@ -169,7 +172,8 @@ struct Model {
     Window,
     KeyNorm,
     KeyDiversity,
-    ValueAware
+    ValueAware,
+    LastLayer ///< TOVA: the last query, averaged over every head of the layer.
   } score;
   int sinks = 0, recent = 0;
   int window = 0, poolKernel = 1;
@@ -181,6 +185,8 @@ struct Model {
   /// What happens to the prompt entries the prefill selection evicts.
   enum class Merge { None, Nearest, D2O, Cam } merge = Merge::None;
   int camSpan = 4;
+  /// AdaKV's share of each head's budget (0: no adaptive allocation).
+  double adaptiveAlpha = 0.0;
   /// Head classes (DuoAttention): 1 keeps everything, 0 keeps `count`.
   std::vector<std::vector<int>> headClasses;
 
@@ -241,6 +247,13 @@ std::vector<Case> allCases() {
   d2o.merge = Model::Merge::D2O;
   Model cam = snapkv;
   cam.merge = Model::Merge::Cam;
+  Model tova{Model::Score::LastLayer};
+  tova.count = 1024;
+  tova.evictsAtDecode = true;
+  Model adakv = snapkv;
+  adakv.adaptiveAlpha = 0.2;
+  Model pyramidAdakv = pyramidSmall;
+  pyramidAdakv.adaptiveAlpha = 0.2;
   Model duo = streaming;
   duo.count = 4 + 60;
   duo.headClasses = {{0, 1, 0}, {1, 0, 0}};
@@ -269,6 +282,9 @@ std::vector<Case> allCases() {
           {KVC_API(h2o_merge), h2oMerge},
           {KVC_API(d2o), d2o},
           {KVC_API(cam), cam},
+          {KVC_API(tova), tova},
+          {KVC_API(adakv), adakv},
+          {KVC_API(pyramidkv_small_adakv), pyramidAdakv},
 #ifdef KVC_TEST_HEAD_CLASSES
           {KVC_API(duo_small), duo},
 #endif
@@ -525,12 +541,53 @@ protected:
         }
     }
     sel.scores = ref::protect(reduced, m.sinks, m.recent);
-    int64_t budget = m.count ? ref::uniformBudget(n, m.budgetOf(layer, head, n))
-                             : ref::pyramidBudgets(m.capacity, m.window,
-                                                   m.beta, n, kLayers)
-                                   .total[layer];
-    sel.kept = ref::topK(sel.scores, static_cast<int>(budget));
+    sel.kept = ref::topK(sel.scores, static_cast<int>(budgetOf(layer, head)));
     return sel;
+  }
+
+  /// The budget of one head after prefill.
+  int64_t budgetOf(int layer, int head) const {
+    const Model &m = test.model;
+    return m.count ? ref::uniformBudget(kPrompt, m.budgetOf(layer, head, kPrompt))
+                   : ref::pyramidBudgets(m.capacity, m.window, m.beta, kPrompt,
+                                         kLayers)
+                         .total[layer];
+  }
+
+  /// The selections of every head of a layer: per head, or across heads
+  /// for TOVA (one layer-wide score) and AdaKV (budgets moved between heads).
+  std::vector<Selection>
+  layerSelections(const std::vector<ref::AttentionResult> &atts,
+                  const std::vector<ref::Matrix> &keys,
+                  const std::vector<ref::Matrix> &values, int layer) {
+    const Model &m = test.model;
+    std::vector<Selection> sels(kKvHeads);
+    if (m.score == Model::Score::LastLayer) {
+      ref::Vector layerScore(kPrompt, 0.0);
+      for (const ref::AttentionResult &att : atts)
+        for (const ref::Matrix &p : att.probabilities)
+          for (int i = 0; i < kPrompt; ++i)
+            layerScore[i] += p.at(kPrompt - 1, i) / kQHeads;
+      for (int h = 0; h < kKvHeads; ++h) {
+        sels[h].scores = ref::protect(layerScore, m.sinks, m.recent);
+        sels[h].kept =
+            ref::topK(sels[h].scores, static_cast<int>(budgetOf(layer, h)));
+      }
+      return sels;
+    }
+    for (int h = 0; h < kKvHeads; ++h)
+      sels[h] = prefillSelection(atts[h].probabilities, keys[h], values[h],
+                                 layer, h);
+    if (m.adaptiveAlpha > 0.0) {
+      std::vector<ref::Vector> scores;
+      for (const Selection &sel : sels)
+        scores.push_back(sel.scores);
+      std::vector<std::vector<int>> kept = ref::adaKvSelect(
+          scores, static_cast<int>(budgetOf(layer, 0)), m.adaptiveAlpha);
+      for (int h = 0; h < kKvHeads; ++h)
+        sels[h].kept = kept[h];
+    }
+    return sels;
   }
 
   Case test;
@@ -563,13 +620,22 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
                                out.data(), workspace.data(), workspace.size()),
               KVC_STATUS_OK)
         << kvc_last_error();
+    std::vector<ref::AttentionResult> atts;
+    std::vector<ref::Matrix> headKeys, headValues;
     for (int h = 0; h < kKvHeads; ++h) {
       std::vector<ref::Matrix> queries;
       for (int g = 0; g < kGroup; ++g)
         queries.push_back(headRows(in.q, kPrompt, kQHeads, h * kGroup + g));
-      ref::Matrix keys = headRows(in.k, kPrompt, kKvHeads, h);
-      ref::Matrix values = headRows(in.v, kPrompt, kKvHeads, h);
-      ref::AttentionResult att = ref::attention(queries, {keys}, {values});
+      headKeys.push_back(headRows(in.k, kPrompt, kKvHeads, h));
+      headValues.push_back(headRows(in.v, kPrompt, kKvHeads, h));
+      atts.push_back(ref::attention(queries, {headKeys[h]}, {headValues[h]}));
+    }
+    std::vector<Selection> sels =
+        layerSelections(atts, headKeys, headValues, layer);
+    for (int h = 0; h < kKvHeads; ++h) {
+      const ref::AttentionResult &att = atts[h];
+      const ref::Matrix &keys = headKeys[h];
+      const ref::Matrix &values = headValues[h];
       std::string where = std::string(test.api.name) + " layer " +
                           std::to_string(layer) + " head " + std::to_string(h);
       // Outputs of every prompt query.
@@ -585,8 +651,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
       EXPECT_LT(worst, 2e-4) << where << ": prefill output";
 
       // Kept set.
-      Selection sel =
-          prefillSelection(att.probabilities, keys, values, layer, h);
+      const Selection &sel = sels[h];
       std::map<int, int> live = livePositions(layer, h);
       std::set<int> actual;
       for (auto &[pos, slot] : live)
@@ -705,11 +770,14 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
                                 ws.size()),
                 KVC_STATUS_OK)
           << kvc_last_error();
+      std::vector<ref::AttentionResult> atts(kKvHeads);
+      auto whereOf = [&](int h) {
+        return std::string(test.api.name) + " step " + std::to_string(step) +
+               " layer " + std::to_string(layer) + " head " +
+               std::to_string(h);
+      };
       for (int h = 0; h < kKvHeads; ++h) {
-        std::string where = std::string(test.api.name) + " step " +
-                            std::to_string(step) + " layer " +
-                            std::to_string(layer) + " head " +
-                            std::to_string(h);
+        std::string where = whereOf(h);
         std::vector<RefEntry> &entries = cache[layer][h];
         // The new entry, as stored. KIVI keeps it in the full-precision
         // residual window, so it is rounded like full storage.
@@ -747,20 +815,38 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
             qm.at(0, c) = in.q[(h * kGroup + g) * kDim + c];
           queries.push_back(qm);
         }
-        ref::AttentionResult att = ref::attention(queries, {keys}, {values});
+        atts[h] = ref::attention(queries, {keys}, {values});
         double worst = 0.0;
         for (int g = 0; g < kGroup; ++g)
           for (int c = 0; c < kDim; ++c)
             worst = std::max(worst,
-                             std::fabs(att.output[g].at(0, c) -
+                             std::fabs(atts[h].output[g].at(0, c) -
                                        out[(h * kGroup + g) * kDim + c]));
         EXPECT_LT(worst, 2e-4) << where << ": decode output";
+      }
 
+      // TOVA: the new query's weights averaged over every head of the layer
+      // (every head holds the same entries, in the same order).
+      ref::Vector layerScore(cache[layer][0].size(), 0.0);
+      if (m.score == Model::Score::LastLayer)
+        for (int h = 0; h < kKvHeads; ++h) {
+          ASSERT_EQ(cache[layer][h].size(), layerScore.size());
+          for (const ref::Matrix &p : atts[h].probabilities)
+            for (size_t i = 0; i < layerScore.size(); ++i)
+              layerScore[i] += p.at(0, static_cast<int>(i)) / kQHeads;
+        }
+
+      for (int h = 0; h < kKvHeads; ++h) {
+        std::string where = whereOf(h);
+        std::vector<RefEntry> &entries = cache[layer][h];
+        const ref::AttentionResult &att = atts[h];
         // The reference policy's decode-time eviction.
         if (m.evictsAtDecode) {
           ref::Vector base(entries.size());
           for (size_t i = 0; i < entries.size(); ++i) {
-            if (m.score == Model::Score::Accumulated) {
+            if (m.score == Model::Score::LastLayer) {
+              base[i] = layerScore[i];
+            } else if (m.score == Model::Score::Accumulated) {
               double p = 0.0;
               for (int g = 0; g < kGroup; ++g)
                 p += att.probabilities[g].at(0, i) / kGroup;

@@ -16,7 +16,7 @@
 // CHECK:      config->format = KVC_FORMAT_INT8;
 // CHECK-LABEL: kvc_status_t kvc_window_cpu_prefill(
 // CHECK:      // kvc.attention_pass output window 16
-// CHECK-NEXT: kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, kh, vh, kKvStride, kSoftmaxScale, oh, kWindow, windowProbs, nullptr, 1.0f, logits);
+// CHECK-NEXT: kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, kh, vh, kKvStride, kSoftmaxScale, oh, kWindow, windowProbs, nullptr, nullptr, 1.0f, logits);
 // CHECK-NEXT: // %0 = kvc.attn_window size 16
 // CHECK-NEXT: // %1 = kvc.pool max %0 kernel 3 : !kvc.score<query>
 // CHECK-NEXT: for (int32_t g = 0; g < kGroup; ++g)

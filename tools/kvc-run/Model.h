@@ -61,9 +61,10 @@ public:
   const LlamaConfig &config() const { return config_; }
 
   /// Runs tokens `tokens[0..n)` at positions `pos..pos+n` through the model,
-  /// adding their keys and values to `cache` (which must hold exactly `pos`
-  /// entries per layer). When `logits` is non-null it receives the
-  /// vocabSize logits of the last token.
+  /// adding their keys and values to `cache` (which must have seen exactly
+  /// `pos` tokens per layer; a compressing cache may hold fewer entries).
+  /// When `logits` is non-null it receives the vocabSize logits of the last
+  /// token.
   void forward(const TokenId *tokens, size_t n, size_t pos, KvCache &cache,
                ThreadPool &pool, float *logits);
 

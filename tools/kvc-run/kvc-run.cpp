@@ -7,13 +7,19 @@
 // Text in, text out: tokenizes the prompt, runs it through the model in
 // batches (with a progress line on long prompts), then samples a completion
 // token by token and streams it to stdout. Timings go to stderr so stdout is
-// only the completion.
+// only the completion. The KV cache is either the full f32 cache (--policy
+// none) or the kvc runtime managed by one of the statically linked policy
+// libraries (--policy NAME, --list-policies); --compare measures policies
+// against the full cache (Compare.h).
 //
 //===----------------------------------------------------------------------===//
 
+#include "tools/kvc-run/Compare.h"
 #include "tools/kvc-run/Gguf.h"
 #include "tools/kvc-run/KvCache.h"
 #include "tools/kvc-run/Model.h"
+#include "tools/kvc-run/PolicyKvCache.h"
+#include "tools/kvc-run/PolicyLibrary.h"
 #include "tools/kvc-run/ThreadPool.h"
 #include "tools/kvc-run/Tokenizer.h"
 
@@ -25,6 +31,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -57,6 +64,7 @@ struct Options {
   bool havePrompt = false;
   std::string promptTokens;
   int nPredict = 128;
+  bool haveNPredict = false;
   double temperature = 0.0;
   uint64_t seed = 0;
   bool haveSeed = false;
@@ -65,6 +73,12 @@ struct Options {
   bool haveSystem = false;
   unsigned threads = 0;
   size_t prefillBatch = kDefaultPrefillBatch;
+  bool havePrefillBatch = false;
+  std::string policy = "none";
+  bool listPolicies = false;
+  std::vector<std::string> compare;
+  size_t evalTokens = 0;
+  bool replay = true;
   std::string dumpLogits;
   bool printTokens = false;
   bool verbose = false;
@@ -76,8 +90,9 @@ void printUsage(std::FILE *out) {
       "usage: kvc-run [--model PATH] (--prompt TEXT | --prompt-file FILE |\n"
       "               --prompt-tokens IDS) [options]\n"
       "\n"
-      "Runs a llama-architecture GGUF model on the CPU with a full f32 KV\n"
-      "cache and prints the completion of the prompt to stdout.\n"
+      "Runs a llama-architecture GGUF model on the CPU and prints the\n"
+      "completion of the prompt to stdout. The KV cache is a full f32 cache\n"
+      "or the kvc runtime managed by a policy library compiled by kvc.\n"
       "\n"
       "  --model PATH         GGUF file (default: $KVC_MODEL_DIR or\n"
       "                       ~/.cache/kvc/models, file %s)\n"
@@ -95,7 +110,23 @@ void printUsage(std::FILE *out) {
       "                       file's chat template, if any)\n"
       "  --threads N          worker threads (default: all cores)\n"
       "  --prefill-batch N    prompt tokens per forward pass (default 64; 1\n"
-      "                       runs the prompt through the decode path)\n"
+      "                       runs the prompt through the decode path; with\n"
+      "                       a policy the default is the whole prompt, which\n"
+      "                       its prefill scores at once, and later batches\n"
+      "                       go through its decode step by step)\n"
+      "  --policy NAME        KV cache: none (full f32 cache, the default) or\n"
+      "                       a linked policy library (see --list-policies)\n"
+      "  --list-policies      print the linked policy libraries and exit\n"
+      "  --compare LIST       run the prompt with the full cache, then with\n"
+      "                       each policy of the comma-separated LIST; print a\n"
+      "                       JSON line per run (cache size, quality against\n"
+      "                       the full cache, greedy completion of --n-predict\n"
+      "                       tokens, default 0 here)\n"
+      "  --eval-tokens N      with --compare: score the last N prompt tokens\n"
+      "                       by decoding them one at a time (perplexity, KL\n"
+      "                       divergence and top-1 agreement)\n"
+      "  --no-replay          with --compare: run every policy's prompt through\n"
+      "                       the model instead of replaying the recorded pass\n"
       "  --dump-logits FILE   write the logits of the last prompt position "
       "to FILE\n"
       "                       as raw little-endian float32, vocab-size "
@@ -164,6 +195,7 @@ Options parseOptions(int argc, char **argv) {
       o.promptTokens = value();
     } else if (arg == "--n-predict" || arg == "-n") {
       o.nPredict = parseNumber<int>(arg, value());
+      o.haveNPredict = true;
       if (o.nPredict < 0)
         usageError("--n-predict must be at least 0");
     } else if (arg == "--temp") {
@@ -185,9 +217,30 @@ Options parseOptions(int argc, char **argv) {
       o.threads = unsigned(t);
     } else if (arg == "--prefill-batch") {
       int b = parseNumber<int>(arg, value());
-      if (b < 1 || b > 4096)
-        usageError("--prefill-batch must be between 1 and 4096");
+      if (b < 1 || b > 1 << 20)
+        usageError("--prefill-batch must be between 1 and 1048576");
       o.prefillBatch = size_t(b);
+      o.havePrefillBatch = true;
+    } else if (arg == "--policy") {
+      o.policy = value();
+    } else if (arg == "--list-policies") {
+      o.listPolicies = true;
+    } else if (arg == "--compare") {
+      std::string list = value();
+      std::replace(list.begin(), list.end(), ',', ' ');
+      std::istringstream is(list);
+      std::string name;
+      while (is >> name)
+        o.compare.push_back(name);
+      if (o.compare.empty())
+        usageError("--compare needs at least one policy name");
+    } else if (arg == "--eval-tokens") {
+      int n = parseNumber<int>(arg, value());
+      if (n < 0)
+        usageError("--eval-tokens must be at least 0");
+      o.evalTokens = size_t(n);
+    } else if (arg == "--no-replay") {
+      o.replay = false;
     } else if (arg == "--dump-logits") {
       o.dumpLogits = value();
     } else if (arg == "--print-tokens") {
@@ -198,6 +251,24 @@ Options parseOptions(int argc, char **argv) {
       usageError("unknown argument '" + arg + "'");
     }
   }
+  if (o.listPolicies)
+    return o;
+  if (o.policy != "none" && !findPolicyLibrary(o.policy))
+    usageError("unknown policy '" + o.policy +
+               "' (kvc-run --list-policies shows the linked ones)");
+  for (const std::string &name : o.compare)
+    if (name != "none" && !findPolicyLibrary(name))
+      usageError("unknown policy '" + name +
+                 "' in --compare (kvc-run --list-policies shows the linked "
+                 "ones)");
+  if (o.compare.empty() && (o.evalTokens > 0 || !o.replay))
+    usageError("--eval-tokens and --no-replay need --compare");
+  if (!o.compare.empty() && o.policy != "none")
+    usageError("--compare runs its own list of policies; drop --policy");
+  if (!o.compare.empty() && o.temperature > 0.0)
+    usageError("--compare generates greedily; drop --temp");
+  if (!o.compare.empty() && !o.dumpLogits.empty())
+    usageError("--compare reports its own figures; drop --dump-logits");
   if (o.havePrompt == !o.promptTokens.empty())
     usageError("give exactly one of --prompt, --prompt-file and "
                "--prompt-tokens");
@@ -278,7 +349,24 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+void listPolicies() {
+  const std::vector<PolicyLibrary> &libraries = policyLibraries();
+  std::printf("%-22s %s\n", "none", "full f32 cache (no policy)");
+  for (const PolicyLibrary &library : libraries)
+    std::printf("%-22s %s\n", library.name, library.description);
+  if (libraries.empty())
+    std::printf("(no policy libraries: kvc-run was built without the kvc "
+                "compiler, KVC_BUILD_COMPILER=OFF)\n");
+  else
+    std::printf("(percent budgets are of a %d-token prompt)\n",
+                policyEvalContext());
+}
+
 int run(const Options &o) {
+  if (o.listPolicies) {
+    listPolicies();
+    return 0;
+  }
   std::string modelPath = o.model.empty() ? defaultModelPath() : o.model;
   if (!fileExists(modelPath)) {
     std::fprintf(stderr,
@@ -324,7 +412,8 @@ int run(const Options &o) {
   }
   if (prompt.empty())
     usageError("the prompt is empty");
-  if (prompt.size() + size_t(o.nPredict) > cfg.contextLength)
+  int nPredict = !o.compare.empty() && !o.haveNPredict ? 0 : o.nPredict;
+  if (prompt.size() + size_t(nPredict) > cfg.contextLength)
     usageError("prompt (" + std::to_string(prompt.size()) +
                " tokens) plus --n-predict exceeds the context length " +
                std::to_string(cfg.contextLength));
@@ -332,7 +421,37 @@ int run(const Options &o) {
   unsigned threads =
       o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   ThreadPool pool(threads);
-  FullKvCache cache(cfg.kvGeometry(), pool);
+
+  if (!o.compare.empty()) {
+    if (o.evalTokens >= prompt.size())
+      usageError("--eval-tokens " + std::to_string(o.evalTokens) +
+                 " leaves no context in a prompt of " +
+                 std::to_string(prompt.size()) + " tokens");
+    CompareOptions co;
+    co.policies = o.compare;
+    co.evalTokens = o.evalTokens;
+    co.nPredict = nPredict;
+    co.replay = o.replay;
+    co.prefillBatch = o.prefillBatch;
+    return runCompare(model, tokenizer, prompt, pool, co);
+  }
+
+  std::unique_ptr<KvCache> cachePtr;
+  PolicyKvCache *policyCache = nullptr;
+  size_t prefillBatch = o.prefillBatch;
+  if (o.policy == "none") {
+    cachePtr = std::make_unique<FullKvCache>(cfg.kvGeometry(), pool);
+  } else {
+    auto policy = std::make_unique<PolicyKvCache>(
+        cfg.kvGeometry(), *findPolicyLibrary(o.policy),
+        prompt.size() + size_t(nPredict));
+    policyCache = policy.get();
+    cachePtr = std::move(policy);
+    // The policy's prefill scores the whole prompt at once.
+    if (!o.havePrefillBatch)
+      prefillBatch = prompt.size();
+  }
+  KvCache &cache = *cachePtr;
   std::vector<float> logits(size_t(cfg.vocabSize));
 
   // Prompt.
@@ -343,7 +462,7 @@ int run(const Options &o) {
   bool tty = ::isatty(STDERR_FILENO) != 0;
   size_t reported = 0;
   for (size_t done = 0; done < prompt.size();) {
-    size_t n = std::min(o.prefillBatch, prompt.size() - done);
+    size_t n = std::min(prefillBatch, prompt.size() - done);
     bool last = done + n == prompt.size();
     model.forward(prompt.data() + done, n, done, cache, pool,
                   last ? logits.data() : nullptr);
@@ -374,7 +493,7 @@ int run(const Options &o) {
   int generated = 0;
   int forwards = 0;
   size_t pos = prompt.size();
-  for (int i = 0; i < o.nPredict; ++i) {
+  for (int i = 0; i < nPredict; ++i) {
     TokenId next = sampleToken(logits, o.temperature, rng);
     if (tokenizer.isEndOfGeneration(next))
       break;
@@ -383,7 +502,7 @@ int run(const Options &o) {
     std::fflush(stdout);
     ++generated;
     // The last token needs no forward pass: nothing samples after it.
-    if (i + 1 == o.nPredict)
+    if (i + 1 == nPredict)
       break;
     model.forward(&next, 1, pos++, cache, pool, logits.data());
     ++forwards;
@@ -393,14 +512,26 @@ int run(const Options &o) {
     std::printf("\n");
   std::fflush(stdout);
 
+  std::string cacheSummary;
+  if (policyCache) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "policy %s: %zu entries over all layers "
+                  "and heads (at most %zu in layer 0)",
+                  o.policy.c_str(), policyCache->totalEntries(),
+                  cache.size(0));
+    cacheSummary = buf;
+  } else {
+    cacheSummary = "full cache: " + std::to_string(cache.size(0)) +
+                   " entries per layer and head";
+  }
   std::fprintf(stderr,
                "kvc-run: prompt %zu tokens in %.2f s (%.1f tok/s); decode "
-               "%d tokens in %.2f s (%.1f tok/s); %u threads; KV cache %zu "
-               "entries, %.2f MiB\n",
+               "%d tokens in %.2f s (%.1f tok/s); %u threads; KV cache %s, "
+               "%.2f MiB\n",
                prompt.size(), promptSeconds,
                double(prompt.size()) / promptSeconds, generated, decodeSeconds,
                forwards > 0 ? double(forwards) / decodeSeconds : 0.0, threads,
-               cache.size(0), double(cache.bytes()) / (1 << 20));
+               cacheSummary.c_str(), double(cache.bytes()) / (1 << 20));
   return 0;
 }
 
@@ -411,6 +542,9 @@ int main(int argc, char **argv) {
   try {
     return run(options);
   } catch (const GgufError &e) {
+    std::fprintf(stderr, "kvc-run: %s\n", e.what());
+    return 1;
+  } catch (const PolicyError &e) {
     std::fprintf(stderr, "kvc-run: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc &) {

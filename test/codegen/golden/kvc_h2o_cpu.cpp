@@ -93,7 +93,7 @@ kvc_status_t kvc_h2o_cpu_prefill(kvc_context_t *context, uint64_t sequence, int3
     ws += n;
     int32_t numVictims = 0;
     // kvc.attention_pass output accumulate 1.000000e+00 reduce mean
-    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, kh, vh, kKvStride, kSoftmaxScale, oh, 0, nullptr, accumulated, kDecay, logits);
+    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, kh, vh, kKvStride, kSoftmaxScale, oh, 0, nullptr, nullptr, accumulated, kDecay, logits);
     // %0 = kvc.attn_accumulate decay 1.000000e+00
     // %1 = kvc.group_reduce mean %0
     kvc::cpu::groupReduce(accumulated, kGroup, n, kvc::cpu::Reduce::Mean, s0);

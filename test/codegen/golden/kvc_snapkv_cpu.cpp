@@ -93,7 +93,7 @@ kvc_status_t kvc_snapkv_cpu_prefill(kvc_context_t *context, uint64_t sequence, i
     ws += n;
     int32_t numVictims = 0;
     // kvc.attention_pass output window 64
-    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, kh, vh, kKvStride, kSoftmaxScale, oh, kWindow, windowProbs, nullptr, 1.0f, logits);
+    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, kh, vh, kKvStride, kSoftmaxScale, oh, kWindow, windowProbs, nullptr, nullptr, 1.0f, logits);
     // %0 = kvc.attn_window size 64
     // %1 = kvc.pool avg %0 kernel 5 : !kvc.score<query>
     for (int32_t g = 0; g < kGroup; ++g)
