@@ -68,7 +68,7 @@ constexpr int kKvHeads = KVC_TEST_KV_HEADS;
 constexpr int kDim = KVC_TEST_HEAD_DIM;
 constexpr int kGroup = kQHeads / kKvHeads;
 constexpr int kPrompt = 1100;
-constexpr int kDecodeSteps = 5;
+constexpr int kDecodeSteps = 4;
 constexpr int kPageSize = 32;
 
 double roundToStored(double x) {
