@@ -80,55 +80,6 @@ FailureOr<RuntimeStorage> kvc::mapStorage(Operation *op, FormatAttr key,
 
 namespace {
 
-/// Prints `x` so that it reads back as the same float.
-std::string floatLiteral(double x) {
-  if (std::isinf(x))
-    return x > 0 ? "kvc::cpu::kPosInf" : "kvc::cpu::kNegInf";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", x);
-  std::string s = text;
-  if (s.find_first_of(".e") == std::string::npos)
-    s += ".0";
-  return s + "f";
-}
-
-std::string reduceEnumerator(ReduceKind kind) {
-  switch (kind) {
-  case ReduceKind::mean:
-    return "kvc::cpu::Reduce::Mean";
-  case ReduceKind::max:
-    return "kvc::cpu::Reduce::Max";
-  case ReduceKind::sum:
-    return "kvc::cpu::Reduce::Sum";
-  }
-  llvm_unreachable("unknown reduce kind");
-}
-
-std::string normalizeEnumerator(NormalizeKind kind) {
-  switch (kind) {
-  case NormalizeKind::zscore:
-    return "kvc::cpu::Normalize::ZScore";
-  case NormalizeKind::sum:
-    return "kvc::cpu::Normalize::Sum";
-  case NormalizeKind::max:
-    return "kvc::cpu::Normalize::Max";
-  }
-  llvm_unreachable("unknown normalize kind");
-}
-
-bool isQueryScore(Value v) {
-  return cast<ScoreType>(v.getType()).getGranularity() == Granularity::query;
-}
-
-bool isDecodeKernel(KernelOp kernel) {
-  return kernel.getKind() == KernelKind::decode ||
-         kernel.getKind() == KernelKind::decode_scoring;
-}
-
-bool writesOutput(KernelOp kernel) {
-  return kernel.getKind() == KernelKind::prefill ||
-         kernel.getKind() == KernelKind::decode;
-}
 
 /// The C name of a kernel's entry point.
 std::string entryName(PolicyOp policy, KernelOp kernel, StringRef target) {
@@ -313,7 +264,7 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
      << outArg << ", " << (needProbs ? "probs" : "nullptr") << ", logits));\n";
   if (acc) {
     os << "    kvc::cpu::foldAccumulated(head, probs, kGroup, kDecay, "
-       << reduceEnumerator(*pass.getReduce()) << ");\n";
+       << reduceEnumerator("cpu", *pass.getReduce()) << ");\n";
     hasState = true;
   }
   return success();
@@ -357,8 +308,8 @@ void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
           // from 0.
           os << "    kvc::cpu::mergeD2O(kh, vh, kKvStride, victims, "
                 "numVictims, gatherKeys, gatherValues, kept, kHeadDim, 0.0, "
-             << floatLiteral(d2o.getAlpha().convertToDouble()) << ", "
-             << floatLiteral(d2o.getBeta().convertToDouble())
+             << floatLiteral("cpu", d2o.getAlpha().convertToDouble()) << ", "
+             << floatLiteral("cpu", d2o.getBeta().convertToDouble())
              << ", mergeScratch);\n";
         })
         .Case([&](MergeCamOp cam) {
@@ -377,7 +328,7 @@ void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
     // before any normalization the scores applied.
     os << "    // Accumulated attention carried into decode as score state.\n"
           "    kvc::cpu::groupReduce(accumulated, kGroup, n, "
-       << reduceEnumerator(*attention.getReduce())
+       << reduceEnumerator("cpu", *attention.getReduce())
        << ", state);\n"
           "    kvc_metadata_t meta;\n"
           "    KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, h, "
@@ -507,7 +458,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         std::string b = newFloatBuffer(false);
         bind(reduce, b, false);
         os << "    kvc::cpu::groupReduce(" << in.name << ", kGroup, n, "
-           << reduceEnumerator(reduce.getKind()) << ", " << b << ");\n";
+           << reduceEnumerator("cpu", reduce.getKind()) << ", " << b << ");\n";
         return success();
       })
       .Case([&](NormalizeOp norm) -> LogicalResult {
@@ -517,7 +468,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         std::string offset = in.perQuery ? " + g * n" : "";
         forRows(os, in.perQuery,
                 "kvc::cpu::normalize(" + in.name + offset +
-                    ", positions, n, " + normalizeEnumerator(norm.getKind()) +
+                    ", positions, n, " + normalizeEnumerator("cpu", norm.getKind()) +
                     ", " + b + offset + ");");
         return success();
       })
@@ -544,7 +495,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
             expr += (i ? " * " : "") + term;
             continue;
           }
-          expr += (i ? " + " : "") + floatLiteral(combine.getWeight(i)) +
+          expr += (i ? " + " : "") + floatLiteral("cpu", combine.getWeight(i)) +
                   " * " + term;
         }
         os << "    for (int64_t i = 0; i < " << (perQuery ? "kGroup * n" : "n")
@@ -566,7 +517,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           return unsupported(op, "decode-time eviction needs a count budget");
         budgetExprs[uniform] =
             "static_cast<int64_t>(n * (1.0 - " +
-            floatLiteral(uniform.getRatio()->convertToDouble()) + "))";
+            floatLiteral("cpu", uniform.getRatio()->convertToDouble()) + "))";
         if (usedOnlyAcrossHeads(uniform))
           os << "    // Used after the loop over heads.\n";
         else
@@ -782,7 +733,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
       osCross << "  kvc::cpu::adaptiveBudgets(persisted_" << score.name << ", "
               << (decode ? "persistedPositions, stride" : "positions, 0")
               << ", kKvHeads, n, stride, " << budgetExprs.lookup(adaptive.getBase())
-              << ", " << floatLiteral(adaptive.getAlpha().convertToDouble())
+              << ", " << floatLiteral("cpu", adaptive.getAlpha().convertToDouble())
               << ", adaptiveBudgets, adaptiveOrder);\n";
       (void)base;
       budgets[adaptive] = "adaptiveBudgets[h]";
@@ -1096,7 +1047,7 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
        << "constexpr int32_t kWindow = " << *window << ";\n";
   if (decay)
     cs << "/// Decay of the accumulated attention state.\n"
-       << "constexpr float kDecay = " << floatLiteral(*decay) << ";\n";
+       << "constexpr float kDecay = " << floatLiteral("cpu", *decay) << ";\n";
 
   AsmState asmState(policy);
   std::string source, header;
@@ -1137,7 +1088,7 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
       << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
       << "/// 1 / sqrt(head_dim).\n"
       << "constexpr float kSoftmaxScale = "
-      << floatLiteral(1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
+      << floatLiteral("cpu", 1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
       << constants << "} // namespace\n\n"
       << "extern \"C\" {\n\n";
 

@@ -25,55 +25,6 @@ using namespace kvc;
 
 namespace {
 
-/// Prints `x` so that it reads back as the same float.
-std::string floatLiteral(double x) {
-  if (std::isinf(x))
-    return x > 0 ? "kvc::cuda::kPosInf" : "kvc::cuda::kNegInf";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", x);
-  std::string s = text;
-  if (s.find_first_of(".e") == std::string::npos)
-    s += ".0";
-  return s + "f";
-}
-
-std::string reduceEnumerator(ReduceKind kind) {
-  switch (kind) {
-  case ReduceKind::mean:
-    return "kvc::cuda::Reduce::Mean";
-  case ReduceKind::max:
-    return "kvc::cuda::Reduce::Max";
-  case ReduceKind::sum:
-    return "kvc::cuda::Reduce::Sum";
-  }
-  llvm_unreachable("unknown reduce kind");
-}
-
-std::string normalizeEnumerator(NormalizeKind kind) {
-  switch (kind) {
-  case NormalizeKind::zscore:
-    return "kvc::cuda::Normalize::ZScore";
-  case NormalizeKind::sum:
-    return "kvc::cuda::Normalize::Sum";
-  case NormalizeKind::max:
-    return "kvc::cuda::Normalize::Max";
-  }
-  llvm_unreachable("unknown normalize kind");
-}
-
-bool isQueryScore(Value v) {
-  return cast<ScoreType>(v.getType()).getGranularity() == Granularity::query;
-}
-
-bool isDecodeKernel(KernelOp kernel) {
-  return kernel.getKind() == KernelKind::decode ||
-         kernel.getKind() == KernelKind::decode_scoring;
-}
-
-bool writesOutput(KernelOp kernel) {
-  return kernel.getKind() == KernelKind::prefill ||
-         kernel.getKind() == KernelKind::decode;
-}
 
 /// "prefill_scoring" -> "PrefillScoring".
 std::string camelKind(KernelKind kind) {
@@ -281,7 +232,7 @@ void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
   if (attention.getAccumulate())
     os << "  kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, "
           "t.state, n, logits, stride, maxLogit, invSum, kDecay, "
-       << reduceEnumerator(*attention.getReduce()) << ");\n";
+       << reduceEnumerator("cuda", *attention.getReduce()) << ");\n";
   if (needsProbs)
     os << "  kvc::cuda::writeProbabilities<kGroup, kStageThreads>(logits, "
           "stride, n, maxLogit, invSum, probs);\n";
@@ -303,7 +254,7 @@ void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
     os << "  // Accumulated attention carried into decode as score state.\n"
           "  kvc::cuda::groupReduce<kStageThreads>(accumulated, kGroup, "
           "stride, n, "
-       << reduceEnumerator(*attention.getReduce())
+       << reduceEnumerator("cuda", *attention.getReduce())
        << ", w.state + h * stride);\n";
 }
 
@@ -428,7 +379,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         std::string b = newFloatBuffer(false);
         bind(reduce, b, false);
         os << "  kvc::cuda::groupReduce<kStageThreads>(" << in.name
-           << ", kGroup, stride, n, " << reduceEnumerator(reduce.getKind())
+           << ", kGroup, stride, n, " << reduceEnumerator("cuda", reduce.getKind())
            << ", " << b << ");\n";
         return success();
       })
@@ -438,7 +389,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         bind(norm, b, in.perQuery);
         forRows(os, in.perQuery,
                 "kvc::cuda::normalize<kStageThreads>(" + in.name +
-                    "@, positions, n, " + normalizeEnumerator(norm.getKind()) +
+                    "@, positions, n, " + normalizeEnumerator("cuda", norm.getKind()) +
                     ", " + b + "@);");
         return success();
       })
@@ -465,7 +416,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
             expr += (i ? " * " : "") + term;
             continue;
           }
-          expr += (i ? " + " : "") + floatLiteral(combine.getWeight(i)) +
+          expr += (i ? " + " : "") + floatLiteral("cuda", combine.getWeight(i)) +
                   " * " + term;
         }
         elementwise(os, perQuery, b, expr);
@@ -481,7 +432,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         if (decode)
           return unsupported(op, "decode-time eviction needs a count budget");
         os << "  const int64_t " << b << " = static_cast<int64_t>(n * (1.0 - "
-           << floatLiteral(uniform.getRatio()->convertToDouble()) << "));\n";
+           << floatLiteral("cuda", uniform.getRatio()->convertToDouble()) << "));\n";
         return success();
       })
       .Case([&](BudgetPyramidOp pyramid) -> LogicalResult {
@@ -1055,7 +1006,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
        << "constexpr int32_t kWindow = " << *window << ";\n";
   if (decay)
     cs << "/// Decay of the accumulated attention state.\n"
-       << "constexpr float kDecay = " << floatLiteral(*decay) << ";\n";
+       << "constexpr float kDecay = " << floatLiteral("cuda", *decay) << ";\n";
 
   AsmState asmState(policy);
   std::string source, header;
@@ -1102,7 +1053,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
       << "/// 1 / sqrt(head_dim).\n"
       << "constexpr float kSoftmaxScale = "
-      << floatLiteral(1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
+      << floatLiteral("cuda", 1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
       << "/// Storage of keys and values in the device pages.\n"
       << "constexpr kvc_dtype_t kDtype = "
       << dtypeEnumerator(geometry.getDtype()) << ";\n"

@@ -38,6 +38,22 @@ mlir::FailureOr<RuntimeStorage> mapStorage(mlir::Operation *op,
                                            FormatAttr key, FormatAttr value,
                                            mlir::IntegerAttr residual);
 
+/// A float constant that reads back as the same float; infinities name the
+/// building blocks' constants of namespace kvc::<ns>.
+std::string floatLiteral(llvm::StringRef ns, double x);
+
+/// Spelling of a reduction and a normalization in the building blocks of
+/// namespace kvc::<ns> (cpu or cuda).
+std::string reduceEnumerator(llvm::StringRef ns, ReduceKind kind);
+std::string normalizeEnumerator(llvm::StringRef ns, NormalizeKind kind);
+
+/// True for query-head scores (one row per query head of a group).
+bool isQueryScore(mlir::Value v);
+
+/// Kernels that run at decode, and kernels that write attention outputs.
+bool isDecodeKernel(KernelOp kernel);
+bool writesOutput(KernelOp kernel);
+
 /// Spelling of an element type in kvc_dtype_t.
 std::string dtypeEnumerator(mlir::Type type);
 
