@@ -25,18 +25,8 @@ trap 'rm -f "$prompt"' EXIT
 head -c 3000 "$text" > "$prompt"
 echo
 echo "== kvc-run: SmolLM2-135M on the first 3000 characters of $text =="
-echo "   (last 32 prompt tokens scored one at a time against the full cache; 24 tokens generated)"
+echo "   (memory against the full f32 cache of kvc-run; the last 32 prompt tokens scored one"
+echo "    at a time against it; 24 tokens generated; policies are compiled for a 2048-token budget basis)"
 "$build/bin/kvc-run" --compare "$policies" --prompt-file "$prompt" \
   --eval-tokens 32 --n-predict 24 2>/dev/null |
-python3 -c '
-import json, sys
-runs = [json.loads(line) for line in sys.stdin if line.startswith("{")]
-full = runs[0]["kv_bytes"]
-print(f"{\"policy\":22} {\"KV MiB\":>8} {\"of full\":>8} {\"B/entry\":>8} {\"ppl\":>7} {\"KL\":>8} {\"top-1\":>6} {\"tok/s\":>6}")
-for r in runs:
-    print(f"{r[\"policy\"]:22} {r[\"kv_bytes\"]/2**20:8.2f} {100*r[\"kv_bytes\"]/full:7.1f}% "
-          f"{r[\"bytes_per_entry\"]:8.0f} {r[\"ppl\"]:7.3f} {r[\"kl\"]:8.5f} {100*r[\"top1\"]:5.1f}% {r[\"decode_tok_s\"]:6.1f}")
-print()
-for r in runs:
-    print(f"[{r[\"policy\"]}] ...{r[\"completion\"]!r}")
-'
+python3 "$root/scripts/summarize_compare.py"
