@@ -724,7 +724,6 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
       bind(reduce, "layerScore", false);
     } else {
       auto adaptive = cast<BudgetAdaptiveOp>(crossOp);
-      Operation *base = adaptive.getBase().getDefiningOp();
       if (!budgetExprs.count(adaptive.getBase()))
         return unsupported(crossOp, "its base budget is per head");
       Buffer score = values.lookup(adaptive.getScore());
@@ -735,7 +734,6 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
               << ", kKvHeads, n, stride, " << budgetExprs.lookup(adaptive.getBase())
               << ", " << floatLiteral("cpu", adaptive.getAlpha().convertToDouble())
               << ", adaptiveBudgets, adaptiveOrder);\n";
-      (void)base;
       budgets[adaptive] = "adaptiveBudgets[h]";
     }
     // The second loop's stages, which read the cross-head result by name.
