@@ -733,7 +733,7 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
            "kSoftmaxScale, w.lse, "
         << (attention.getWindow() ? "kWindow" : (attention.getLast() ? "1" : "0"))
         << ", " << (window ? "w.windowProbs" : "nullptr") << ", "
-        << (acc ? "w.accumulated" : "nullptr") << ");\n";
+        << (acc ? "w.accumulated, kDecay" : "nullptr, 1.0f") << ");\n";
   if (stagesKernel)
     out << "  // The policy's stages, one block per kv-head.\n"
         << "  " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, "
@@ -997,8 +997,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
     for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
       if (pass.getWindow())
         window = *pass.getWindow();
-      // Only decode folds a decayed state; prefill sums.
-      if (pass.getAccumulate() && isDecodeKernel(kernel))
+      if (pass.getAccumulate())
         decay = pass.getAccumulate()->convertToDouble();
     }
   if (window)

@@ -809,7 +809,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
 ///  - `windowProbs` (when given): for the G query heads, the mean over the
 ///    last w = min(window, n) queries of p for the entries before the
 ///    window, 0 for the window entries themselves;
-///  - `accumulated` (when given): the sum over all queries of p.
+///  - `accumulated` (when given): the decayed sum over all queries t of
+///    decay^(n-1-t) * p, the state s <- decay * s + p after the last query.
 /// Buffers are per kv-head, G rows of n. Warps split the queries; their
 /// sums are added in warp order, so the result is deterministic.
 template <int G, int D>
@@ -817,7 +818,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
     prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
                        const float *k, float scale, const float *lse,
                        int32_t window, float *windowProbs,
-                       float *accumulated) {
+                       float *accumulated, float decay) {
   const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
   const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
   const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
@@ -839,6 +840,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   // Queries that can see a key of this tile and matter to a statistic.
   const int32_t first = accumulated ? col0 : max(col0, n - w);
   for (int32_t t = first + warp; t < n; t += kPrefillWarps) {
+    const float age = decay == 1.0f ? 1.0f : powf(decay, float(n - 1 - t));
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int32_t qHead = h * G + g;
@@ -854,7 +856,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
           col <= t && col < n
               ? expf(dot * scale - lse[static_cast<int64_t>(qHead) * n + t])
               : 0.0f;
-      totalSum[g] += p;
+      totalSum[g] += p * age;
       if (t >= n - w)
         windowSum[g] += p;
     }
