@@ -194,6 +194,8 @@ private:
   /// The group-reduced accumulated state exists (decode: in the runtime's
   /// score metadata; prefill: computed for the gather).
   bool hasState = false;
+  /// The score state holds a periodic kernel's window sum.
+  bool windowState = false;
 };
 
 std::string KernelEmitter::documentation() {
@@ -245,18 +247,32 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
   attention = pass;
   os << "    " << opComment(pass) << "\n";
   const bool acc = pass.getAccumulate().has_value();
+  const bool persist = pass.getPersistence().has_value();
+  std::string persistReduce =
+      persist ? reduceEnumerator("cpu", *pass.getPersistenceReduce()) : "";
   if (!decode) {
     std::string outArg = pass.getOutput() ? "oh" : "nullptr";
+    if (persist)
+      os << "    const kvc::cpu::PersistenceBits persistence{kHistory, "
+            "kThreshold, "
+         << persistReduce << ", persistBits, persistRow};\n";
     os << "    kvc::cpu::prefillAttention<kGroup, kHeadDim>(n, qh, kQStride, "
           "kh, vh, kKvStride, kSoftmaxScale, "
        << outArg << ", " << (pass.getWindow() ? "kWindow" : "0") << ", "
        << (pass.getWindow() ? "windowProbs" : "nullptr") << ", "
        << (pass.getLast() ? "lastProbs" : "nullptr") << ", "
-       << (acc ? "accumulated, kDecay" : "nullptr, 1.0f") << ", logits);\n";
+       << (acc ? "accumulated, kDecay" : "nullptr, 1.0f") << ", logits"
+       << (persist ? ", &persistence" : "") << ");\n";
     hasState = acc;
     return success();
   }
-  const bool needProbs = pass.getLast() || acc;
+  const bool periodic = kernel.getTrigger() == Trigger::every_n;
+  if (pass.getWindow() && !periodic)
+    return unsupported(pass, "a decode window outside a periodic kernel");
+  if (pass.getWindow() && acc)
+    return unsupported(pass, "the score state holds one running statistic, "
+                             "not a window sum and an accumulated sum");
+  const bool needProbs = pass.getLast() || acc || persist || pass.getWindow();
   std::string outArg =
       pass.getOutput() ? "out + h * kGroup * kHeadDim" : "nullptr";
   os << "    KVC_CPU_TRY(kvc::cpu::decodeAttention<kGroup, kHeadDim>(head, "
@@ -267,6 +283,19 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
        << reduceEnumerator("cpu", *pass.getReduce()) << ");\n";
     hasState = true;
   }
+  if (persist)
+    os << "    kvc::cpu::foldPersistence(head, probs, kGroup, kThreshold, "
+       << persistReduce << ");\n";
+  if (pass.getWindow())
+    os << "    // The window: the group-mean weights of the last kWindow "
+          "queries of\n    // each period, summed in the score state.\n"
+          "    if (position % kPeriod >= kPeriod - kWindow)\n"
+          "      kvc::cpu::foldWindowSum(head, probs, kGroup, position % "
+          "kPeriod == kPeriod - kWindow);\n";
+  if (periodic)
+    os << "    // The phase runs once every kPeriod positions.\n"
+          "    if ((position + 1) % kPeriod != 0)\n"
+          "      continue;\n";
   return success();
 }
 
@@ -323,6 +352,11 @@ void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
   }
   os << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, "
         "kHeadDim, gatherKeys, gatherValues, keptPositions, slots));\n";
+  const bool persist = attention && attention.getPersistence();
+  if (hasState || persist)
+    os << "    kvc_metadata_t meta;\n"
+          "    KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, h, "
+          "&meta));\n";
   if (hasState) {
     // The per-entry state carried into decode is the group-reduced sum,
     // before any normalization the scores applied.
@@ -330,12 +364,13 @@ void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
           "    kvc::cpu::groupReduce(accumulated, kGroup, n, "
        << reduceEnumerator("cpu", *attention.getReduce())
        << ", state);\n"
-          "    kvc_metadata_t meta;\n"
-          "    KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, h, "
-          "&meta));\n"
           "    for (int32_t j = 0; j < kept; ++j)\n"
           "      meta.score[slots[j]] = state[keptIndex[j]];\n";
   }
+  if (persist)
+    os << "    // Importance bits carried into decode.\n"
+          "    for (int32_t j = 0; j < kept; ++j)\n"
+          "      meta.history[slots[j]] = persistBits[keptIndex[j]];\n";
 }
 
 LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
@@ -351,6 +386,18 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
   os << "    " << opComment(op) << "\n";
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](AttnWindowOp window) -> LogicalResult {
+        if (decode) {
+          // Periodic: the running sum over the window, already the group
+          // mean; the window's own entries score 0 as at prefill.
+          std::string b = newFloatBuffer(false);
+          bind(window, b, false);
+          os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
+             << "[i] = positions[i] == KVC_POSITION_NONE ? kvc::cpu::kNegInf "
+                ": positions[i] > position - kWindow ? 0.0f : "
+                "head.scoreState()[i] / kWindow;\n";
+          windowState = true;
+          return success();
+        }
         if (!window.getVisibleNormalized()) {
           bind(window, "windowProbs", true);
           return success();
@@ -395,6 +442,20 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
                    ? "head.scoreState()[i] / (position - positions[i] + 1)"
                    : "head.scoreState()[i]")
            << ";\n";
+        return success();
+      })
+      .Case([&](AttnPersistenceOp persistence) -> LogicalResult {
+        std::string b = newFloatBuffer(false);
+        bind(persistence, b, false);
+        if (decode)
+          os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
+             << "[i] = positions[i] == KVC_POSITION_NONE ? kvc::cpu::kNegInf "
+                ": static_cast<float>(kvc::cpu::countRecentBits("
+                "head.history()[i], kHistory));\n";
+        else
+          os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
+             << "[i] = static_cast<float>(kvc::cpu::countRecentBits("
+                "persistBits[i], kHistory));\n";
         return success();
       })
       .Case([&](RecencyOp recency) -> LogicalResult {
@@ -448,11 +509,15 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](GroupReduceOp reduce) -> LogicalResult {
         Buffer in = values.lookup(reduce.getInput());
         if (!in.perQuery) { // Decode state: reduced by the attention pass.
-          if (reduce.getKind() != *attention.getReduce())
+          ReduceKind folded = windowState ? ReduceKind::mean
+                                          : *attention.getReduce();
+          if (reduce.getKind() != folded)
             return unsupported(op, "the state was reduced differently");
           bind(reduce, in.name, false);
-          os << "    // Folded into the accumulated state by the attention "
-                "pass.\n";
+          os << (windowState ? "    // Folded into the window sum by the "
+                               "attention pass.\n"
+                             : "    // Folded into the accumulated state by "
+                               "the attention pass.\n");
           return success();
         }
         std::string b = newFloatBuffer(false);
@@ -750,8 +815,10 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
 
   // Workspace: float rows of n entries, int rows of n entries.
   const bool acc = attention && attention.getAccumulate();
+  const bool persistence = attention && attention.getPersistence();
   const bool probs = decode && attention &&
-                     (attention.getLast() || attention.getAccumulate());
+                     (attention.getLast() || attention.getAccumulate() ||
+                      attention.getWindow() || persistence);
   const bool gathers = !decode && !block.getOps<GatherOp>().empty();
   SmallVector<std::pair<std::string, std::string>> floats, ints;
   // Each entry: name, rows (multiples of n). Doubles of the merges come
@@ -759,6 +826,11 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   const bool mergeScratch = merge && !isa<MergeCamOp>(merge);
   if (mergeScratch)
     floats.push_back({"mergeScratchRows", "2 * (2 * kHeadDim + 4)"});
+  // 64-bit words, after the doubles, where the workspace is still aligned.
+  if (!decode && persistence) {
+    floats.push_back({"persistBitsRows", "2"});
+    floats.push_back({"persistRow", "1"});
+  }
   if (merge && isa<MergeCamOp>(merge))
     floats.push_back({"camAttention", "1"});
   floats.push_back({"logits", decode ? "kGroup" : "1"});
@@ -901,7 +973,8 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     o << "    float *ws = " << carveBase << ";\n";
     for (auto &[bufName, rows] : floats) {
       if (!used(bufName) &&
-          !(bufName == "mergeScratchRows" && used("mergeScratch")))
+          !(bufName == "mergeScratchRows" && used("mergeScratch")) &&
+          !(bufName == "persistBitsRows" && used("persistBits")))
         continue;
       o << "    float *" << bufName << " = ws;\n    ws += static_cast<int64_t>("
         << rows << ") * n;\n";
@@ -915,6 +988,9 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     if (mergeScratch && used("mergeScratch"))
       o << "    double *mergeScratch = "
            "reinterpret_cast<double *>(mergeScratchRows);\n";
+    if (used("persistBits"))
+      o << "    uint64_t *persistBits = "
+           "reinterpret_cast<uint64_t *>(persistBitsRows);\n";
     if (used("numVictims"))
       o << "    int32_t numVictims = 0;\n";
   };
@@ -1031,18 +1107,39 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
   // Constants of the policy, one per folded parameter.
   std::string constants;
   llvm::raw_string_ostream cs(constants);
-  std::optional<int64_t> window;
-  std::optional<double> decay;
-  for (KernelOp kernel : kernels)
+  std::optional<int64_t> window, period, history;
+  std::optional<double> decay, threshold;
+  for (KernelOp kernel : kernels) {
+    if (kernel.getPeriod())
+      period = *kernel.getPeriod();
     for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
       if (pass.getWindow())
         window = *pass.getWindow();
       if (pass.getAccumulate())
         decay = pass.getAccumulate()->convertToDouble();
+      if (pass.getPersistence()) {
+        history = *pass.getPersistence();
+        threshold = pass.getThreshold()->convertToDouble();
+      }
     }
-  if (window)
+  }
+  if (period)
+    cs << "/// Positions between two periodic compressions: the phase runs "
+          "after\n/// the decode step of position p when (p + 1) % kPeriod "
+          "== 0.\n"
+       << "constexpr int32_t kPeriod = " << *period << ";\n";
+  if (window && period)
+    cs << "/// Decode queries observed before each periodic compression.\n"
+       << "constexpr int32_t kWindow = " << *window << ";\n";
+  else if (window)
     cs << "/// Observation window of the prefill statistics.\n"
        << "constexpr int32_t kWindow = " << *window << ";\n";
+  if (history)
+    cs << "/// Steps of importance history and the weight that makes an "
+          "entry\n/// important at a step.\n"
+       << "constexpr int32_t kHistory = " << *history << ";\n"
+       << "constexpr float kThreshold = " << floatLiteral("cpu", *threshold)
+       << ";\n";
   if (decay)
     cs << "/// Decay of the accumulated attention state.\n"
        << "constexpr float kDecay = " << floatLiteral("cpu", *decay) << ";\n";

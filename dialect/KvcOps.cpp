@@ -264,8 +264,21 @@ LogicalResult AttnPersistenceOp::verify() {
   if (!inOpenUnitInterval(getThreshold().convertToDouble()))
     return emitOpError() << "threshold must be in (0, 1), got "
                          << getThreshold().convertToDouble();
-  if (getHistory() <= 0)
-    return emitOpError() << "history must be positive, got " << getHistory();
+  if (getHistory() <= 0 || getHistory() > 64)
+    return emitOpError() << "history must be in [1, 64] steps, got "
+                         << getHistory();
+  if (getReduce() == ReduceKind::sum)
+    return emitOpError() << "reduces the group with mean or max before the "
+                            "threshold; a sum of weights is not a weight";
+  return success();
+}
+
+LogicalResult AttentionPassOp::verify() {
+  const bool any = getPersistence() || getThreshold() || getPersistenceReduce();
+  const bool all = getPersistence() && getThreshold() && getPersistenceReduce();
+  if (any && !all)
+    return emitOpError() << "persistence needs its history, threshold and "
+                            "group reduction together";
   return success();
 }
 

@@ -213,16 +213,23 @@ def Kvc_AttnAccumulateOp : Kvc_ScoreSourceOp<"attn_accumulate"> {
 def Kvc_AttnPersistenceOp : Kvc_ScoreSourceOp<"attn_persistence"> {
   let summary = "Persistence of importance over a history of steps";
   let description = [{
-    The number of the last `history` queries for which the entry's attention
-    weight exceeded `threshold` (Scissorhands).
+    The number of the last `history` queries (at most 64) for which the
+    entry was important: its attention weight, reduced over the GQA group
+    with `reduce` (mean or max), exceeded `threshold` (Scissorhands). The
+    count is per kv-head: the runtime keeps one bit per step and entry, so
+    the group is reduced before the threshold, not after. With one query
+    head per kv-head both readings agree with the paper's per-head count.
 
     ```mlir
-    %c = kvc.attn_persistence threshold 1.000000e-02 history 64
+    %c = kvc.attn_persistence threshold 1.000000e-02 history 64 reduce mean
     ```
   }];
-  let arguments = (ins F64Attr:$threshold, Kvc_I64Attr:$history);
-  let results = (outs Kvc_QueryScore:$result);
-  let assemblyFormat = "`threshold` $threshold `history` $history attr-dict";
+  let arguments = (ins F64Attr:$threshold, Kvc_I64Attr:$history,
+                       Kvc_ReduceKind:$reduce);
+  let results = (outs Kvc_KvHeadScore:$result);
+  let assemblyFormat = [{
+    `threshold` $threshold `history` $history `reduce` $reduce attr-dict
+  }];
   let hasVerifier = 1;
 }
 
@@ -723,21 +730,32 @@ def Kvc_AttentionPassOp : Kvc_Op<"attention_pass",
     probabilities of the last query, `accumulate` the running score state
     `s <- decay * s + reduce_group(p)` stored with each entry,
     `visible_normalized` dividing by the number of queries that saw an
-    entry.
+    entry, `persistence` the per-step importance bits of the last
+    `persistence` queries (the group-reduced weight above `threshold`, the
+    latest step in bit 0) stored with each entry. In a periodic decode
+    kernel, `window` is the sum over the last N decode queries of the
+    group-mean weight, kept in the score state and restarted every period.
 
     ```mlir
     kvc.attention_pass output window 64
+    kvc.attention_pass output persistence 32 threshold 1.000000e-02 by mean
     ```
   }];
   let arguments = (ins UnitAttr:$output, OptionalAttr<Kvc_I64Attr>:$window,
                        UnitAttr:$last, OptionalAttr<F64Attr>:$accumulate,
                        OptionalAttr<Kvc_ReduceKind>:$reduce,
-                       UnitAttr:$visible_normalized);
+                       UnitAttr:$visible_normalized,
+                       OptionalAttr<Kvc_I64Attr>:$persistence,
+                       OptionalAttr<F64Attr>:$threshold,
+                       OptionalAttr<Kvc_ReduceKind>:$persistence_reduce);
   let assemblyFormat = [{
     (`output` $output^)? (`window` $window^)? (`last` $last^)?
     (`accumulate` $accumulate^)? (`reduce` $reduce^)?
-    (`visible_normalized` $visible_normalized^)? attr-dict
+    (`visible_normalized` $visible_normalized^)?
+    (`persistence` $persistence^ `threshold` $threshold `by`
+     $persistence_reduce)? attr-dict
   }];
+  let hasVerifier = 1;
 }
 
 def Kvc_GatherOp : Kvc_Op<"gather", [HasParent<"KernelOp">,

@@ -43,10 +43,6 @@ struct FormKernelsPass final
                          : runsAtPrefill(phase.getTrigger());
       if (!runs)
         continue;
-      if (phase.getTrigger() == Trigger::every_n)
-        return phase.emitOpError()
-               << "'every_n' phases are not formed into kernels yet; "
-                  "periodic compression has no generated kernel";
       if (picked) {
         InFlightDiagnostic diag =
             phase.emitOpError()
@@ -65,7 +61,9 @@ struct FormKernelsPass final
                           const PhaseStatistics *stats) {
     auto pass = AttentionPassOp::create(b, loc, UnitAttr(), IntegerAttr(),
                                         UnitAttr(), FloatAttr(),
-                                        ReduceKindAttr(), UnitAttr());
+                                        ReduceKindAttr(), UnitAttr(),
+                                        IntegerAttr(), FloatAttr(),
+                                        ReduceKindAttr());
     if (output)
       pass.setOutput(true);
     if (!stats)
@@ -79,6 +77,11 @@ struct FormKernelsPass final
       pass.setReduce(stats->stateReduce);
       if (stats->visibleNormalized)
         pass.setVisibleNormalized(true);
+    }
+    if (stats->persistence) {
+      pass.setPersistence(stats->persistence->history);
+      pass.setThresholdAttr(b.getF64FloatAttr(stats->persistence->threshold));
+      pass.setPersistenceReduce(stats->persistence->reduce);
     }
   }
 

@@ -75,6 +75,15 @@ struct InferStatisticsPass final
                                         stats.stateReduce))),
            b.getNamedAttr("visible_normalized",
                           b.getBoolAttr(stats.visibleNormalized))});
+    if (stats.persistence)
+      add("attention.persistence", "kv_head", true,
+          {b.getNamedAttr("history",
+                          b.getI64IntegerAttr(stats.persistence->history)),
+           b.getNamedAttr("threshold",
+                          b.getF64FloatAttr(stats.persistence->threshold)),
+           b.getNamedAttr("reduce",
+                          b.getStringAttr(stringifyReduceKind(
+                              stats.persistence->reduce)))});
     if (stats.keyNorm)
       add("key.norm", "kv_head", false, {});
     if (stats.keyDiversity)

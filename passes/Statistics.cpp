@@ -18,7 +18,19 @@ FailureOr<PhaseStatistics> kvc::analyzePhase(PhaseOp phase) {
   const bool decode = runsAtDecode(phase.getTrigger());
   for (Operation &op : phase.getBody().front()) {
     if (auto window = dyn_cast<AttnWindowOp>(op)) {
-      if (decode && window.getSize() > 1)
+      // A periodic phase observes its window over the decode steps that
+      // end each period.
+      const bool periodic = phase.getTrigger() == Trigger::every_n;
+      if (periodic && window.getSize() > *phase.getPeriod())
+        return window.emitOpError()
+               << "needs a window of " << window.getSize()
+               << " decode queries, more than the period of "
+               << *phase.getPeriod() << " steps between compressions";
+      if (periodic && window.getVisibleNormalized())
+        return window.emitOpError()
+               << "cannot divide by the queries that saw an entry in a "
+                  "periodic phase: the window is kept as a running sum";
+      if (decode && !periodic && window.getSize() > 1)
         return window.emitOpError()
                << "needs a window of " << window.getSize()
                << " queries, but a '" << stringifyTrigger(phase.getTrigger())
@@ -76,7 +88,23 @@ FailureOr<PhaseStatistics> kvc::analyzePhase(PhaseOp phase) {
         stats.valueNormP.push_back(norm.getP());
       continue;
     }
-    if (isa<AttnPersistenceOp, ExpectedAttnOp>(op))
+    if (auto persistence = dyn_cast<AttnPersistenceOp>(op)) {
+      PhaseStatistics::Persistence p{
+          persistence.getHistory(),
+          persistence.getThreshold().convertToDouble(),
+          persistence.getReduce()};
+      if (stats.persistence &&
+          (stats.persistence->history != p.history ||
+           stats.persistence->threshold != p.threshold ||
+           stats.persistence->reduce != p.reduce))
+        return persistence.emitOpError()
+               << "a phase keeps one history of importance bits; this one "
+                  "already records "
+               << stats.persistence->history << " steps";
+      stats.persistence = p;
+      continue;
+    }
+    if (isa<ExpectedAttnOp>(op))
       stats.unsupported.push_back(&op);
   }
   return stats;

@@ -34,6 +34,14 @@ struct PhaseStatistics {
   bool visibleNormalized = false;
   /// Group reduction folded into the accumulated per-entry state.
   ReduceKind stateReduce = ReduceKind::mean;
+  /// Per-step importance bits (kvc.attn_persistence): the steps kept, the
+  /// weight threshold and how the GQA group is reduced before it.
+  struct Persistence {
+    int64_t history;
+    double threshold;
+    ReduceKind reduce;
+  };
+  std::optional<Persistence> persistence;
   /// Key and value features.
   bool keyNorm = false, keyDiversity = false, recency = false;
   SmallVector<int64_t, 2> valueNormP;
@@ -42,7 +50,9 @@ struct PhaseStatistics {
   SmallVector<Operation *> unsupported;
 
   /// True if the phase needs the attention weights at all.
-  bool needsAttention() const { return window || last || decay; }
+  bool needsAttention() const {
+    return window || last || decay || persistence;
+  }
 };
 
 /// Whether a trigger runs at prefill and at decode.

@@ -51,6 +51,8 @@ struct HeadState {
   std::vector<int32_t> position;
   std::vector<float> score;
   std::vector<float> weight;
+  /// Per-step bits of a policy statistic, the latest step in bit 0.
+  std::vector<uint64_t> history;
   std::vector<uint8_t> keyFormat;
   std::vector<uint8_t> valueFormat;
   /// KIVI: index of the entry in this head's append order, per slot.
@@ -335,9 +337,22 @@ void resizeTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
   h.position.resize(slots, KVC_POSITION_NONE);
   h.score.resize(slots, 0.0f);
   h.weight.resize(slots, 0.0f);
+  h.history.resize(slots, 0);
   h.keyFormat.resize(slots, KVC_FORMAT_FULL);
   h.valueFormat.resize(slots, KVC_FORMAT_FULL);
   h.appendIndex.resize(slots, -1);
+}
+
+/// Copies the metadata of slot `from` of `src` to slot `to` of `dst`.
+void copySlotMetadata(const HeadState &src, int32_t from, HeadState &dst,
+                      int32_t to) {
+  dst.position[to] = src.position[from];
+  dst.score[to] = src.score[from];
+  dst.weight[to] = src.weight[from];
+  dst.history[to] = src.history[from];
+  dst.keyFormat[to] = src.keyFormat[from];
+  dst.valueFormat[to] = src.valueFormat[from];
+  dst.appendIndex[to] = src.appendIndex[from];
 }
 
 void reserveTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
@@ -347,6 +362,7 @@ void reserveTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
   h.position.reserve(slots);
   h.score.reserve(slots);
   h.weight.reserve(slots);
+  h.history.reserve(slots);
   h.keyFormat.reserve(slots);
   h.valueFormat.reserve(slots);
   h.appendIndex.reserve(slots);
@@ -617,6 +633,7 @@ void freeSlot(kvc_context *ctx, HeadState &h, int32_t slot) {
   h.position[slot] = KVC_POSITION_NONE;
   h.score[slot] = 0.0f;
   h.weight[slot] = 0.0f;
+  h.history[slot] = 0;
   h.keyFormat[slot] = KVC_FORMAT_FULL;
   h.valueFormat[slot] = KVC_FORMAT_FULL;
   h.appendIndex[slot] = -1;
@@ -917,6 +934,7 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
       h.position[slot] = positions[i];
       h.score[slot] = 0.0f;
       h.weight[slot] = 1.0f;
+      h.history[slot] = 0;
       h.keyFormat[slot] = static_cast<uint8_t>(c.format);
       h.valueFormat[slot] = static_cast<uint8_t>(c.format);
       ++h.pageLive[slot / p];
@@ -1106,12 +1124,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
             {h.pages[page], first % p, h.pages[to / p], to % p});
         for (int32_t k = 0; k < u; ++k) {
           int32_t from = first + k, dst = to + k;
-          h.position[dst] = h.position[from];
-          h.score[dst] = h.score[from];
-          h.weight[dst] = h.weight[from];
-          h.keyFormat[dst] = h.keyFormat[from];
-          h.valueFormat[dst] = h.valueFormat[from];
-          h.appendIndex[dst] = h.appendIndex[from];
+          copySlotMetadata(h, from, h, dst);
           origin[dst] = origin[from];
           copied[dst] = origin[from] >= 0;
           if (h.position[from] != KVC_POSITION_NONE) {
@@ -1150,12 +1163,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
       packed.pageLive[to] = h.pageLive[page];
       for (int32_t k = 0; k < p; ++k) {
         int32_t from = page * p + k, dst = to * p + k;
-        packed.position[dst] = h.position[from];
-        packed.score[dst] = h.score[from];
-        packed.weight[dst] = h.weight[from];
-        packed.keyFormat[dst] = h.keyFormat[from];
-        packed.valueFormat[dst] = h.valueFormat[from];
-        packed.appendIndex[dst] = h.appendIndex[from];
+        copySlotMetadata(h, from, packed, dst);
         newOrigin[dst] = origin[from];
         newCopied[dst] = copied[from];
       }
@@ -1309,6 +1317,7 @@ extern "C" kvc_status_t kvc_get_metadata(kvc_context_t *ctx, uint64_t sequence,
     metadata->position = h.position.data();
     metadata->score = h.score.data();
     metadata->weight = h.weight.data();
+    metadata->history = h.history.data();
     metadata->key_format = h.keyFormat.data();
     metadata->value_format = h.valueFormat.data();
     return KVC_STATUS_OK;
@@ -1411,6 +1420,7 @@ extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
         const HeadState &h = entry.second.heads[hi];
         size_t slots = h.pages.size() * static_cast<size_t>(p);
         if (h.position.size() != slots || h.score.size() != slots ||
+            h.history.size() != slots ||
             h.pageLive.size() != h.pages.size())
           return fail(KVC_STATUS_INTERNAL,
                       "%s: metadata length mismatch in head %zu", name, hi);

@@ -156,6 +156,7 @@ public:
   int32_t numLive() const { return live_; }
   const int32_t *positions() const { return meta_.position; }
   float *scoreState() const { return meta_.score; }
+  uint64_t *history() const { return meta_.history; }
   bool isLive(int32_t slot) const {
     return meta_.position[slot] != KVC_POSITION_NONE;
   }
@@ -228,6 +229,21 @@ private:
 // Attention passes
 //===----------------------------------------------------------------------===//
 
+/// Reduction kinds over heads.
+enum class Reduce { Mean, Max, Sum };
+
+/// Importance bits of prefill queries (kvc.attn_persistence): bit a of
+/// bits[i] is set when query n - 1 - a (one of the last `history` <= 64)
+/// gave entry i a group-reduced weight above `threshold`; `row` is scratch
+/// of n floats.
+struct PersistenceBits {
+  int32_t history;
+  float threshold;
+  Reduce reduce;
+  uint64_t *bits;
+  float *row;
+};
+
 /// Causal prefill attention of the G query heads of one kv-head over n
 /// prompt tokens, with the statistics folded in on the way:
 ///  - `window` > 0: windowProbs[g * n + i] = mean over the last
@@ -238,6 +254,7 @@ private:
 ///  - `accumulated` != nullptr: accumulated[g * n + i] = the decayed sum
 ///    over all queries t of decay^(n-1-t) * p_{t,i}, i.e. the state
 ///    s <- decay * s + p_t after the last prompt query.
+///  - `persistence` != nullptr: see PersistenceBits.
 /// q rows: q + t * qStride + g * D; k, v rows: k + t * kvStride. out rows
 /// like q; a null `out` skips the weighted sum of values (scoring only).
 /// `logits` is scratch of n floats.
@@ -246,14 +263,24 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
                       const float *k, const float *v, int64_t kvStride,
                       float scale, float *out, int32_t window,
                       float *windowProbs, float *lastProbs,
-                      float *accumulated, float decay, float *logits) {
+                      float *accumulated, float decay, float *logits,
+                      const PersistenceBits *persistence = nullptr) {
   const int32_t w = std::min(window, n);
   if (windowProbs)
     std::fill(windowProbs, windowProbs + static_cast<int64_t>(G) * n, 0.0f);
   if (accumulated)
     std::fill(accumulated, accumulated + static_cast<int64_t>(G) * n, 0.0f);
+  if (persistence)
+    std::fill(persistence->bits, persistence->bits + n, uint64_t{0});
   for (int32_t t = 0; t < n; ++t) {
     const float age = decay == 1.0f ? 1.0f : std::pow(decay, float(n - 1 - t));
+    // Queries of the persistence history reduce their group's weights.
+    float *row = persistence && n - 1 - t < persistence->history
+                     ? persistence->row
+                     : nullptr;
+    if (row)
+      std::fill(row, row + t + 1,
+                persistence->reduce == Reduce::Max ? kNegInf : 0.0f);
     for (int g = 0; g < G; ++g) {
       const float *qr = q + t * qStride + g * D;
       float m = kNegInf;
@@ -281,9 +308,19 @@ void prefillAttention(int32_t n, const float *q, int64_t qStride,
           windowProbs[g * n + i] += p / w;
         if (lastProbs && t == n - 1)
           lastProbs[g * n + i] = p;
+        if (row)
+          row[i] = persistence->reduce == Reduce::Max ? std::max(row[i], p)
+                                                      : row[i] + p;
       }
       if (out)
         std::memcpy(out + t * qStride + g * D, acc, sizeof acc);
+    }
+    if (row) {
+      const uint64_t bit = uint64_t{1} << (n - 1 - t);
+      const float divisor = persistence->reduce == Reduce::Mean ? G : 1;
+      for (int32_t i = 0; i <= t; ++i)
+        if (row[i] / divisor > persistence->threshold)
+          persistence->bits[i] |= bit;
     }
   }
 }
@@ -364,9 +401,6 @@ kvc_status_t decodeAttention(const HeadView &head, const float *q,
 // Score transforms
 //===----------------------------------------------------------------------===//
 
-/// Reduction kinds over heads.
-enum class Reduce { Mean, Max, Sum };
-
 /// out[i] = reduce over g of in[g * n + i].
 inline void groupReduce(const float *in, int32_t groups, int32_t n, Reduce kind,
                         float *out) {
@@ -396,6 +430,54 @@ inline void foldAccumulated(const HeadView &head, const float *probs,
       r = kind == Reduce::Max ? std::max(r, p) : r + p;
     }
     state[s] = decay * state[s] + (kind == Reduce::Mean ? r / groups : r);
+  }
+}
+
+/// Shifts one decode step into every live entry's importance bits: bit 0
+/// is set when the group-reduced weight of the current query exceeds
+/// `threshold` (kvc.attn_persistence).
+inline void foldPersistence(const HeadView &head, const float *probs,
+                            int32_t groups, float threshold, Reduce kind) {
+  const int32_t slots = head.numSlots();
+  uint64_t *bits = head.history();
+  for (int32_t s = 0; s < slots; ++s) {
+    if (!head.isLive(s))
+      continue;
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+    for (int32_t g = 0; g < groups; ++g) {
+      const float p = probs[static_cast<int64_t>(g) * slots + s];
+      r = kind == Reduce::Max ? std::max(r, p) : r + p;
+    }
+    if (kind == Reduce::Mean)
+      r /= groups;
+    bits[s] = (bits[s] << 1) | (r > threshold ? 1u : 0u);
+  }
+}
+
+/// Number of set bits among the lowest `history` bits of `bits`.
+inline int32_t countRecentBits(uint64_t bits, int32_t history) {
+  if (history < 64)
+    bits &= (uint64_t{1} << history) - 1;
+  int32_t count = 0;
+  for (; bits; bits &= bits - 1)
+    ++count;
+  return count;
+}
+
+/// Adds the group-mean weights of the current decode query to every live
+/// entry's score state, starting from 0 when `restart` (the first query of
+/// a periodic phase's window).
+inline void foldWindowSum(const HeadView &head, const float *probs,
+                          int32_t groups, bool restart) {
+  const int32_t slots = head.numSlots();
+  float *state = head.scoreState();
+  for (int32_t s = 0; s < slots; ++s) {
+    if (!head.isLive(s))
+      continue;
+    float r = 0.0f;
+    for (int32_t g = 0; g < groups; ++g)
+      r += probs[static_cast<int64_t>(g) * slots + s];
+    state[s] = (restart ? 0.0f : state[s]) + r / groups;
   }
 }
 

@@ -333,9 +333,10 @@ kvc_status_t kvc_get_slot_location(const kvc_context_t *context,
                                    int32_t *pool_page);
 
 /// Per-slot metadata arrays of one head, each num_slots long. `position`
-/// is KVC_POSITION_NONE for a free slot; `score` (policy score state) and
-/// `weight` (merge weight, 1 for a fresh entry) may be written by kernels;
-/// `key_format`/`value_format` hold kvc_format_t values (KIVI entries in
+/// is KVC_POSITION_NONE for a free slot; `score` (policy score state),
+/// `weight` (merge weight, 1 for a fresh entry) and `history` (per-step bits
+/// of a statistic, the latest step in bit 0; 0 for a fresh entry) may be
+/// written by kernels; `key_format`/`value_format` hold kvc_format_t values (KIVI entries in
 /// the residual window report KVC_FORMAT_FULL). The pointers stay valid
 /// until the next mutating call on that head or its sequence.
 typedef struct kvc_metadata_t {
@@ -343,6 +344,7 @@ typedef struct kvc_metadata_t {
   const int32_t *position;
   float *score;
   float *weight;
+  uint64_t *history;
   const uint8_t *key_format;
   const uint8_t *value_format;
 } kvc_metadata_t;

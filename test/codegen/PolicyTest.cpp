@@ -39,6 +39,8 @@
 #include "kvc_tova_cpu.h"
 #include "kvc_adakv_cpu.h"
 #include "kvc_pyramidkv_small_adakv_cpu.h"
+#include "kvc_rpc_small_cpu.h"
+#include "kvc_scissorhands_cpu.h"
 #endif
 #ifdef KVC_TEST_HEAD_CLASSES
 #include "kvc_duo_small_cpu.h"
@@ -173,7 +175,9 @@ struct Model {
     KeyNorm,
     KeyDiversity,
     ValueAware,
-    LastLayer ///< TOVA: the last query, averaged over every head of the layer.
+    LastLayer, ///< TOVA: the last query, averaged over every head of the layer.
+    Persistence, ///< Scissorhands: steps with a group-mean weight > threshold.
+    Periodic     ///< RPC: a decode window every `period` positions.
   } score;
   int sinks = 0, recent = 0;
   int window = 0, poolKernel = 1;
@@ -199,6 +203,11 @@ struct Model {
   /// Storage format and the analytic error bound of one stored element.
   enum class Storage { Full, Kivi2, Kivi4, Int8, Fp8 } storage = Storage::Full;
   bool quantized() const { return storage != Storage::Full; }
+  /// Scissorhands: weight threshold and the steps counted.
+  double threshold = 0.0;
+  int history = 0;
+  /// RPC: positions between compressions (the selector window is `window`).
+  int period = 0;
 };
 
 struct Case {
@@ -254,6 +263,15 @@ std::vector<Case> allCases() {
   adakv.adaptiveAlpha = 0.2;
   Model pyramidAdakv = pyramidSmall;
   pyramidAdakv.adaptiveAlpha = 0.2;
+  Model scissorhands{Model::Score::Persistence, 0, 64};
+  scissorhands.count = 1024;
+  scissorhands.threshold = 1.0 / 1024;
+  scissorhands.history = 64;
+  scissorhands.evictsAtDecode = true;
+  Model rpc{Model::Score::Periodic, 0, 2, 2};
+  rpc.count = 1024;
+  rpc.period = 2;
+  rpc.evictsAtDecode = true;
   Model duo = streaming;
   duo.count = 4 + 60;
   duo.headClasses = {{0, 1, 0}, {1, 0, 0}};
@@ -285,6 +303,8 @@ std::vector<Case> allCases() {
           {KVC_API(tova), tova},
           {KVC_API(adakv), adakv},
           {KVC_API(pyramidkv_small_adakv), pyramidAdakv},
+          {KVC_API(scissorhands), scissorhands},
+          {KVC_API(rpc_small), rpc},
 #ifdef KVC_TEST_HEAD_CLASSES
           {KVC_API(duo_small), duo},
 #endif
@@ -296,8 +316,35 @@ std::vector<Case> allCases() {
 struct RefEntry {
   int position;
   ref::Vector key, value; // As stored (rounded to the element type).
-  double state = 0.0;     // Accumulated attention (H2O).
+  double state = 0.0;     // Accumulated attention (H2O), window sum (RPC).
+  /// Scissorhands: the group-mean weight of every step the entry saw, the
+  /// latest last.
+  std::vector<double> weights;
 };
+
+/// Scissorhands: the steps among the last `history` whose weight is above
+/// `threshold`, and whether a weight lies so close to it (1e-4 relative)
+/// that float and double may disagree.
+struct PersistenceCount {
+  int count = 0;
+  bool ambiguous = false;
+};
+PersistenceCount persistenceCount(const std::vector<double> &weights,
+                                  int history, double threshold) {
+  PersistenceCount c;
+  const int steps = static_cast<int>(weights.size());
+  std::vector<ref::Vector> rows;
+  for (int t = std::max(0, steps - history); t < steps; ++t) {
+    rows.push_back({weights[t]});
+    if (std::fabs(weights[t] - threshold) <= 1e-4 * threshold)
+      c.ambiguous = true;
+  }
+  c.count = rows.empty() ? 0
+                         : static_cast<int>(
+                               ref::scissorhandsCounts(rows, history,
+                                                       threshold)[0]);
+  return c;
+}
 
 /// Prompt or token tensors of one layer.
 struct LayerInputs {
@@ -416,6 +463,9 @@ double storageBound(Model::Storage storage, double x, double lo, double hi,
 struct Selection {
   std::vector<int> kept; // Prompt indices, ascending.
   ref::Vector scores;    // Reference scores (+inf for protected entries).
+  /// Integer scores whose ties the tie rule settles: the kept set must
+  /// match exactly.
+  bool exact = false;
 };
 
 /// Expects the kept positions to match, allowing swaps at the boundary.
@@ -424,6 +474,10 @@ void expectSameKept(const Selection &expected, const std::set<int> &actual,
   std::set<int> want(expected.kept.begin(), expected.kept.end());
   if (want == actual)
     return;
+  if (expected.exact) {
+    ADD_FAILURE() << where << ": kept sets differ";
+    return;
+  }
   // The lowest kept reference score is the boundary.
   double boundary = INFINITY;
   for (int i : expected.kept)
@@ -501,7 +555,7 @@ protected:
     const Model &m = test.model;
     Selection sel;
     const int n = kPrompt;
-    if (m.score == Model::Score::Keep) {
+    if (m.score == Model::Score::Keep || m.score == Model::Score::Periodic) {
       for (int i = 0; i < n; ++i)
         sel.kept.push_back(i);
       sel.scores.assign(n, INFINITY);
@@ -515,6 +569,17 @@ protected:
       reduced = ref::keyNormScores(keys);
     } else if (m.score == Model::Score::KeyDiversity) {
       reduced = ref::keyDiversityScores(keys);
+    } else if (m.score == Model::Score::Persistence) {
+      std::vector<std::vector<double>> weights = groupMeanWeights(
+          probabilities, n - m.history);
+      bool ambiguous = false;
+      for (int i = 0; i < n; ++i) {
+        PersistenceCount c =
+            persistenceCount(weights[i], m.history, m.threshold);
+        reduced.push_back(c.count);
+        ambiguous |= c.ambiguous;
+      }
+      sel.exact = !ambiguous;
     } else {
       std::vector<ref::Vector> perQuery;
       for (const ref::Matrix &p : probabilities) {
@@ -543,6 +608,22 @@ protected:
     sel.scores = ref::protect(reduced, m.sinks, m.recent);
     sel.kept = ref::topK(sel.scores, static_cast<int>(budgetOf(layer, head)));
     return sel;
+  }
+
+  /// Per entry, the group-mean weight of every prompt query from `first`
+  /// on that sees it (Scissorhands' history).
+  static std::vector<std::vector<double>>
+  groupMeanWeights(const std::vector<ref::Matrix> &probabilities, int first) {
+    const int n = probabilities[0].cols;
+    std::vector<std::vector<double>> weights(n);
+    for (int t = std::max(0, first); t < n; ++t)
+      for (int i = 0; i <= t; ++i) {
+        double p = 0.0;
+        for (const ref::Matrix &pg : probabilities)
+          p += pg.at(t, i) / probabilities.size();
+        weights[i].push_back(p);
+      }
+    return weights;
   }
 
   /// The budget of one head after prefill.
@@ -685,6 +766,11 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           }
       }
 
+      std::vector<std::vector<double>> persistenceWeights;
+      if (m.score == Model::Score::Persistence)
+        persistenceWeights =
+            groupMeanWeights(att.probabilities, kPrompt - m.history);
+
       // Stored data and accumulated state of every live entry.
       kvc_metadata_t meta{};
       ASSERT_EQ(kvc_get_metadata(context, 0, layer, h, &meta), KVC_STATUS_OK);
@@ -744,6 +830,21 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           EXPECT_NEAR(meta.score[slot], state, 1e-3 * std::max(1.0, state))
               << where << " state " << pos;
           e.state = state;
+        }
+        if (m.score == Model::Score::Persistence) {
+          e.weights = persistenceWeights[pos];
+          PersistenceCount c =
+              persistenceCount(e.weights, m.history, m.threshold);
+          // Bit a: the query a steps before the last.
+          const int steps = static_cast<int>(e.weights.size());
+          for (int a = 0; a < 64; ++a) {
+            const bool bit = (meta.history[slot] >> a) & 1u;
+            const bool want =
+                a < steps && e.weights[steps - 1 - a] > m.threshold;
+            if (!c.ambiguous)
+              EXPECT_EQ(bit, want) << where << " history bit " << a
+                                   << " of " << pos;
+          }
         }
         cache[layer][h].push_back(e);
       }
@@ -843,8 +944,30 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
         // The reference policy's decode-time eviction.
         if (m.evictsAtDecode) {
           ref::Vector base(entries.size());
+          bool ambiguous = false;
           for (size_t i = 0; i < entries.size(); ++i) {
-            if (m.score == Model::Score::LastLayer) {
+            double groupMean = 0.0;
+            for (int g = 0; g < kGroup; ++g)
+              groupMean += att.probabilities[g].at(0, i) / kGroup;
+            if (m.score == Model::Score::Persistence) {
+              entries[i].weights.push_back(groupMean);
+              PersistenceCount c = persistenceCount(entries[i].weights,
+                                                    m.history, m.threshold);
+              base[i] = c.count;
+              ambiguous |= c.ambiguous;
+            } else if (m.score == Model::Score::Periodic) {
+              // RPC: the selector window sums the queries of the last
+              // `window` positions of each period; the window's own
+              // entries score 0.
+              const int phase = position % m.period;
+              if (phase == m.period - m.window)
+                entries[i].state = 0.0;
+              if (phase >= m.period - m.window)
+                entries[i].state += groupMean;
+              base[i] = entries[i].position > position - m.window
+                            ? 0.0
+                            : entries[i].state / m.window;
+            } else if (m.score == Model::Score::LastLayer) {
               base[i] = layerScore[i];
             } else if (m.score == Model::Score::Accumulated) {
               double p = 0.0;
@@ -874,10 +997,16 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           entries = sorted;
           Selection sel;
           sel.scores = ref::protect(sortedBase, m.sinks, m.recent);
+          sel.exact = m.score == Model::Score::Persistence && !ambiguous;
+          // RPC compresses only after the last position of a period.
+          const bool acts = m.score != Model::Score::Periodic ||
+                            (position + 1) % m.period == 0;
           sel.kept = ref::topK(
-              sel.scores, static_cast<int>(std::min<int64_t>(
-                              m.budgetOf(layer, h, entries.size()),
-                              entries.size())));
+              sel.scores,
+              static_cast<int>(std::min<int64_t>(
+                  acts ? m.budgetOf(layer, h, entries.size())
+                       : static_cast<int64_t>(entries.size()),
+                  entries.size())));
           std::map<int, int> live = livePositions(layer, h);
           std::set<int> actualIdx;
           for (size_t i = 0; i < entries.size(); ++i)

@@ -409,7 +409,7 @@ kvc.policy @p {
 kvc.policy @p {
   kvc.phase every_step {
     // expected-error @below {{threshold must be in (0, 1), got 1.5}}
-    %s = kvc.attn_persistence threshold 1.5 history 64
+    %s = kvc.attn_persistence threshold 1.5 history 64 reduce mean
   }
 }
 
@@ -417,8 +417,26 @@ kvc.policy @p {
 
 kvc.policy @p {
   kvc.phase every_step {
-    // expected-error @below {{history must be positive, got 0}}
-    %s = kvc.attn_persistence threshold 0.01 history 0
+    // expected-error @below {{history must be in [1, 64] steps, got 0}}
+    %s = kvc.attn_persistence threshold 0.01 history 0 reduce mean
+  }
+}
+
+// -----
+
+kvc.policy @p {
+  kvc.phase every_step {
+    // expected-error @below {{history must be in [1, 64] steps, got 65}}
+    %s = kvc.attn_persistence threshold 0.01 history 65 reduce max
+  }
+}
+
+// -----
+
+kvc.policy @p {
+  kvc.phase every_step {
+    // expected-error @below {{reduces the group with mean or max before the threshold}}
+    %s = kvc.attn_persistence threshold 0.01 history 8 reduce sum
   }
 }
 

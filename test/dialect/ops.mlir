@@ -30,9 +30,9 @@
 // CHECK-NEXT:    }
 // CHECK-NEXT:    kvc.phase every_step {
 // CHECK-NEXT:      %[[A:.+]] = kvc.attn_accumulate decay 9.000000e-01 visible_normalized noise_temperature 5.000000e-01 lag 8
-// CHECK-NEXT:      %[[S:.+]] = kvc.attn_persistence threshold 1.000000e-02 history 64
+// CHECK-NEXT:      %[[S:.+]] = kvc.attn_persistence threshold 1.000000e-02 history 64 reduce mean
 // CHECK-NEXT:      %[[LA:.+]] = kvc.layer_reduce mean %[[A]] : !kvc.score<query>
-// CHECK-NEXT:      %[[LS:.+]] = kvc.layer_reduce mean %[[S]] : !kvc.score<query>
+// CHECK-NEXT:      %[[LS:.+]] = kvc.layer_reduce mean %[[S]] : !kvc.score<kv_head>
 // CHECK-NEXT:      %[[SUM:.+]] = kvc.combine sum %[[LA]], %[[LS]] : !kvc.score<layer>
 // CHECK-NEXT:      %[[B1:.+]] = kvc.budget_uniform count 256
 // CHECK-NEXT:      %[[K1:.+]] = kvc.topk %[[SUM]], %[[B1]] tie recent : !kvc.score<layer>
@@ -68,9 +68,9 @@ kvc.policy @scores geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2,
   }
   kvc.phase every_step {
     %a = kvc.attn_accumulate decay 0.9 visible_normalized noise_temperature 0.5 lag 8
-    %s = kvc.attn_persistence threshold 0.01 history 64
+    %s = kvc.attn_persistence threshold 0.01 history 64 reduce mean
     %la = kvc.layer_reduce mean %a : !kvc.score<query>
-    %ls = kvc.layer_reduce mean %s : !kvc.score<query>
+    %ls = kvc.layer_reduce mean %s : !kvc.score<kv_head>
     %sum = kvc.combine sum %la, %ls : !kvc.score<layer>
     %b = kvc.budget_uniform count 256
     %k = kvc.topk %sum, %b tie recent : !kvc.score<layer>

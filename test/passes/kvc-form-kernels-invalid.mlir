@@ -10,9 +10,9 @@ kvc.policy @unspecialized {
 // -----
 
 kvc.policy @periodic geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
-  // expected-error @below {{'every_n' phases are not formed into kernels yet; periodic compression has no generated kernel}}
   kvc.phase every_n period 32 {
-    %w = kvc.attn_window size 16
+    // expected-error @below {{needs a window of 48 decode queries, more than the period of 32 steps between compressions}}
+    %w = kvc.attn_window size 48
     %g = kvc.group_reduce mean %w
     %b = kvc.budget_uniform count 64
     %k = kvc.topk %g, %b tie recent : !kvc.score<kv_head>

@@ -256,6 +256,18 @@ TEST(Pages, CompactionHandWorked) {
   const int32_t d = 8;
   ASSERT_EQ(kvc_sequence_add(f.ctx, 0), KVC_STATUS_OK);
   appendCounting(f.ctx, 0, 0, 0, d, iota(12));
+  // Kernel-owned metadata of every entry: score 10 * position, merge weight
+  // position + 1, history bits 1 << position; it must follow its entry.
+  {
+    kvc_metadata_t m;
+    ASSERT_EQ(kvc_get_metadata(f.ctx, 0, 0, 0, &m), KVC_STATUS_OK);
+    for (int32_t s = 0; s < 12; ++s) {
+      EXPECT_EQ(m.history[s], 0u) << "fresh entries have no history";
+      m.score[s] = 10.0f * s;
+      m.weight[s] = s + 1.0f;
+      m.history[s] = uint64_t{1} << s;
+    }
+  }
   // Leave page 0 full, page 1 with slot 5, page 2 with slots 8 and 9.
   std::vector<int32_t> evict = {4, 6, 7, 10, 11};
   ASSERT_EQ(kvc_evict(f.ctx, 0, 0, 0, 5, evict.data()), KVC_STATUS_OK);
@@ -299,6 +311,17 @@ TEST(Pages, CompactionHandWorked) {
   expectCountingEntry(f.ctx, 0, 0, 0, d, 4, 8);
   expectCountingEntry(f.ctx, 0, 0, 0, d, 5, 9);
   expectCountingEntry(f.ctx, 0, 0, 0, d, 6, 5);
+  {
+    kvc_metadata_t m;
+    ASSERT_EQ(kvc_get_metadata(f.ctx, 0, 0, 0, &m), KVC_STATUS_OK);
+    for (int32_t slot : {0, 1, 2, 3, 4, 5, 6}) {
+      const int32_t pos = m.position[slot];
+      EXPECT_EQ(m.score[slot], 10.0f * pos) << "slot " << slot;
+      EXPECT_EQ(m.weight[slot], pos + 1.0f) << "slot " << slot;
+      EXPECT_EQ(m.history[slot], uint64_t{1} << pos) << "slot " << slot;
+    }
+    EXPECT_EQ(m.history[7], 0u) << "a free slot has no history";
+  }
   kvc_pool_stats_t s;
   kvc_pool_stats(f.ctx, &s);
   EXPECT_EQ(s.free_pages, 30);

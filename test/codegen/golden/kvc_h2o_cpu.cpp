@@ -118,10 +118,10 @@ kvc_status_t kvc_h2o_cpu_prefill(kvc_context_t *context, uint64_t sequence, int3
       keptIndex[kept++] = i;
     }
     KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, kHeadDim, gatherKeys, gatherValues, keptPositions, slots));
-    // Accumulated attention carried into decode as score state.
-    kvc::cpu::groupReduce(accumulated, kGroup, n, kvc::cpu::Reduce::Mean, state);
     kvc_metadata_t meta;
     KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, h, &meta));
+    // Accumulated attention carried into decode as score state.
+    kvc::cpu::groupReduce(accumulated, kGroup, n, kvc::cpu::Reduce::Mean, state);
     for (int32_t j = 0; j < kept; ++j)
       meta.score[slots[j]] = state[keptIndex[j]];
   }

@@ -1,0 +1,12 @@
+// Mirrors policies/int8.mlir; it has no size constants, so nothing changed.
+//
+// The geometry FidelityTest.cpp builds it for; the kernels must form.
+// RUN: kvc-opt %s "--kvc-specialize=layers=1 q-heads=2 kv-heads=1 head-dim=4 dtype=f32" --kvc-form-kernels | FileCheck %s
+// CHECK-LABEL: kvc.policy @int8 geometry #kvc.geometry<layers = 1, q_heads = 2, kv_heads = 1, head_dim = 4, dtype = f32> {
+// CHECK:         kvc.kernel prefill
+// CHECK:         kvc.kernel decode
+
+kvc.policy @int8 {
+  kvc.storage key #kvc.format<int8, per_token>
+              value #kvc.format<int8, per_token>
+}
