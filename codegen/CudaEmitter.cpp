@@ -2,7 +2,9 @@
 //
 // Emits one host entry point per kernel of a policy, plus one generated
 // __global__ "stages" kernel that runs the policy's stages for one kv-head
-// per block. Attention, the split merge and entry stores are the building
+// per block (three when a stage needs every head of the layer: the stages
+// before it, a one-block kernel for it, the stages after it). Attention, the
+// split merge, merges of evicted entries and entry stores are the building
 // blocks of runtime/kvc_cuda.cuh, instantiated with the policy's constants.
 // The runtime's bookkeeping is on the host: entry points snapshot page
 // tables, positions and score state into the device workspace, launch on
@@ -15,6 +17,7 @@
 
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
@@ -125,9 +128,17 @@ private:
 
   LogicalResult emitStage(Operation *op, raw_ostream &os);
   void emitAttentionStage(raw_ostream &os);
+  /// Declares budget `op` = `expr` in the current stages kernel.
+  void declareBudget(raw_ostream &os, Operation *op, const std::string &expr,
+                     bool sameForAllHeads);
+  /// Emits the cross-head op into the one-block kernel between the two
+  /// stages kernels.
+  LogicalResult emitCrossStage(raw_ostream &os);
   void emitGatherStage(raw_ostream &os);
   void emitWorkspace(raw_ostream &os);
   void emitPrefillEntry(raw_ostream &os);
+  /// Emits the launches of the merge kernels (prefill, after the stages).
+  void emitMergeLaunch(raw_ostream &os);
   void emitDecodeEntry(raw_ostream &os);
   void emitValidation(raw_ostream &os);
 
@@ -140,7 +151,19 @@ private:
 
   llvm::DenseMap<Value, Buffer> values;
   llvm::DenseMap<Value, std::string> budgets;
+  /// The declaration of each per-kernel budget, repeated in the stages
+  /// kernel after a cross-head op when that kernel reads it.
+  llvm::DenseMap<Value, std::string> budgetDecls;
+  /// The expression of each budget that is the same for every head.
+  llvm::DenseMap<Value, std::string> budgetExprs;
   SmallVector<Buffer> floatBuffers;
+  /// Namespace-scope device declarations (head class tables).
+  std::string deviceDecls;
+  /// The op that needs every head of the layer (kvc.layer_reduce,
+  /// kvc.budget_adaptive): the stages run in two kernels around it.
+  Operation *crossOp = nullptr;
+  /// The merge of evicted prompt entries into kept ones.
+  Operation *merge = nullptr;
   AttentionPassOp attention;
   AppendOp append;
   GatherOp gather;
@@ -256,6 +279,48 @@ void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
           "stride, n, "
        << reduceEnumerator("cuda", *attention.getReduce())
        << ", w.state + h * stride);\n";
+  if (merge && isa<MergeCamOp>(merge))
+    os << "  // CaM's attention: the window statistic averaged over the "
+          "group.\n"
+          "  kvc::cuda::groupReduce<kStageThreads>(windowProbs, kGroup, "
+          "stride, n, kvc::cuda::Reduce::Mean, w.camAttention + h * "
+          "stride);\n";
+  else if (merge)
+    os << "  // The victims, in prompt order, for the merge kernels.\n"
+          "  kvc::cuda::compactIndices<kStageThreads>(\n"
+          "      n, [&](int32_t i) { return victim[i] != 0; }, w.victimList "
+          "+ h * stride, &w.numVictims[h]);\n";
+}
+
+LogicalResult CudaKernelEmitter::emitCrossStage(raw_ostream &os) {
+  os << "  " << opComment(crossOp) << "\n";
+  if (auto reduce = dyn_cast<LayerReduceOp>(crossOp)) {
+    Buffer in = values.lookup(reduce.getInput());
+    os << "  kvc::cuda::layerReduce<kStageThreads>(w." << in.name
+       << ", kKvHeads, " << (in.perQuery ? "kGroup" : "1") << ", stride, n, "
+       << reduceEnumerator("cuda", reduce.getKind()) << ", w.layerScore);\n";
+    bind(reduce, "layerScore", false);
+    return success();
+  }
+  auto adaptive = cast<BudgetAdaptiveOp>(crossOp);
+  if (!budgetExprs.count(adaptive.getBase()))
+    return unsupported(crossOp, "its base budget is per head");
+  Buffer score = values.lookup(adaptive.getScore());
+  if (score.perQuery)
+    return unsupported(crossOp, "per-query-head scores");
+  std::string isLive =
+      decode ? "[&](int32_t hd, int32_t i) {\n"
+               "        return i < w.heads[hd].numSlots && "
+               "w.heads[hd].positions[i] != KVC_POSITION_NONE;\n      }"
+             : "[&](int32_t, int32_t i) { return w.positions[i] != "
+               "KVC_POSITION_NONE; }";
+  os << "  kvc::cuda::adaptiveBudgets<kStageThreads, kKvHeads>(\n      w."
+     << score.name << ", " << isLive << ", n, stride,\n      "
+     << budgetExprs.lookup(adaptive.getBase()) << ", "
+     << floatLiteral("cuda", adaptive.getAlpha().convertToDouble())
+     << ", w.adaptiveBudgets);\n";
+  budgets[adaptive] = "w.adaptiveBudgets[h]";
+  return success();
 }
 
 LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
@@ -289,7 +354,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](AttnLastOp last) -> LogicalResult {
-        bind(last, decode ? "probs" : "windowProbs", true);
+        bind(last, decode ? "probs" : "lastProbs", true);
         return success();
       })
       .Case([&](AttnAccumulateOp acc) -> LogicalResult {
@@ -423,33 +488,61 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](BudgetUniformOp uniform) -> LogicalResult {
-        std::string b = "budget" + std::to_string(budgets.size());
-        budgets[uniform] = b;
-        if (std::optional<int64_t> count = uniform.getCount()) {
-          os << "  const int64_t " << b << " = " << *count << ";\n";
-          return success();
-        }
-        if (decode)
+        if (!uniform.getCount() && decode)
           return unsupported(op, "decode-time eviction needs a count budget");
-        os << "  const int64_t " << b << " = static_cast<int64_t>(n * (1.0 - "
-           << floatLiteral("cuda", uniform.getRatio()->convertToDouble()) << "));\n";
+        std::string expr =
+            uniform.getCount()
+                ? std::to_string(*uniform.getCount())
+                : "static_cast<int64_t>(n * (1.0 - " +
+                      floatLiteral("cuda",
+                                   uniform.getRatio()->convertToDouble()) +
+                      "))";
+        declareBudget(os, uniform, expr, true);
         return success();
       })
       .Case([&](BudgetPyramidOp pyramid) -> LogicalResult {
         if (decode)
           return unsupported(op, "decode-time eviction needs a count budget");
-        std::string b = "budget" + std::to_string(budgets.size());
-        budgets[pyramid] = b;
-        os << "  const int64_t " << b << " = kvc::cuda::pyramidBudget("
-           << pyramid.getCapacity() << ", " << pyramid.getWindow() << ", "
-           << pyramid.getBeta() << ", kLayers, layer, n);\n";
+        declareBudget(os, pyramid,
+                      "kvc::cuda::pyramidBudget(" +
+                          std::to_string(pyramid.getCapacity()) + ", " +
+                          std::to_string(pyramid.getWindow()) + ", " +
+                          std::to_string(pyramid.getBeta()) +
+                          ", kLayers, layer, n)",
+                      true);
+        return success();
+      })
+      .Case([&](BudgetHeadClassesOp classes) -> LogicalResult {
+        // A table per (layer, kv-head) in constant memory.
+        std::string table =
+            "k" + camel + "HeadClasses" + std::to_string(budgets.size());
+        llvm::raw_string_ostream ds(deviceDecls);
+        ds << "/// " << opComment(classes).substr(3) << "\n"
+           << "/// 1: retrieval head (keeps everything), 0: streaming head "
+              "(sinks + recent).\n"
+           << "__constant__ int8_t " << table << "[kLayers][kKvHeads] = {";
+        auto shape = cast<ShapedType>(classes.getTable().getType()).getShape();
+        SmallVector<APInt> entries(classes.getTable().getValues<APInt>());
+        for (int64_t l = 0; l < shape[0]; ++l) {
+          ds << (l ? ", " : "") << "{";
+          for (int64_t hd = 0; hd < shape[1]; ++hd)
+            ds << (hd ? ", " : "") << entries[l * shape[1] + hd].getZExtValue();
+          ds << "}";
+        }
+        ds << "};\n\n";
+        declareBudget(
+            os, classes,
+            table + "[layer][h] ? INT64_MAX : " +
+                std::to_string(classes.getSinks() + classes.getRecent()),
+            false);
         return success();
       })
       .Case([&](TopKOp topk) -> LogicalResult {
         if (!budgets.count(topk.getBudget()))
           return unsupported(op, "its budget has no generated form");
         if (cast<ScoreType>(topk.getScore().getType()).getGranularity() ==
-            Granularity::layer)
+                Granularity::layer &&
+            !isa_and_nonnull<LayerReduceOp>(crossOp))
           return unsupported(op, "layer-wide selection");
         os << "  kvc::cuda::selectVictims<kStageThreads>("
            << values.lookup(topk.getScore()).name << ", positions, n, "
@@ -468,12 +561,38 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           os << "  // The gather below skips the victims.\n";
         return success();
       })
+      .Case<MergeNearestOp, MergeD2OOp, MergeCamOp>([&](Operation *mergeOp)
+                                                        -> LogicalResult {
+        if (decode)
+          return unsupported(mergeOp);
+        if (isa<MergeCamOp>(mergeOp) && (!attention || !attention.getWindow()))
+          return unsupported(mergeOp, "CaM reads a window attention statistic");
+        merge = mergeOp;
+        os << "  // Evicted entries merge into kept ones after this "
+              "kernel (kvc::cuda::merge*).\n";
+        return success();
+      })
       .Default([&](Operation *other) { return unsupported(other); });
 }
 
+void CudaKernelEmitter::declareBudget(raw_ostream &os, Operation *op,
+                                      const std::string &expr,
+                                      bool sameForAllHeads) {
+  std::string b = "budget" + std::to_string(budgets.size());
+  budgets[op->getResult(0)] = b;
+  budgetDecls[op->getResult(0)] = "  const int64_t " + b + " = " + expr + ";\n";
+  if (sameForAllHeads)
+    budgetExprs[op->getResult(0)] = expr;
+  if (llvm::all_of(op->getUsers(),
+                   [&](Operation *user) { return user == crossOp; }))
+    os << "  // Read by the cross-head kernel.\n";
+  else
+    os << budgetDecls[op->getResult(0)];
+}
+
 void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
-  const bool window =
-      attention && (attention.getWindow() || attention.getLast());
+  const bool window = attention && attention.getWindow();
+  const bool last = attention && attention.getLast();
   const bool acc = attention && attention.getAccumulate();
   const bool scratchOut = attention && !attention.getOutput();
   struct Field {
@@ -509,6 +628,9 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     if (window)
       fields.push_back({"float", "windowProbs", "kKvHeads * kGroup * stride",
                         "Window statistics per query head."});
+    if (last)
+      fields.push_back({"float", "lastProbs", "kKvHeads * kGroup * stride",
+                        "Weights of the last prompt query per query head."});
     if (acc)
       fields.push_back({"float", "accumulated", "kKvHeads * kGroup * stride",
                         "Summed attention per query head."});
@@ -521,9 +643,40 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                       std::string("kKvHeads * ") +
                           (b.perQuery ? "kGroup * " : "") + "stride",
                       "Score buffer of a policy stage."});
+  if (isa_and_nonnull<LayerReduceOp>(crossOp))
+    fields.push_back({"float", "layerScore", "stride",
+                      "The layer-wide score, the same for every head."});
+  if (isa_and_nonnull<BudgetAdaptiveOp>(crossOp))
+    fields.push_back({"int64_t", "adaptiveBudgets", "kKvHeads",
+                      "AdaKV's budget of every head."});
   if (selects)
     fields.push_back(
         {"uint8_t", "victim", "kKvHeads * stride", "Victim flag per entry."});
+  if (merge) {
+    if (isa<MergeCamOp>(merge)) {
+      fields.push_back({"float", "camAttention", "kKvHeads * stride",
+                        "CaM's group-averaged window attention."});
+      fields.push_back(
+          {"double", "means", "kKvHeads", "CaM's window mean per head."});
+    } else {
+      fields.push_back({"int32_t", "victimList", "kKvHeads * stride",
+                        "Victim prompt indices per head, ascending."});
+      fields.push_back(
+          {"int32_t", "numVictims", "kKvHeads", "Victims per head."});
+      fields.push_back({"double", "keptNorms", "kKvHeads * stride",
+                        "Key norms of the kept entries."});
+      fields.push_back({"int32_t", "targets", "kKvHeads * stride",
+                        "Nearest kept entry of every victim."});
+      fields.push_back(
+          {"double", "sims", "kKvHeads * stride", "Its cosine similarity."});
+      fields.push_back({"double", "weights", "kKvHeads * stride",
+                        "The victim's merge weight."});
+    }
+    fields.push_back({"float", "mergedKeys", "stride * kKvHeads * kHeadDim",
+                      "Kept keys after the merge, in kept-list order."});
+    fields.push_back({"float", "mergedValues", "stride * kKvHeads * kHeadDim",
+                      "Kept values after the merge, in kept-list order."});
+  }
   if (decode && selects) {
     fields.push_back({"int32_t", "victims", "kKvHeads * stride",
                       "Victim slots per head, ascending."});
@@ -561,6 +714,38 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
   os << "}\n\n";
 }
 
+/// True when `word` occurs in `text` as a whole identifier.
+static bool usesWord(StringRef text, StringRef word) {
+  auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
+  for (size_t at = text.find(word); at != StringRef::npos;
+       at = text.find(word, at + 1)) {
+    const size_t end = at + word.size();
+    if ((at == 0 || !isWord(text[at - 1])) &&
+        (end >= text.size() || !isWord(text[end])))
+      return true;
+  }
+  return false;
+}
+
+/// Keeps the declarations (name, line) that `body` reads, directly or
+/// through a later kept declaration, in their order.
+static std::string
+usedDeclarations(ArrayRef<std::pair<std::string, std::string>> decls,
+                 StringRef body) {
+  std::string reads = body.str();
+  SmallVector<bool> keep(decls.size(), false);
+  for (size_t i = decls.size(); i-- > 0;)
+    if (usesWord(reads, decls[i].first)) {
+      keep[i] = true;
+      reads += decls[i].second;
+    }
+  std::string text;
+  for (size_t i = 0; i < decls.size(); ++i)
+    if (keep[i])
+      text += decls[i].second;
+  return text;
+}
+
 LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   for (Operation &op : kernel.getBody().front()) {
     if (auto a = dyn_cast<AttentionPassOp>(op))
@@ -569,71 +754,142 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
       append = a;
     if (auto g = dyn_cast<GatherOp>(op))
       gather = g;
+    if (isa<LayerReduceOp, BudgetAdaptiveOp>(op) && !crossOp)
+      crossOp = &op;
     selects |= isa<TopKOp>(op);
     needsProbs |= decode && isa<AttnLastOp>(op);
   }
   if (!attention)
     return kernel.emitOpError() << "has no kvc.attention_pass";
-  if (!decode && attention.getWindow() && attention.getLast())
-    return unsupported(attention, "a window and the last query in one kernel");
   if (decode && attention.getWindow())
     return unsupported(attention, "window statistics are a prefill statistic");
 
-  // Stages first, into a buffer: they decide which buffers exist.
-  std::string body;
-  llvm::raw_string_ostream bs(body);
-  for (Operation &op : kernel.getBody().front())
-    if (failed(emitStage(&op, bs)))
+  // Stages first, into buffers: they decide which buffers exist. Ops before
+  // the cross-head op run in the first stages kernel, the op itself in a
+  // one-block kernel, the rest in a second stages kernel.
+  std::string body, crossBody, afterBody;
+  llvm::raw_string_ostream bs(body), cs(crossBody), as(afterBody);
+  bool afterCross = false;
+  for (Operation &op : kernel.getBody().front()) {
+    if (&op == crossOp) {
+      if (failed(emitCrossStage(cs)))
+        return failure();
+      afterCross = true;
+      continue;
+    }
+    if (failed(emitStage(&op, afterCross ? as : bs)))
       return failure();
+  }
+  // Budgets of the first kernel that the second reads are declared again.
+  if (crossOp) {
+    std::string again;
+    SmallVector<Value> seen;
+    for (Operation *op = crossOp->getNextNode(); op; op = op->getNextNode())
+      for (Value operand : op->getOperands())
+        if (budgetDecls.count(operand) && operand.getDefiningOp() &&
+            operand.getDefiningOp()->isBeforeInBlock(crossOp) &&
+            !llvm::is_contained(seen, operand)) {
+          seen.push_back(operand);
+          again += budgetDecls.lookup(operand);
+        }
+    afterBody = again + afterBody;
+  }
 
   std::string fn = camel;
   fn[0] = static_cast<char>(std::tolower(fn[0]));
   fn += "Stages";
+  // A prefill stages kernel of comments only (aliases of the attention
+  // statistics) is not launched; its comments go to the next kernel.
+  bool hasCode = false;
+  for (StringRef line : llvm::split(body, '\n'))
+    hasCode |= !line.trim().empty() && !line.trim().starts_with("//");
+  if (!decode && !hasCode && crossOp) {
+    crossBody = body + crossBody;
+    body.clear();
+  }
   stagesKernel = decode || !body.empty();
 
   out << "//===--- " << name << ": device part ---===//\n\n";
   emitWorkspace(out);
+  out << deviceDecls;
 
-  // The stages kernel: one block per kv-head.
-  if (stagesKernel) {
-    out << "/// The stages of " << name
-        << ", one block per kv-head, in the order of the policy.\n";
-    out << "__global__ void __launch_bounds__(kStageThreads)\n    " << fn
-        << "(" << camel << "Workspace w, ";
+  // The per-kv-head prologue of a stages kernel: the declarations its body
+  // reads.
+  auto prologue = [&](const std::string &text) {
+    SmallVector<std::pair<std::string, std::string>> decls;
+    decls.push_back({"h", "  const int32_t h = blockIdx.x;\n"});
     if (decode) {
-      out << "int64_t stride, int32_t numSplits, int32_t position, "
-          << "float *out) {\n"
-          << "  const int32_t h = blockIdx.x;\n"
-          ;
-      bool readsEntries = attention.getAccumulate() || needsProbs;
-      for (Operation &op : kernel.getBody().front())
-        readsEntries |= !isa<AttentionPassOp, AppendOp>(op);
-      if (readsEntries)
-        out << "  const kvc::cuda::HeadTable t = w.heads[h];\n"
-            << "  const int32_t n = t.numSlots;\n"
-            << "  const int32_t *positions = t.positions;\n";
-      if (attention.getAccumulate() || needsProbs)
-        out << "  const float *logits = w.logits + h * kGroup * stride;\n";
+      decls.push_back({"t", "  const kvc::cuda::HeadTable t = w.heads[h];\n"});
+      decls.push_back({"n", "  const int32_t n = t.numSlots;\n"});
+      decls.push_back(
+          {"positions", "  const int32_t *positions = t.positions;\n"});
+      decls.push_back(
+          {"logits",
+           "  const float *logits = w.logits + h * kGroup * stride;\n"});
+      decls.push_back(
+          {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
     } else {
-      out << "int32_t n, int32_t layer, const float *k, const float *v) {\n"
-          << "  const int32_t h = blockIdx.x;\n"
-          << "  const int64_t stride = n;\n"
-          << "  const int32_t *positions = w.positions;\n";
+      decls.push_back({"stride", "  const int64_t stride = n;\n"});
+      decls.push_back(
+          {"positions", "  const int32_t *positions = w.positions;\n"});
+      decls.push_back(
+          {"windowProbs", "  const float *windowProbs = w.windowProbs + h * "
+                          "kGroup * stride;\n"});
+      decls.push_back(
+          {"lastProbs",
+           "  const float *lastProbs = w.lastProbs + h * kGroup * stride;\n"});
+      decls.push_back(
+          {"accumulated", "  const float *accumulated = w.accumulated + h * "
+                          "kGroup * stride;\n"});
     }
-    if (needsProbs)
-      out << "  float *probs = w.probs + h * kGroup * stride;\n";
-    if (!decode && (attention.getWindow() || attention.getLast()))
-      out << "  const float *windowProbs = w.windowProbs + h * kGroup * "
-             "stride;\n";
-    if (!decode && attention.getAccumulate())
-      out << "  const float *accumulated = w.accumulated + h * kGroup * "
-             "stride;\n";
+    if (isa_and_nonnull<LayerReduceOp>(crossOp))
+      decls.push_back(
+          {"layerScore", "  const float *layerScore = w.layerScore;\n"});
     for (const Buffer &b : floatBuffers)
-      out << "  float *" << b.name << " = w." << b.name << " + h * "
-          << (b.perQuery ? "kGroup * " : "") << "stride;\n";
+      decls.push_back({b.name, "  float *" + b.name + " = w." + b.name +
+                                   " + h * " + (b.perQuery ? "kGroup * " : "") +
+                                   "stride;\n"});
     if (selects)
-      out << "  uint8_t *victim = w.victim + h * stride;\n";
-    out << body << "}\n\n";
+      decls.push_back(
+          {"victim", "  uint8_t *victim = w.victim + h * stride;\n"});
+    return usedDeclarations(decls, text);
+  };
+  auto signature = [&](const std::string &kernelName) {
+    out << "__global__ void __launch_bounds__(kStageThreads)\n    "
+        << kernelName << "(" << camel << "Workspace w, ";
+    if (decode)
+      out << "int64_t stride, int32_t numSplits, int32_t layer, "
+             "int32_t position, float *out) {\n";
+    else
+      out << "int32_t n, int32_t layer, const float *k, const float *v) {\n";
+  };
+
+  if (stagesKernel) {
+    out << "/// The stages of " << name << ", one block per kv-head, in the "
+        << "order of the policy" << (crossOp ? ", up to the cross-head op" : "")
+        << ".\n";
+    signature(fn);
+    out << prologue(body) << body << "}\n\n";
+  }
+  if (crossOp) {
+    out << "/// The cross-head op of " << name
+        << ": one block for every head of the layer.\n"
+        << "__global__ void __launch_bounds__(kStageThreads)\n    " << fn
+        << "AcrossHeads(" << camel << "Workspace w, ";
+    if (decode)
+      out << "int64_t stride, int32_t layer) {\n"
+          << (isa<LayerReduceOp>(crossOp)
+                  ? "  // Every head holds the same entries (checked on the "
+                    "host).\n  const int32_t n = w.heads[0].numSlots;\n"
+                  : "  const int32_t n = static_cast<int32_t>(stride);\n");
+    else
+      out << "int32_t n, int32_t layer) {\n"
+          << "  const int64_t stride = n;\n";
+    out << crossBody << "}\n\n";
+    out << "/// The stages of " << name
+        << " after the cross-head op, one block per kv-head.\n";
+    signature(fn + "AfterHeads");
+    out << prologue(afterBody) << afterBody << "}\n\n";
   }
 
   // Workspace query and entry point.
@@ -723,21 +979,34 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
          "         kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, "
          "kSoftmaxScale, "
       << (attention.getOutput() ? "out" : "w.scratchOut") << ", w.lse);\n";
-  const bool window = attention.getWindow() || attention.getLast();
+  const bool window = attention.getWindow().has_value();
+  const bool last = attention.getLast();
   const bool acc = attention.getAccumulate().has_value();
-  if (window || acc)
+  if (window || last || acc)
     out << "  kvc::cuda::prefillColumnStats<kGroup, kHeadDim>\n"
            "      <<<dim3((n + kvc::cuda::kKeyTile - 1) / kvc::cuda::kKeyTile, "
            "kKvHeads),\n"
            "         kvc::cuda::kPrefillThreads, 0, s>>>(n, kKvHeads, q, k, "
            "kSoftmaxScale, w.lse, "
-        << (attention.getWindow() ? "kWindow" : (attention.getLast() ? "1" : "0"))
-        << ", " << (window ? "w.windowProbs" : "nullptr") << ", "
+        << (window ? "kWindow" : "0") << ", "
+        << (window ? "w.windowProbs" : "nullptr") << ", "
+        << (last ? "w.lastProbs" : "nullptr") << ", "
         << (acc ? "w.accumulated, kDecay" : "nullptr, 1.0f") << ");\n";
   if (stagesKernel)
     out << "  // The policy's stages, one block per kv-head.\n"
         << "  " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, "
         << "v);\n";
+  if (crossOp && !stagesKernel)
+    out << "  // The policy's stages: across heads, then one block per "
+           "kv-head.\n";
+  if (crossOp)
+    out << "  " << opComment(crossOp) << "\n"
+        << "  " << fn << "AcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, "
+        << "layer);\n"
+        << "  " << fn << "AfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, "
+        << "layer, k, v);\n";
+  if (merge)
+    emitMergeLaunch(out);
   out << "  KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
   if (!gather)
     return;
@@ -803,17 +1072,77 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
          "config.page_size,\n"
          "                                               "
          "reinterpret_cast<uint64_t>(address), slots[j], h,\n"
-      << "                                               " << index
+      << "                                               "
+      << (merge ? std::string("j") : index)
       << ", kRowBytes));\n"
          "      }\n"
          "    }\n"
+      << (merge ? "    // The merged rows, in kept-list order.\n" : "")
       << "    KVC_CUDA_TRY(kvc::cuda::launchStores<kHeadDim, kStorage>(stores, "
-         "w.stores, k, v, kKvStride, s,\n"
-         "                                                           \""
-      << name << "\"));\n"
+      << (merge ? "w.stores, w.mergedKeys, w.mergedValues, kKvStride, s,\n"
+                : "w.stores, k, v, kKvStride, s,\n")
+      << "                                                           \"" << name
+      << "\"));\n"
       << "  } catch (const std::bad_alloc &) {\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
       << name << ": host allocation failed\");\n  }\n";
+}
+
+void CudaKernelEmitter::emitMergeLaunch(raw_ostream &out) {
+  out << "  " << opComment(merge) << "\n";
+  const std::string tiles =
+      "dim3((n + kMergeWarps - 1) / kMergeWarps, kKvHeads), kStageThreads, 0, "
+      "s";
+  if (auto cam = dyn_cast<MergeCamOp>(merge)) {
+    out << "  // The window mean over the entries the window scores, then "
+           "the rows.\n"
+        << "  kvc::cuda::mergeCamMean<32><<<kKvHeads, 32, 0, s>>>(w.camAttention, "
+           "n, n - (kWindow < n ? kWindow : n), w.means);\n"
+        << "  kvc::cuda::mergeCamRows<kHeadDim, kStageThreads><<<" << tiles
+        << ">>>(\n"
+        << "      k, v, kKvStride, kKvHeads, w.kept, w.numKept, w.victim, "
+           "w.camAttention, w.means, n, "
+        << cam.getSpan() << ", w.mergedKeys, w.mergedValues);\n";
+    return;
+  }
+  const bool d2o = isa<MergeD2OOp>(merge);
+  std::string rule = "SimNorm";
+  if (auto nearest = dyn_cast<MergeNearestOp>(merge)) {
+    if (nearest.getWeight() == MergeWeight::similarity)
+      rule = "Similarity";
+    else if (nearest.getWeight() == MergeWeight::uniform)
+      rule = "Uniform";
+  }
+  const std::string kind =
+      d2o ? "kvc::cuda::MergeKind::D2O" : "kvc::cuda::MergeKind::Nearest";
+  const std::string threads = "dim3((n + kStageThreads - 1) / kStageThreads, "
+                              "kKvHeads), kStageThreads, 0, s";
+  out << "  const kvc::cuda::MergeScratch scratch{w.keptNorms, w.targets, "
+         "w.sims, w.weights, nullptr};\n"
+      << "  // Key norms of the kept entries, then every victim's nearest kept "
+         "key.\n"
+      << "  kvc::cuda::mergeKeptNorms<kHeadDim><<<" << threads << ">>>(\n"
+      << "      k, kKvStride, w.kept, w.numKept, n, scratch);\n"
+      << "  kvc::cuda::mergeTargets<kHeadDim><<<" << threads << ">>>(\n"
+      << "      k, v, kKvStride, w.kept, w.numKept, w.victimList, "
+         "w.numVictims, "
+         "n, "
+      << kind << ",\n      kvc::cuda::MergeWeight::" << rule
+      << (d2o ? " /* D2O weighs by exp(similarity) below */" : "")
+      << ", scratch);\n";
+  if (auto op = dyn_cast<MergeD2OOp>(merge))
+    out << "  // The prompt is the first merge step: the EMA threshold "
+           "starts from 0.\n"
+        << "  kvc::cuda::mergeD2OWeights<kStageThreads><<<kKvHeads, "
+           "kStageThreads, 0, s>>>(w.numVictims, n, 0.0, "
+        << floatLiteral("cuda", op.getAlpha().convertToDouble()) << ", "
+        << floatLiteral("cuda", op.getBeta().convertToDouble())
+        << ", scratch);\n";
+  out << "  kvc::cuda::mergeRows<kHeadDim, kStageThreads><<<" << tiles
+      << ">>>(\n"
+      << "      k, v, kKvStride, kKvHeads, w.kept, w.numKept, w.victimList, "
+         "w.numVictims, n, "
+      << kind << ", scratch,\n      w.mergedKeys, w.mergedValues);\n";
 }
 
 void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
@@ -856,6 +1185,18 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << (state ? "true" : "false") << "));\n"
       << "    KVC_CUDA_TRY(tables.upload(w.tables, s, \"" << name
       << "\", &w.heads));\n";
+  if (isa_and_nonnull<LayerReduceOp>(crossOp))
+    out << "    // Layer-wide scores index slots: every head must hold the "
+           "same entries.\n"
+           "    for (int32_t h = 1; h < kKvHeads; ++h)\n"
+           "      if (tables.metadata(h).num_slots != "
+           "tables.metadata(0).num_slots ||\n"
+           "          std::memcmp(tables.metadata(h).position, "
+           "tables.metadata(0).position,\n"
+           "                      sizeof(int32_t) * "
+           "tables.metadata(0).num_slots) != 0)\n"
+        << "        return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
+        << ": the heads of a layer-wide policy hold different entries\");\n";
   if (append)
     out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
            "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
@@ -885,9 +1226,16 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << "    // Exact merge of the splits, then the policy's stages, one "
          "block per kv-head.\n"
       << "    " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, "
-      << "plan.splits, position, "
-      << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n"
-      << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
+      << "plan.splits, layer, position, "
+      << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
+  if (crossOp)
+    out << "    " << opComment(crossOp) << "\n"
+        << "    " << fn << "AcrossHeads<<<1, kStageThreads, 0, s>>>(w, stride, "
+        << "layer);\n"
+        << "    " << fn << "AfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, "
+        << "stride, plan.splits, layer, position, "
+        << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
+  out << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
   if (selects || state) {
     out << "    // Hand the policy's decisions to the runtime's host "
            "bookkeeping.\n";
@@ -993,6 +1341,10 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   llvm::raw_string_ostream cs(constants);
   std::optional<int64_t> window;
   std::optional<double> decay;
+  bool merges = false;
+  for (KernelOp kernel : kernels)
+    for (Operation &op : kernel.getBody().front())
+      merges |= isa<MergeNearestOp, MergeD2OOp, MergeCamOp>(op);
   for (KernelOp kernel : kernels)
     for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
       if (pass.getWindow())
@@ -1052,13 +1404,13 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
       << "/// 1 / sqrt(head_dim).\n"
       << "constexpr float kSoftmaxScale = "
-      << floatLiteral("cuda", 1.0 / std::sqrt(double(geometry.getHeadDim()))) << ";\n"
+      << floatLiteral("cuda", 1.0 / std::sqrt(double(geometry.getHeadDim())))
+      << ";\n"
       << "/// Storage of keys and values in the device pages.\n"
       << "constexpr kvc_dtype_t kDtype = "
       << dtypeEnumerator(geometry.getDtype()) << ";\n"
       << "constexpr kvc_format_t kFormat = " << storage->format << ";\n"
-      << "constexpr kvc::cuda::Storage kStorage = " << storage->storage
-      << ";\n"
+      << "constexpr kvc::cuda::Storage kStorage = " << storage->storage << ";\n"
       << "/// Bytes of one stored key or value row.\n"
       << "constexpr uint64_t kRowBytes = " << storage->elementBytes
       << " * kHeadDim;\n"
@@ -1068,6 +1420,10 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "constexpr int32_t kMinSlotsPerSplit = 256;\n"
       << "/// Threads of the per-kv-head stage kernels.\n"
       << "constexpr int kStageThreads = 256;\n"
+      << (merges ? "/// Kept entries per block of the merge kernels (a warp "
+                   "each).\nconstexpr int32_t kMergeWarps = kStageThreads / "
+                   "32;\n"
+                 : "")
       << constants << "\n";
 
   std::string entries;

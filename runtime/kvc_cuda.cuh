@@ -12,9 +12,11 @@
 //    every kv-head of one layer) into the device workspace with one
 //    asynchronous copy, launches the kernels on the caller's stream, and
 //    writes back what the host owns (score state, evictions, new slots).
-//  - Keys and values only ever move on the device: storeEntries writes new
-//    or gathered entries into their pages (encoding f16/bf16/f32, int8 or
-//    fp8 in registers), decodeAttentionSplit reads them once per step.
+//  - Keys and values only ever move on the device: storeEntries writes new,
+//    gathered or merged entries into their pages (encoding f16/bf16/f32,
+//    int8 or fp8 in registers), decodeAttentionSplit reads them once per
+//    step. Merges of evicted prompt entries (mergeTargets, mergeRows,
+//    mergeCamRows) run on the device too, with kvc_cpu.h's arithmetic.
 //
 // Layouts: prompt tensors are float32, row-major [token][head][channel];
 // a score buffer of a kv-head holds one float per entry (prompt index in
@@ -809,6 +811,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
 ///  - `windowProbs` (when given): for the G query heads, the mean over the
 ///    last w = min(window, n) queries of p for the entries before the
 ///    window, 0 for the window entries themselves;
+///  - `lastProbs` (when given): p of the last query over every entry, the
+///    last token itself included (kvc.attn_last, as kvc_cpu.h);
 ///  - `accumulated` (when given): the decayed sum over all queries t of
 ///    decay^(n-1-t) * p, the state s <- decay * s + p after the last query.
 /// Buffers are per kv-head, G rows of n. Warps split the queries; their
@@ -817,7 +821,7 @@ template <int G, int D>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
                        const float *k, float scale, const float *lse,
-                       int32_t window, float *windowProbs,
+                       int32_t window, float *windowProbs, float *lastProbs,
                        float *accumulated, float decay) {
   const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
   const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
@@ -833,12 +837,13 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
   __syncthreads();
   const int32_t col = col0 + lane;
-  float windowSum[G], totalSum[G];
+  float windowSum[G], totalSum[G], lastP[G];
 #pragma unroll
   for (int g = 0; g < G; ++g)
-    windowSum[g] = totalSum[g] = 0.0f;
+    windowSum[g] = totalSum[g] = lastP[g] = 0.0f;
   // Queries that can see a key of this tile and matter to a statistic.
-  const int32_t first = accumulated ? col0 : max(col0, n - w);
+  const int32_t span = lastProbs ? max(w, 1) : w;
+  const int32_t first = accumulated ? col0 : max(col0, n - span);
   for (int32_t t = first + warp; t < n; t += kPrefillWarps) {
     const float age = decay == 1.0f ? 1.0f : powf(decay, float(n - 1 - t));
 #pragma unroll
@@ -859,6 +864,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
       totalSum[g] += p * age;
       if (t >= n - w)
         windowSum[g] += p;
+      if (t == n - 1)
+        lastP[g] = p;
     }
   }
 #pragma unroll
@@ -866,6 +873,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
     sums[warp][0][g][lane] = windowSum[g];
     sums[warp][1][g][lane] = totalSum[g];
   }
+  // The warp that ran the last query holds its weights.
+  if (lastProbs && col < n && (n - 1 - first) % kPrefillWarps == warp &&
+      n - 1 >= first)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      lastProbs[(static_cast<int64_t>(h) * G + g) * n + col] = lastP[g];
   __syncthreads();
   if (warp != 0 || col >= n)
     return;
@@ -1125,6 +1138,373 @@ __device__ void compactIndices(int32_t n, Keep keep, int32_t *list,
   if (threadIdx.x == 0)
     *count = written;
   __syncthreads();
+}
+
+//===----------------------------------------------------------------------===//
+// Across the heads of a layer (one block for the whole layer)
+//===----------------------------------------------------------------------===//
+
+/// Layer-wide score of entry i < n: reduce over the kv-heads h and rows g
+/// of scores[(h * rows + g) * stride + i], in (h, g) order like the CPU
+/// backend; the mean divides by heads * rows.
+template <int kThreads>
+__device__ void layerReduce(const float *scores, int32_t heads, int32_t rows,
+                            int64_t stride, int32_t n, Reduce kind,
+                            float *out) {
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t g = 0; g < rows; ++g) {
+        const float x =
+            scores[(static_cast<int64_t>(h) * rows + g) * stride + i];
+        r = kind == Reduce::Max ? fmaxf(r, x) : r + x;
+      }
+    out[i] = kind == Reduce::Mean ? r / (heads * rows) : r;
+  }
+  __syncthreads();
+}
+
+/// AdaKV's per-head budgets, the rule of kvc_cpu.h's adaptiveBudgets: every
+/// head keeps its top floor(alpha * budget) live entries (ties: the later
+/// entry), then the rest of the layer's kHeads * budget goes to the highest
+/// remaining scores of any head (ties: the later entry, then the later
+/// head). scores[h * stride + i]; isLive(h, i) tells the live entries of
+/// head h among i < n. Both selections are radix selections over unique
+/// 64-bit keys (score, entry[, head]), so nothing is sorted and the counts
+/// are exact; kHeads * n must stay below 2^31. Writes perHead[kHeads].
+template <int kThreads, int kHeads, typename IsLive>
+__device__ void adaptiveBudgets(const float *scores, IsLive isLive, int32_t n,
+                                int64_t stride, int64_t budget, double alpha,
+                                int64_t *perHead) {
+  __shared__ uint64_t cuts[kHeads];
+  __shared__ int64_t counts[kHeads];
+  const int64_t share = static_cast<int64_t>(floor(alpha * budget));
+  auto score = [&](int32_t h, int32_t i) {
+    return static_cast<uint64_t>(orderedBits(scores[h * stride + i])) << 32;
+  };
+  int64_t remaining = kHeads * budget, candidates = 0;
+  for (int32_t h = 0; h < kHeads; ++h) {
+    int32_t live = 0;
+    for (int32_t i = threadIdx.x; i < n; i += kThreads)
+      live += isLive(h, i);
+    live = blockReduce<kThreads>(live);
+    const int64_t mine = min(share, static_cast<int64_t>(live));
+    // Entries of the head with a key >= cut are its share.
+    uint64_t cut = ~0ull;
+    if (mine > 0)
+      cut = blockSelectKth<kThreads, 64>(
+          n, live - mine + 1, [&](int32_t i, uint64_t *key) {
+            *key = score(h, i) | static_cast<uint32_t>(i);
+            return isLive(h, i);
+          });
+    if (threadIdx.x == 0) {
+      cuts[h] = cut;
+      counts[h] = mine;
+    }
+    remaining -= mine;
+    candidates += live - mine;
+  }
+  __syncthreads();
+  const int64_t picks = max(int64_t{0}, min(remaining, candidates));
+  if (picks > 0) {
+    // The remaining entries of every head, keyed (score, entry, head).
+    auto candidateKey = [&](int32_t x, uint64_t *key) {
+      const int32_t h = x / n, i = x % n;
+      if (!isLive(h, i) ||
+          (score(h, i) | static_cast<uint32_t>(i)) >= cuts[h])
+        return false;
+      *key = score(h, i) |
+             (static_cast<uint32_t>(i) * static_cast<uint32_t>(kHeads) + h);
+      return true;
+    };
+    const uint64_t threshold = blockSelectKth<kThreads, 64>(
+        kHeads * n, candidates - picks + 1, candidateKey);
+    for (int32_t h = 0; h < kHeads; ++h) {
+      int32_t won = 0;
+      for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+        uint64_t key;
+        won += candidateKey(h * n + i, &key) && key >= threshold;
+      }
+      won = blockReduce<kThreads>(won);
+      if (threadIdx.x == 0)
+        counts[h] += won;
+    }
+  }
+  __syncthreads();
+  for (int32_t h = threadIdx.x; h < kHeads; h += kThreads)
+    perHead[h] = counts[h];
+  __syncthreads();
+}
+
+//===----------------------------------------------------------------------===//
+// Merges of evicted prompt entries into kept ones (prefill)
+//
+// The same arithmetic as kvc_cpu.h, in the same order: double precision
+// with explicitly rounded operations (no contraction into fused
+// multiply-adds), one thread per dot product, sums over the victims of a
+// kept entry in ascending victim order. Inputs are the float prompt rows
+// k/v ([token][kv-head][channel], row stride kvStride); per kv-head `h`
+// the kept list kept[0..numKept) and victim list victims[0..numVictims)
+// (ascending prompt indices). Outputs are the rows to store, in kept-list
+// order: merged[(j * kvHeads + h) * D + c] for kept entry j.
+//===----------------------------------------------------------------------===//
+
+/// Merge weight rules of kvc.merge_nearest.
+enum class MergeWeight { SimNorm, Similarity, Uniform };
+
+/// Which merge mergeRows applies.
+enum class MergeKind { Nearest, D2O };
+
+/// Scratch of the merges, per kv-head (`stride` entries each).
+struct MergeScratch {
+  double *keptNorms;  ///< |k_t| of every kept entry.
+  int32_t *targets;   ///< Nearest kept entry of every victim (-1: none).
+  double *sims;       ///< Its cosine similarity.
+  double *weights;    ///< The victim's merge weight (0: not merged).
+  double *means;      ///< CaM's window mean, per kv-head.
+};
+
+/// Euclidean norm of a float row, summed in channel order.
+template <int D> __device__ double rowNormDouble(const float *row) {
+  double s = 0.0;
+  for (int c = 0; c < D; ++c)
+    s = __dadd_rn(s, __dmul_rn(static_cast<double>(row[c]), row[c]));
+  return sqrt(s);
+}
+
+/// |k_t| of the kept entries of kv-head blockIdx.y (grid: entry tiles x
+/// kv-heads, one thread per entry).
+template <int D>
+__global__ void mergeKeptNorms(const float *k, int64_t kvStride,
+                               const int32_t *kept, const int32_t *numKept,
+                               int64_t stride, MergeScratch m) {
+  const int32_t h = blockIdx.y;
+  const int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= numKept[h])
+    return;
+  m.keptNorms[h * stride + t] =
+      rowNormDouble<D>(k + kept[h * stride + t] * kvStride + h * D);
+}
+
+/// Every victim's most cosine-similar kept key (ties: the later kept
+/// entry), its similarity and, for merge-into-nearest, its weight (grid:
+/// victim tiles x kv-heads, one thread per victim).
+template <int D>
+__global__ void mergeTargets(const float *k, const float *v, int64_t kvStride,
+                             const int32_t *kept, const int32_t *numKept,
+                             const int32_t *victims, const int32_t *numVictims,
+                             int64_t stride, MergeKind kind, MergeWeight rule,
+                             MergeScratch m) {
+  const int32_t h = blockIdx.y;
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= numVictims[h])
+    return;
+  const int32_t e = victims[h * stride + j];
+  const float *key = k + e * kvStride + h * D;
+  const double keyNorm = rowNormDouble<D>(key);
+  int32_t best = -1;
+  double bestSim = -__builtin_huge_val();
+  for (int32_t t = 0; t < numKept[h]; ++t) {
+    const float *other = k + kept[h * stride + t] * kvStride + h * D;
+    double dot = 0.0;
+    for (int c = 0; c < D; ++c)
+      dot = __dadd_rn(dot, __dmul_rn(static_cast<double>(key[c]), other[c]));
+    const double denom = __dmul_rn(keyNorm, m.keptNorms[h * stride + t]);
+    const double sim = denom > 0.0 ? __ddiv_rn(dot, denom) : 0.0;
+    if (best < 0 || sim >= bestSim) {
+      best = t;
+      bestSim = sim;
+    }
+  }
+  m.targets[h * stride + j] = best;
+  m.sims[h * stride + j] = bestSim;
+  if (kind != MergeKind::Nearest)
+    return;
+  double w = 1.0;
+  if (rule != MergeWeight::Uniform)
+    w = fmax(bestSim, 0.0);
+  if (rule == MergeWeight::SimNorm && best >= 0) {
+    const double ne = rowNormDouble<D>(v + e * kvStride + h * D);
+    const double nt =
+        rowNormDouble<D>(v + kept[h * stride + best] * kvStride + h * D);
+    const double sum = __dadd_rn(ne, nt);
+    w = sum > 0.0 ? __ddiv_rn(__dmul_rn(w, ne), sum) : 0.0;
+  }
+  m.weights[h * stride + j] = w;
+}
+
+/// D2O's threshold tau = alpha * threshold + beta * mean_e s_e and the
+/// weights exp(s_e) of the victims with s_e >= tau (0 for the others), one
+/// block per kv-head; the mean is summed in victim order by one thread.
+template <int kThreads>
+__global__ void mergeD2OWeights(const int32_t *numVictims, int64_t stride,
+                                double threshold, double alpha, double beta,
+                                MergeScratch m) {
+  const int32_t h = blockIdx.x;
+  const int32_t count = numVictims[h];
+  __shared__ double tau;
+  if (threadIdx.x == 0) {
+    double meanSim = 0.0;
+    for (int32_t j = 0; j < count; ++j)
+      meanSim = __dadd_rn(meanSim, __ddiv_rn(m.sims[h * stride + j], count));
+    tau = __dadd_rn(__dmul_rn(alpha, threshold), __dmul_rn(beta, meanSim));
+  }
+  __syncthreads();
+  for (int32_t j = threadIdx.x; j < count; j += kThreads) {
+    const double s = m.sims[h * stride + j];
+    m.weights[h * stride + j] =
+        m.targets[h * stride + j] >= 0 && s >= tau ? exp(s) : 0.0;
+  }
+}
+
+/// The merged rows of every kept entry, one warp per kept entry (grid:
+/// kept tiles x kv-heads): the warp finds the victims that chose it, in
+/// ascending order, and sums their weighted rows in double.
+///  - Nearest: keys unchanged; v_t <- (v_t + sum w v_e) / (1 + sum w).
+///  - D2O: k_t <- (e k_t + sum w k_e) / (e + sum w), likewise v_t, over
+///    the victims with a weight; no victims at all leaves the rows as they
+///    are.
+template <int D, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    mergeRows(const float *k, const float *v, int64_t kvStride,
+              int32_t kvHeads, const int32_t *kept, const int32_t *numKept,
+              const int32_t *victims, const int32_t *numVictims,
+              int64_t stride, MergeKind kind, MergeScratch m,
+              float *mergedKeys, float *mergedValues) {
+  static_assert(D % kWarpSize == 0, "head_dim must be a multiple of 32");
+  constexpr int kPerLane = D / kWarpSize;
+  const int32_t h = blockIdx.y;
+  const int lane = threadIdx.x % kWarpSize;
+  const int32_t t =
+      blockIdx.x * (kThreads / kWarpSize) + threadIdx.x / kWarpSize;
+  if (t >= numKept[h])
+    return;
+  const int32_t count = numVictims[h];
+  const float *keptKey = k + kept[h * stride + t] * kvStride + h * D;
+  const float *keptValue = v + kept[h * stride + t] * kvStride + h * D;
+  float *outKey = mergedKeys + (static_cast<int64_t>(t) * kvHeads + h) * D;
+  float *outValue = mergedValues + (static_cast<int64_t>(t) * kvHeads + h) * D;
+  const bool d2o = kind == MergeKind::D2O;
+  if (d2o && count == 0) {
+    for (int c = lane; c < D; c += kWarpSize) {
+      outKey[c] = keptKey[c];
+      outValue[c] = keptValue[c];
+    }
+    return;
+  }
+  // std::exp(1.0), the weight of the kept entry itself in D2O.
+  const double self = 2.718281828459045;
+  double weight = d2o ? self : 0.0;
+  double keySum[kPerLane], valueSum[kPerLane];
+#pragma unroll
+  for (int x = 0; x < kPerLane; ++x) {
+    const int c = lane + x * kWarpSize;
+    keySum[x] = d2o ? __dmul_rn(self, keptKey[c]) : 0.0;
+    valueSum[x] = d2o ? __dmul_rn(self, keptValue[c]) : 0.0;
+  }
+  for (int32_t j0 = 0; j0 < count; j0 += kWarpSize) {
+    const int32_t j = j0 + lane;
+    const bool mine = j < count && m.targets[h * stride + j] == t &&
+                      (!d2o || m.weights[h * stride + j] > 0.0);
+    for (unsigned ballot = __ballot_sync(kFullMask, mine); ballot;
+         ballot &= ballot - 1) {
+      const int32_t jj = j0 + __ffs(ballot) - 1;
+      const double w = m.weights[h * stride + jj];
+      const int64_t row = victims[h * stride + jj] * kvStride + h * D;
+      weight = __dadd_rn(weight, w);
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x) {
+        const int c = lane + x * kWarpSize;
+        if (d2o)
+          keySum[x] = __dadd_rn(keySum[x], __dmul_rn(w, k[row + c]));
+        valueSum[x] = __dadd_rn(valueSum[x], __dmul_rn(w, v[row + c]));
+      }
+    }
+  }
+#pragma unroll
+  for (int x = 0; x < kPerLane; ++x) {
+    const int c = lane + x * kWarpSize;
+    if (d2o) {
+      outKey[c] = __double2float_rn(__ddiv_rn(keySum[x], weight));
+      outValue[c] = __double2float_rn(__ddiv_rn(valueSum[x], weight));
+    } else {
+      outKey[c] = keptKey[c];
+      outValue[c] = __double2float_rn(
+          __ddiv_rn(__dadd_rn(keptValue[c], valueSum[x]),
+                    __dadd_rn(1.0, weight)));
+    }
+  }
+}
+
+/// CaM's window mean: the mean of attention[i] over the `observed` first
+/// prompt entries, summed in order by one thread per kv-head (grid: kv
+/// heads, kThreads threads of which one works); attention rows are
+/// `stride` apart. A template so that the header defines it once per
+/// translation unit without clashing at link time.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    mergeCamMean(const float *attention, int64_t stride, int32_t observed,
+                 double *means) {
+  if (threadIdx.x != 0)
+    return;
+  const float *a = attention + blockIdx.x * stride;
+  double mean = 0.0;
+  for (int32_t i = 0; i < observed; ++i)
+    mean = __dadd_rn(mean, __ddiv_rn(static_cast<double>(a[i]), observed));
+  means[blockIdx.x] = mean;
+}
+
+/// CaM: each evicted value, times p_e / span with p_e = clamp(A_e / mean,
+/// 0, 1), is added to the next `span` kept entries after it. Kept entry t
+/// thus receives the victims e in [kept[t - span], kept[t]) (from 0 for
+/// t < span), added in ascending order in float as kvc_cpu.h does; keys
+/// are unchanged. One warp per kept entry (grid: kept tiles x kv-heads).
+template <int D, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    mergeCamRows(const float *k, const float *v, int64_t kvStride,
+                 int32_t kvHeads, const int32_t *kept, const int32_t *numKept,
+                 const uint8_t *victim, const float *attention,
+                 const double *means, int64_t stride, int32_t span,
+                 float *mergedKeys, float *mergedValues) {
+  constexpr int kPerLane = D / kWarpSize;
+  const int32_t h = blockIdx.y;
+  const int lane = threadIdx.x % kWarpSize;
+  const int32_t t =
+      blockIdx.x * (kThreads / kWarpSize) + threadIdx.x / kWarpSize;
+  if (t >= numKept[h])
+    return;
+  const int32_t *list = kept + h * stride;
+  const float *keptKey = k + list[t] * kvStride + h * D;
+  const float *keptValue = v + list[t] * kvStride + h * D;
+  float *outKey = mergedKeys + (static_cast<int64_t>(t) * kvHeads + h) * D;
+  float *outValue = mergedValues + (static_cast<int64_t>(t) * kvHeads + h) * D;
+  float value[kPerLane];
+#pragma unroll
+  for (int x = 0; x < kPerLane; ++x)
+    value[x] = keptValue[lane + x * kWarpSize];
+  const double mean = means[h];
+  const int32_t lo = t >= span ? list[t - span] : 0;
+  for (int32_t e = lo; e < list[t]; ++e) {
+    if (!victim[h * stride + e])
+      continue;
+    const double ratio =
+        mean > 0.0 ? __ddiv_rn(static_cast<double>(attention[h * stride + e]),
+                               mean)
+                   : 0.0;
+    const double p = ratio < 0.0 ? 0.0 : (1.0 < ratio ? 1.0 : ratio);
+    const float *row = v + e * kvStride + h * D;
+#pragma unroll
+    for (int x = 0; x < kPerLane; ++x)
+      value[x] = __fadd_rn(
+          value[x], __double2float_rn(__ddiv_rn(
+                        __dmul_rn(p, row[lane + x * kWarpSize]), span)));
+  }
+#pragma unroll
+  for (int x = 0; x < kPerLane; ++x) {
+    const int c = lane + x * kWarpSize;
+    outKey[c] = keptKey[c];
+    outValue[c] = value[x];
+  }
 }
 
 //===----------------------------------------------------------------------===//

@@ -1,6 +1,7 @@
-// The generated CUDA of every bundled policy with a device format compiles
-// with nvcc for sm_80 and sm_90a (KIVI policies have no device pool; see
-// cuda-emit-invalid.mlir). Two more builds cover the other element types and
+// The generated CUDA of the bundled policies compiles with nvcc for sm_80
+// and sm_90a: these four here, the others in cuda-nvcc-more.mlir,
+// cuda-nvcc-cross.mlir and cuda-nvcc-merge.mlir (KIVI policies have no
+// device pool; see cuda-emit-invalid.mlir). Two more builds cover the other element types and
 // GQA shapes (bf16, head_dim 128, group 8; f32, group 1) and the unfused
 // pipeline. No GPU is needed.
 //
