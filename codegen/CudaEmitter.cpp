@@ -1326,6 +1326,18 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   if (!geometry || kernels.empty())
     return policy.emitOpError()
            << "has no kernels; run kvc-specialize and kvc-form-kernels first";
+  for (KernelOp kernel : kernels) {
+    if (kernel.getKind() == KernelKind::select)
+      return kernel.emitOpError()
+             << "is not supported by the cuda emitter yet: a global "
+                "selection over every layer's stored scores runs on the cpu "
+                "target only";
+    for (Operation &op : kernel.getBody().front())
+      if (auto gather = dyn_cast<GatherOp>(op); gather && gather.getState())
+        return gather.emitOpError()
+               << "stores a score for a later kernel, which the cuda emitter "
+                  "does not support yet";
+  }
   const int64_t dim = geometry.getHeadDim();
   // Rows spread over a power-of-two number of lanes, and the prefill tiles
   // of 32 keys and values fit the 48 KiB of static shared memory.

@@ -97,7 +97,8 @@ def Kvc_KernelKind : I32EnumAttr<"KernelKind", "kind of generated kernel", [
     I32EnumAttrCase<"prefill", 0>,
     I32EnumAttrCase<"decode", 1>,
     I32EnumAttrCase<"prefill_scoring", 2>,
-    I32EnumAttrCase<"decode_scoring", 3>]> {
+    I32EnumAttrCase<"decode_scoring", 3>,
+    I32EnumAttrCase<"select", 4>]> {
   let cppNamespace = "::kvc";
 }
 

@@ -701,7 +701,9 @@ def Kvc_KernelOp : Kvc_Op<"kernel", [HasParent<"PolicyOp">, NoTerminator,
     attention over the cache, the statistics the decode phase needs, victim
     selection, and the append of the new entry. `prefill_scoring` and
     `decode_scoring` exist only in the unfused pipeline: they recompute the
-    attention weights in a second pass over the keys.
+    attention weights in a second pass over the keys. `select` runs once
+    after every layer's prefill: one selection over the scores the prefill
+    stored for every layer and head (a global budget).
 
     ```mlir
     kvc.kernel decode for over_budget {
@@ -764,7 +766,8 @@ def Kvc_GatherOp : Kvc_Op<"gather", [HasParent<"KernelOp">,
   let description = [{
     Writes the entries kept by the kernel's selection (every entry when there
     is none) into the runtime's pages of each head, encoded in the storage
-    formats, with their score state.
+    formats, with their score state; with `state`, that score is stored as
+    each entry's score state for a later kernel (`kvc.score_state`).
 
     ```mlir
     kvc.gather key #kvc.format<int2, per_channel, group = 32>
@@ -772,11 +775,28 @@ def Kvc_GatherOp : Kvc_Op<"gather", [HasParent<"KernelOp">,
     ```
   }];
   let arguments = (ins Kvc_FormatAttr:$key, Kvc_FormatAttr:$value,
-                       OptionalAttr<Kvc_I64Attr>:$residual);
+                       OptionalAttr<Kvc_I64Attr>:$residual,
+                       Optional<Kvc_KvHeadScore>:$state);
   let assemblyFormat = [{
     `key` qualified($key) `value` qualified($value)
-    (`residual` $residual^)? attr-dict
+    (`residual` $residual^)? (`state` $state^)? attr-dict
   }];
+}
+
+def Kvc_ScoreStateOp : Kvc_Op<"score_state", [HasParent<"KernelOp">,
+                                              MemoryEffects<[MemRead]>]> {
+  let summary = "The per-entry score an earlier kernel stored";
+  let description = [{
+    Reads the score state that a `kvc.gather ... state %s` of an earlier
+    kernel stored with every entry, so that a selection can run once every
+    layer's scores exist (a global budget's `select` kernel).
+
+    ```mlir
+    %s = kvc.score_state
+    ```
+  }];
+  let results = (outs Kvc_KvHeadScore:$result);
+  let assemblyFormat = "attr-dict";
 }
 
 def Kvc_AppendOp : Kvc_Op<"append", [HasParent<"KernelOp">,

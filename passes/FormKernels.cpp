@@ -101,11 +101,59 @@ struct FormKernelsPass final
     return kernel;
   }
 
-  /// Clones the body of `phase` at the builder's insertion point.
+  /// Clones the body of `phase` at the builder's insertion point, except
+  /// the ops in `skip`.
+  void clonePhaseBody(OpBuilder &b, PhaseOp phase, IRMapping &mapping,
+                      ArrayRef<Operation *> skip = {}) {
+    for (Operation &op : phase.getBody().front())
+      if (!llvm::is_contained(skip, &op))
+        b.clone(op, mapping);
+  }
   void clonePhaseBody(OpBuilder &b, PhaseOp phase) {
     IRMapping mapping;
-    for (Operation &op : phase.getBody().front())
-      b.clone(op, mapping);
+    clonePhaseBody(b, phase, mapping);
+  }
+
+  /// A global budget (kvc.budget_global) selects over every layer's scores,
+  /// so its phase splits in two: the prefill kernel scores and stores the
+  /// score with every entry (kvc.gather ... state), and a `select` kernel
+  /// runs the selection once every layer is prefilled.
+  struct GlobalSplit {
+    BudgetGlobalOp global;
+    TopKOp topk;
+    EvictOp evict;
+    /// Ops of the phase that move to the select kernel.
+    SmallVector<Operation *> moved;
+  };
+  FailureOr<std::optional<GlobalSplit>> findGlobalSplit(PhaseOp phase) {
+    auto globals = phase.getBody().front().getOps<BudgetGlobalOp>();
+    if (globals.empty())
+      return std::optional<GlobalSplit>();
+    GlobalSplit split;
+    split.global = *globals.begin();
+    if (phase.getTrigger() != Trigger::after_prefill)
+      return split.global.emitOpError()
+             << "selects across layers, which a kernel can do once every "
+                "layer is prefilled; it needs an 'after_prefill' phase, not '"
+             << stringifyTrigger(phase.getTrigger()) << "'";
+    for (Operation *user : split.global->getUsers())
+      if (auto topk = dyn_cast<TopKOp>(user))
+        split.topk = topk;
+    if (!split.topk)
+      return split.global.emitOpError() << "is not the budget of a kvc.topk";
+    for (Operation *user : split.topk->getUsers())
+      if (auto evict = dyn_cast<EvictOp>(user))
+        split.evict = evict;
+    if (!split.evict || split.topk.getScore() != split.global.getScore())
+      return split.global.emitOpError()
+             << "a global selection must rank by the score its budget reads "
+                "and evict what it does not keep";
+    Operation *base = split.global.getBase().getDefiningOp();
+    if (!base || !base->hasOneUse() || base->getNumOperands() != 0)
+      return split.global.emitOpError()
+             << "needs a base budget of its own (a count or a ratio)";
+    split.moved = {base, split.global, split.topk, split.evict};
+    return std::optional<GlobalSplit>(split);
   }
 
   LogicalResult formKernels(PolicyOp policy) {
@@ -147,27 +195,56 @@ struct FormKernelsPass final
     Location storageLoc =
         policy.getStorage() ? policy.getStorage().getLoc() : loc;
     auto gather = [&] {
-      GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual);
+      GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual, Value());
     };
     auto append = [&] {
       AppendOp::create(b, storageLoc, keyFormat, valueFormat, residual);
     };
 
     // Prefill.
+    std::optional<GlobalSplit> split;
+    if (*prefillPhase) {
+      FailureOr<std::optional<GlobalSplit>> found =
+          findGlobalSplit(*prefillPhase);
+      if (failed(found))
+        return failure();
+      split = *found;
+    }
+    // The prefill phase's stages, and the gather that ends them.
+    auto phaseAndGather = [&] {
+      if (!split) {
+        clonePhaseBody(b, *prefillPhase);
+        gather();
+        return;
+      }
+      IRMapping mapping;
+      clonePhaseBody(b, *prefillPhase, mapping, split->moved);
+      GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual,
+                       mapping.lookup(split->global.getScore()));
+    };
     if (!*prefillPhase || !unfused) {
       createKernel(b, policy, KernelKind::prefill, *prefillPhase);
       buildAttentionPass(b, loc, /*output=*/true,
                          prefillStats ? &*prefillStats : nullptr);
       if (*prefillPhase)
-        clonePhaseBody(b, *prefillPhase);
-      gather();
+        phaseAndGather();
+      else
+        gather();
     } else {
       createKernel(b, policy, KernelKind::prefill, PhaseOp());
       buildAttentionPass(b, loc, /*output=*/true, nullptr);
       createKernel(b, policy, KernelKind::prefill_scoring, *prefillPhase);
       buildAttentionPass(b, loc, /*output=*/false, &*prefillStats);
-      clonePhaseBody(b, *prefillPhase);
-      gather();
+      phaseAndGather();
+    }
+    if (split) {
+      // The selection over every layer, from the stored scores.
+      createKernel(b, policy, KernelKind::select, *prefillPhase);
+      IRMapping mapping;
+      auto state = ScoreStateOp::create(b, split->global.getLoc());
+      mapping.map(split->global.getScore(), state.getResult());
+      for (Operation *op : split->moved)
+        b.clone(*op, mapping);
     }
 
     // Decode.

@@ -41,6 +41,7 @@
 #include "kvc_pyramidkv_small_adakv_cpu.h"
 #include "kvc_rpc_small_cpu.h"
 #include "kvc_scissorhands_cpu.h"
+#include "kvc_snapkv_global_cpu.h"
 #endif
 #ifdef KVC_TEST_HEAD_CLASSES
 #include "kvc_duo_small_cpu.h"
@@ -1051,6 +1052,151 @@ INSTANTIATE_TEST_SUITE_P(
     caseName);
 
 #ifndef KVC_TEST_UNFUSED
+/// SnapKV's score of every prompt entry of one kv-head: the window mean of
+/// the last `window` queries over the prefix, average-pooled, the group
+/// mean, the window itself protected.
+ref::Vector snapkvScores(const std::vector<ref::Matrix> &probabilities,
+                         int window, int kernel) {
+  const int n = probabilities[0].cols, w = std::min(window, n);
+  std::vector<ref::Vector> perQuery;
+  for (const ref::Matrix &p : probabilities) {
+    ref::Vector mean = ref::windowMean(p, w);
+    ref::Vector prefix(mean.begin(), mean.end() - w);
+    ref::Vector pooled = ref::pool1d(prefix, kernel, ref::PoolKind::Avg);
+    pooled.resize(n, 0.0);
+    perQuery.push_back(pooled);
+  }
+  return ref::protect(ref::groupReduce(perQuery, 1, ref::ReduceKind::Mean)[0],
+                      0, w);
+}
+
+/// policies/snapkv_global.mlir: the prefill of every layer keeps every
+/// entry and stores its SnapKV score; the select kernel then keeps
+/// 1024 x layers x kv-heads entries by one top-k over all of them (the
+/// oracle's globalTopK), so heads end with different counts.
+TEST(GlobalBudget, OneSelectionOverEveryLayerAndHead) {
+  for (bool structured : {false, true}) {
+    SCOPED_TRACE(structured ? "structured" : "random");
+    kvc_config_t config{};
+    kvc_snapkv_global_cpu_configure(&config);
+    config.page_size = kPageSize;
+    config.num_pages = kLayers * kKvHeads * (kPrompt / kPageSize + 2);
+    config.max_sequences = 1;
+    config.memory = KVC_MEMORY_HOST;
+    uint64_t bytes = 0;
+    ASSERT_EQ(kvc_pool_bytes_required(&config, &bytes), KVC_STATUS_OK);
+    std::unique_ptr<char, void (*)(void *)> pool(
+        static_cast<char *>(std::aligned_alloc(
+            KVC_POOL_ALIGNMENT, (bytes + 255) / 256 * 256)),
+        std::free);
+    kvc_context_t *context = nullptr;
+    ASSERT_EQ(kvc_context_create(&config, pool.get(), bytes, &context),
+              KVC_STATUS_OK);
+    ASSERT_EQ(kvc_sequence_add(context, 0), KVC_STATUS_OK);
+    std::mt19937 rng(77 + structured);
+    std::vector<int32_t> positions(kPrompt);
+    for (int i = 0; i < kPrompt; ++i)
+      positions[i] = i;
+    std::vector<char> ws(kvc_snapkv_global_cpu_prefill_workspace_bytes(kPrompt));
+    // Per (layer, head), in the order layer * kKvHeads + h.
+    std::vector<ref::Vector> scores;
+    std::vector<LayerInputs> inputs;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      LayerInputs in = makeInputs(rng, kPrompt, structured, 0);
+      std::vector<float> out(in.q.size());
+      ASSERT_EQ(kvc_snapkv_global_cpu_prefill(
+                    context, 0, layer, kPrompt, in.q.data(), in.k.data(),
+                    in.v.data(), positions.data(), out.data(), ws.data(),
+                    ws.size()),
+                KVC_STATUS_OK)
+          << kvc_last_error();
+      for (int h = 0; h < kKvHeads; ++h) {
+        std::vector<ref::Matrix> queries;
+        for (int g = 0; g < kGroup; ++g)
+          queries.push_back(headRows(in.q, kPrompt, kQHeads, h * kGroup + g));
+        ref::AttentionResult att =
+            ref::attention(queries, {headRows(in.k, kPrompt, kKvHeads, h)},
+                           {headRows(in.v, kPrompt, kKvHeads, h)});
+        scores.push_back(snapkvScores(att.probabilities, 64, 5));
+        // Nothing is evicted before the selection; each entry holds its
+        // score.
+        kvc_metadata_t meta{};
+        ASSERT_EQ(kvc_get_metadata(context, 0, layer, h, &meta),
+                  KVC_STATUS_OK);
+        int live = 0;
+        for (int s = 0; s < meta.num_slots; ++s) {
+          if (meta.position[s] == KVC_POSITION_NONE)
+            continue;
+          ++live;
+          const double want = scores.back()[meta.position[s]];
+          if (std::isinf(want))
+            EXPECT_TRUE(std::isinf(meta.score[s]) && meta.score[s] > 0);
+          else
+            EXPECT_NEAR(meta.score[s], want, 1e-4 * std::max(want, 1e-3))
+                << "layer " << layer << " head " << h << " position "
+                << meta.position[s];
+        }
+        EXPECT_EQ(live, kPrompt);
+      }
+      inputs.push_back(in);
+    }
+
+    std::vector<char> selectWs(
+        kvc_snapkv_global_cpu_select_workspace_bytes(kPrompt));
+    EXPECT_EQ(kvc_snapkv_global_cpu_select(context, 0, kPrompt,
+                                           selectWs.data(),
+                                           selectWs.size() - 1),
+              KVC_STATUS_BUFFER_TOO_SMALL);
+    ASSERT_EQ(kvc_snapkv_global_cpu_select(context, 0, kPrompt,
+                                           selectWs.data(), selectWs.size()),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+
+    const int64_t total = int64_t{1024} * kLayers * kKvHeads;
+    std::vector<std::vector<int>> want = ref::globalTopK(scores, total);
+    // The global boundary: entries whose score is within float rounding of
+    // the lowest kept score may swap with one another.
+    double boundary = INFINITY, scale = 0.0;
+    for (size_t lh = 0; lh < want.size(); ++lh) {
+      for (int i : want[lh])
+        boundary = std::min(boundary, scores[lh][i]);
+      for (double x : scores[lh])
+        if (std::isfinite(x))
+          scale = std::max(scale, x);
+    }
+    int64_t kept = 0;
+    std::set<int> counts;
+    for (int layer = 0; layer < kLayers; ++layer)
+      for (int h = 0; h < kKvHeads; ++h) {
+        const size_t lh = static_cast<size_t>(layer) * kKvHeads + h;
+        kvc_metadata_t meta{};
+        ASSERT_EQ(kvc_get_metadata(context, 0, layer, h, &meta),
+                  KVC_STATUS_OK);
+        std::set<int> actual;
+        for (int s = 0; s < meta.num_slots; ++s)
+          if (meta.position[s] != KVC_POSITION_NONE)
+            actual.insert(meta.position[s]);
+        std::set<int> expected(want[lh].begin(), want[lh].end());
+        for (int i = 0; i < kPrompt; ++i)
+          if (actual.count(i) != expected.count(i))
+            EXPECT_LE(std::fabs(scores[lh][i] - boundary), 1e-5 * scale)
+                << "layer " << layer << " head " << h << " entry " << i
+                << (actual.count(i) ? " kept" : " evicted")
+                << " against the oracle";
+        kept += static_cast<int64_t>(actual.size());
+        counts.insert(static_cast<int>(actual.size()));
+        // The window is always kept.
+        for (int i = kPrompt - 64; i < kPrompt; ++i)
+          EXPECT_TRUE(actual.count(i)) << "window entry " << i;
+      }
+    EXPECT_EQ(kept, std::min<int64_t>(total, int64_t{kPrompt} * kLayers *
+                                                  kKvHeads));
+    if (kLayers * kKvHeads > 1)
+      EXPECT_GT(counts.size(), 1u) << "heads should end with different counts";
+    kvc_context_destroy(context);
+  }
+}
+
 /// Bad input to a generated entry point is reported, not crashed on.
 TEST(GeneratedPolicyErrors, ValidatesItsInputs) {
   kvc_config_t config{};

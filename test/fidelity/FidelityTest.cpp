@@ -33,6 +33,7 @@
 #include "kvc_rpc_cpu.h"
 #include "kvc_scissorhands_cpu.h"
 #include "kvc_snapkv_cpu.h"
+#include "kvc_snapkv_global_cpu.h"
 #include "kvc_snapkv_kivi2_cpu.h"
 #include "kvc_snapkv_maxpool_cpu.h"
 #include "kvc_streaming_llm_cpu.h"
@@ -115,6 +116,7 @@ public:
   }
   ~Cache() { kvc_context_destroy(context); }
 
+  kvc_context_t *handle() const { return context; }
   int qHeads() const { return config.num_q_heads; }
   int kvHeads() const { return config.num_kv_heads; }
   int dim() const { return config.head_dim; }
@@ -1418,6 +1420,62 @@ TEST(RPC, CompressesEveryPeriodByTheSelectorWindow) {
   step(11);
   EXPECT_EQ(cache.kept(0, 0), (Kept{2, 4, 10, 11}));
   expectExact(cache, 0, 0, k, v, {2, 4});
+}
+
+//===----------------------------------------------------------------------===//
+// Global budget over SnapKV scores
+//===----------------------------------------------------------------------===//
+
+// Window 2, no pooling, recent 2 protected, 4 entries per head on average:
+// 8 over both layers; n = 6 per layer, d = 4, E = e^8. Query head 1 is zero
+// (uniform) in both layers. Layer 0: query head 0 is (4,0,0,0) and entry 1
+// the only key along it; layer 1: query head 0 is zero too. The window is
+// queries 4 (5 entries visible) and 5 (6 visible); scores are the group
+// mean of their mean weight:
+//   layer 0, entry 1:    ((E/(E+4) + 1/5)/2 + (E/(E+5) + 1/6)/2) / 2 ~ 0.591
+//   layer 0, 0, 2, 3:    ((1/(E+4) + 1/5)/2 + (1/(E+5) + 1/6)/2) / 2 ~ 0.092
+//   layer 1, 0 .. 3:     (1/5 + 1/6) / 2 ~ 0.183 (equal, bit for bit)
+// The 4 window entries are kept; the other 4 places go to layer 0's entry
+// 1, then layer 1's 3, 2, 1 (ties toward the recent entry). Layer 0 ends
+// with 3 entries, layer 1 with 5: one selection over both layers.
+TEST(SnapKVGlobal, OneTopKOverEveryLayerMovesBudgetToTheSpreadLayer) {
+  Cache cache(KVC_API(snapkv_global));
+  const int n = 6;
+  const double big = std::exp(8.0);
+  for (int layer = 0; layer < 2; ++layer) {
+    Rows q(n, 2, 4), k(n, 1, 4), v(n, 1, 4);
+    for (int t = 0; t < n; ++t) {
+      if (layer == 0)
+        q.set(t, 0, e(0, 4));
+      k.set(t, 0, t == 1 ? e(0, 4) : e(3));
+      v.set(t, 0, {float(t), float(layer), 0, 1});
+    }
+    ASSERT_EQ(cache.prefill(layer, q, k, v), KVC_STATUS_OK)
+        << kvc_last_error();
+    // The prefill keeps everything and stores the scores.
+    EXPECT_EQ(cache.kept(layer, 0), (Kept{0, 1, 2, 3, 4, 5}));
+  }
+  const double heavy =
+      ((big / (big + 4) + 0.2) / 2 + (big / (big + 5) + 1.0 / 6) / 2) / 2;
+  const double light =
+      ((1 / (big + 4) + 0.2) / 2 + (1 / (big + 5) + 1.0 / 6) / 2) / 2;
+  const double uniform = (0.2 + 1.0 / 6) / 2;
+  EXPECT_NEAR(cache.score(0, 0, 1), heavy, relTol(heavy));
+  for (int i : {0, 2, 3}) {
+    EXPECT_NEAR(cache.score(0, 0, i), light, relTol(light)) << i;
+    EXPECT_NEAR(cache.score(1, 0, i), uniform, relTol(uniform)) << i;
+  }
+  EXPECT_TRUE(std::isinf(cache.score(0, 0, 4)));
+  EXPECT_TRUE(std::isinf(cache.score(1, 0, 5)));
+
+  std::vector<char> ws(kvc_snapkv_global_cpu_select_workspace_bytes(n));
+  ASSERT_EQ(kvc_snapkv_global_cpu_select(cache.handle(), 0, n, ws.data(),
+                                         ws.size()),
+            KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(cache.kept(0, 0), (Kept{1, 4, 5}));
+  EXPECT_EQ(cache.kept(1, 0), (Kept{1, 2, 3, 4, 5}));
+  EXPECT_EQ(cache.value(1, 0, 2), (Vec{2, 1, 0, 1}));
 }
 
 } // namespace
