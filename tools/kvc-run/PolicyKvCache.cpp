@@ -175,6 +175,16 @@ void PolicyKvCache::appendAndAttend(int layer, size_t n, const float *q,
                          workspace_.size() * 8),
         "prefill");
   nextPosition_[size_t(layer)] = first + int32_t(n);
+  if (library_.select && layer == geometry().numLayers - 1) {
+    // A global budget: one selection over every layer's stored scores,
+    // once the last layer's prompt is in.
+    bytes = library_.selectWorkspaceBytes(int32_t(n));
+    if (workspace_.size() * 8 < bytes)
+      workspace_.resize((bytes + 7) / 8);
+    check(library_.select(context_, kSequence, int32_t(n), workspace_.data(),
+                          workspace_.size() * 8),
+          "select");
+  }
 }
 
 int32_t PolicyKvCache::numEntries(int layer, int head) const {

@@ -41,6 +41,12 @@ struct PolicyLibrary {
                          int32_t layer, const float *q, const float *k,
                          const float *v, int32_t position, float *out,
                          void *workspace, uint64_t workspaceBytes);
+  /// A global budget's selection over every layer, run once after the
+  /// prefill of the last layer; null for policies that select per layer.
+  uint64_t (*selectWorkspaceBytes)(int32_t n) = nullptr;
+  kvc_status_t (*select)(kvc_context_t *context, uint64_t sequence,
+                         int32_t n, void *workspace,
+                         uint64_t workspaceBytes) = nullptr;
 };
 
 /// Every policy library linked into this binary, in registry order.

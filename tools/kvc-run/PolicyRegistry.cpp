@@ -6,8 +6,9 @@
 //
 // The build of tools/kvc-run/policies generates kvc_run_policies.inc: the
 // headers of the linked policy libraries and an X-macro list of their names
-// and descriptions. Each name expands here into a table entry holding that
-// library's entry points. A build without the compiler defines no registry
+// and descriptions (G for policies with a global selection kernel). Each
+// name expands here into a table entry holding that library's entry
+// points. A build without the compiler defines no registry
 // and the table is empty.
 //
 //===----------------------------------------------------------------------===//
@@ -32,7 +33,18 @@ const std::vector<PolicyLibrary> &policyLibraries() {
    kvc_##NAME##_cpu_prefill,                                                   \
    kvc_##NAME##_cpu_decode_workspace_bytes,                                    \
    kvc_##NAME##_cpu_decode},
-      KVC_RUN_POLICIES(KVC_RUN_POLICY_ENTRY)
+#define KVC_RUN_GLOBAL_POLICY_ENTRY(NAME, DESCRIPTION)                         \
+  {#NAME,                                                                      \
+   DESCRIPTION,                                                                \
+   kvc_##NAME##_cpu_configure,                                                 \
+   kvc_##NAME##_cpu_prefill_workspace_bytes,                                   \
+   kvc_##NAME##_cpu_prefill,                                                   \
+   kvc_##NAME##_cpu_decode_workspace_bytes,                                    \
+   kvc_##NAME##_cpu_decode,                                                    \
+   kvc_##NAME##_cpu_select_workspace_bytes,                                    \
+   kvc_##NAME##_cpu_select},
+      KVC_RUN_POLICIES(KVC_RUN_POLICY_ENTRY, KVC_RUN_GLOBAL_POLICY_ENTRY)
+#undef KVC_RUN_GLOBAL_POLICY_ENTRY
 #undef KVC_RUN_POLICY_ENTRY
 #endif
   };
