@@ -1,0 +1,958 @@
+//===- gpu_decode_bench.cu - the CUDA backend against copy bandwidth ------===//
+//
+// Drives the generated CUDA policy libraries through the C ABI an engine
+// uses (kvc_<p>_cuda_decode / _prefill over a device pool of the runtime)
+// and prints one table:
+//  - the device's copy bandwidth, measured first in the same run
+//    (cudaMemcpy device-to-device and a 128-bit copy kernel over a large
+//    buffer; read + written bytes per second, the better of the two);
+//  - per (head dim, GQA group, batch, context): a decode step of one layer
+//    without decode statistics ("plain", SnapKV's decode: attention only),
+//    fused (H2O's decode step: attention, accumulated attention state and
+//    victim selection) and unfused (the same policy, attention then a
+//    scoring kernel that recomputes the weights); the fused step's achieved
+//    bandwidth and its ratio to the copy bandwidth; the statistics overhead
+//    (fused / plain) and unfused / fused, each next to its target;
+//  - KIVI int2/int4 decode against 16-bit decode: reported as not
+//    supported (the runtime refuses KIVI on device pools; probed here);
+//  - prefill compression (SnapKV, H2O) as a fraction of a plain prefill
+//    (attention, every entry stored) over the same prompt, batch 1.
+// The ABI is per sequence: batch B is B sequences in one context and B
+// decode calls per step on one stream. Exits 77 without a CUDA device.
+// kvc-bench-gpu --help lists the options.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/kvc_runtime.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ConfigureFn = void (*)(kvc_config_t *);
+using BytesFn = uint64_t (*)(int32_t);
+using DecodeFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
+                                  const float *, const float *, const float *,
+                                  int32_t, float *, void *, uint64_t, void *);
+using ScoringFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
+                                   const float *, int32_t, void *, uint64_t,
+                                   void *);
+using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
+                                   const float *, const float *, const float *,
+                                   const int32_t *, float *, void *, uint64_t,
+                                   void *);
+
+/// The four libraries of one geometry (bench/gpu/CMakeLists.txt).
+struct BenchGeometry {
+  int dim, group;
+  ConfigureFn configure[4]; // plain, fused, unfused, h2o
+  BytesFn plainBytes;
+  DecodeFn plainDecode;
+  BytesFn fusedBytes;
+  DecodeFn fusedDecode;
+  BytesFn unfusedBytes;
+  DecodeFn unfusedDecode;
+  BytesFn scoringBytes;
+  ScoringFn unfusedScoring;
+  /// Plain prefill: attention, every entry stored (the fused policy has no
+  /// prefill phase).
+  BytesFn plainPrefillBytes;
+  PrefillFn plainPrefill;
+  BytesFn snapkvPrefillBytes;
+  PrefillFn snapkvPrefill;
+  BytesFn h2oPrefillBytes;
+  PrefillFn h2oPrefill;
+};
+
+#define KVC_GB(v, d, g, suffix) kvc_gb_##v##_d##d##_g##g##_cuda_##suffix
+#define KVC_BENCH_GEOMETRY(d, g)                                               \
+  BenchGeometry {                                                              \
+    d, g,                                                                      \
+        {KVC_GB(plain, d, g, configure), KVC_GB(fused, d, g, configure),       \
+         KVC_GB(unfused, d, g, configure), KVC_GB(h2o, d, g, configure)},      \
+        KVC_GB(plain, d, g, decode_workspace_bytes),                           \
+        KVC_GB(plain, d, g, decode), KVC_GB(fused, d, g, decode_workspace_bytes), \
+        KVC_GB(fused, d, g, decode),                                           \
+        KVC_GB(unfused, d, g, decode_workspace_bytes),                         \
+        KVC_GB(unfused, d, g, decode),                                         \
+        KVC_GB(unfused, d, g, decode_scoring_workspace_bytes),                 \
+        KVC_GB(unfused, d, g, decode_scoring),                                 \
+        KVC_GB(fused, d, g, prefill_workspace_bytes),                          \
+        KVC_GB(fused, d, g, prefill),                                          \
+        KVC_GB(plain, d, g, prefill_workspace_bytes),                          \
+        KVC_GB(plain, d, g, prefill), KVC_GB(h2o, d, g, prefill_workspace_bytes), \
+        KVC_GB(h2o, d, g, prefill)                                             \
+  }
+
+} // namespace
+
+#include "gpu_bench_geometries.h"
+
+namespace {
+
+constexpr int kKvHeads = KVC_BENCH_KV_HEADS;
+constexpr int kSkip = 77;
+
+/// Targets of the performance issue.
+constexpr double kTargetCopyFraction = 0.85; // batch >= 8, context >= 4k
+constexpr double kTargetStatsOverhead = 0.05;
+constexpr double kTargetUnfusedRatio = 1.5;
+
+struct Options {
+  std::vector<int> batches{1, 8, 32};
+  std::vector<int> contexts{1024, 4096, 16384, 32768};
+  std::vector<int> prefillContexts{1024, 4096, 16384};
+  std::vector<int> dims, groups; // empty: every compiled-in one
+  double minMs = 100.0;
+  int steps = 8;
+  int pageSize = 64;
+  /// Decode variants to time (plain, fused, unfused).
+  bool variants[3] = {true, true, true};
+  bool list = false;
+  std::string csv;
+};
+
+/// An error of one measurement; the cell prints "error".
+struct BenchError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string format(const char *fmt, ...) {
+  char buffer[1024];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof buffer, fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+void cudaCheck(cudaError_t e, const char *what) {
+  if (e != cudaSuccess)
+    throw BenchError(format("%s: %s", what, cudaGetErrorString(e)));
+}
+
+void kvcCheck(kvc_status_t s, const char *what) {
+  if (s != KVC_STATUS_OK)
+    throw BenchError(format("%s: %s: %s", what, kvc_status_string(s),
+                            kvc_last_error()));
+}
+
+#define CUDA_CHECK(...) cudaCheck((__VA_ARGS__), #__VA_ARGS__)
+#define KVC_CHECK(...) kvcCheck((__VA_ARGS__), #__VA_ARGS__)
+
+/// A device buffer that grows on demand (contents are lost on growth).
+struct DeviceBuffer {
+  void *ptr = nullptr;
+  size_t bytes = 0;
+  /// Returns true when the buffer was (re)allocated.
+  bool reserve(size_t n) {
+    if (n <= bytes)
+      return false;
+    if (ptr)
+      cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    CUDA_CHECK(cudaMalloc(&ptr, n));
+    bytes = n;
+    return true;
+  }
+  void release() {
+    if (ptr)
+      cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+  }
+  ~DeviceBuffer() { release(); }
+  template <typename T> T *as() const { return static_cast<T *>(ptr); }
+};
+
+//===--- Kernels of the benchmark itself --------------------------------===//
+
+__device__ inline float hashUniform(uint64_t i, uint64_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+/// Finite random f16 in [-1, 1): every byte of the pool decodes to a valid
+/// key or value, whatever slot the runtime hands out.
+__global__ void fillHalf(__half *p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2half_rn(hashUniform(i, seed));
+}
+
+__global__ void fillFloat(float *p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = hashUniform(i, seed);
+}
+
+/// The reference copy: 128-bit loads and stores, four in flight per thread.
+__global__ void copyKernel(const uint4 *__restrict__ in, uint4 *__restrict__ out,
+                           size_t n) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = in[i], b = in[i + stride], c = in[i + 2 * stride],
+          d = in[i + 3 * stride];
+    out[i] = a;
+    out[i + stride] = b;
+    out[i + 2 * stride] = c;
+    out[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride)
+    out[i] = in[i];
+}
+
+int gFillBlocks = 1024;
+
+void fillRandomHalf(void *p, size_t bytes, uint64_t seed) {
+  fillHalf<<<gFillBlocks, 256>>>(static_cast<__half *>(p), bytes / 2, seed);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void fillRandomFloat(float *p, size_t n, uint64_t seed) {
+  fillFloat<<<gFillBlocks, 256>>>(p, n, seed);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+/// Milliseconds between two events recorded around `body` on `stream`.
+struct EventTimer {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventTimer() {
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  template <typename F> float time(cudaStream_t s, F &&body) {
+    CUDA_CHECK(cudaEventRecord(start, s));
+    body();
+    CUDA_CHECK(cudaEventRecord(stop, s));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+  }
+};
+
+//===--- Copy bandwidth ---------------------------------------------------===//
+
+struct CopyBandwidth {
+  double memcpyGBs = 0.0, kernelGBs = 0.0;
+  size_t bytes = 0;
+  double best() const { return std::max(memcpyGBs, kernelGBs); }
+};
+
+/// Read + written bytes per second of a device-to-device copy of a buffer
+/// of up to 1 GiB (a quarter of the free memory at most), best of 20.
+CopyBandwidth measureCopyBandwidth(cudaStream_t s, int sms) {
+  size_t freeBytes = 0, totalBytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&freeBytes, &totalBytes));
+  size_t bytes = std::min<size_t>(size_t(1) << 30, freeBytes / 4);
+  bytes &= ~size_t(0xFFFF);
+  DeviceBuffer a, b;
+  a.reserve(bytes);
+  b.reserve(bytes);
+  fillRandomHalf(a.ptr, bytes, 1);
+  CUDA_CHECK(cudaMemsetAsync(b.ptr, 0, bytes, s));
+  EventTimer timer;
+  CopyBandwidth r;
+  r.bytes = bytes;
+  auto best = [&](auto &&body) {
+    float bestMs = 1e30f;
+    for (int i = 0; i < 3; ++i) // warm-up
+      body();
+    for (int i = 0; i < 20; ++i)
+      bestMs = std::min(bestMs, timer.time(s, body));
+    return 2.0 * double(bytes) / (bestMs * 1e-3) / 1e9;
+  };
+  r.memcpyGBs = best([&] {
+    CUDA_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s));
+  });
+  const size_t vectors = bytes / sizeof(uint4);
+  r.kernelGBs = best([&] {
+    copyKernel<<<sms * 8, 512, 0, s>>>(a.as<uint4>(), b.as<uint4>(), vectors);
+    CUDA_CHECK(cudaGetLastError());
+  });
+  return r;
+}
+
+//===--- Decode -------------------------------------------------------------===//
+
+enum Variant { kPlain = 0, kFused = 1, kUnfused = 2, kNumVariants = 3 };
+const char *kVariantNames[] = {"plain", "fused", "unfused"};
+
+/// Shared device buffers (pool, workspace, inputs), grown as the sweep needs.
+struct Buffers {
+  DeviceBuffer pool, workspace, inputs;
+  uint64_t seed = 11;
+  void reservePool(size_t bytes) {
+    if (pool.reserve(bytes))
+      fillRandomHalf(pool.ptr, pool.bytes, seed++);
+  }
+  void releaseAll() {
+    pool.release();
+    workspace.release();
+    inputs.release();
+  }
+};
+
+/// A context of `batch` sequences holding `n` entries in every kv-head of
+/// layer 0, over the shared pool.
+struct Context {
+  kvc_context_t *context = nullptr;
+  Context(const BenchGeometry &g, Buffers &buffers, int batch, int n,
+          int headroom, int pageSize) {
+    kvc_config_t config{};
+    g.configure[kFused](&config);
+    config.page_size = pageSize;
+    const int pagesPerHead = (n + headroom + pageSize - 1) / pageSize + 1;
+    config.num_pages = batch * kKvHeads * pagesPerHead;
+    config.max_sequences = batch;
+    uint64_t bytes = 0;
+    KVC_CHECK(kvc_pool_bytes_required(&config, &bytes));
+    buffers.reservePool(bytes);
+    KVC_CHECK(kvc_context_create(&config, buffers.pool.ptr, bytes, &context));
+    std::vector<int32_t> positions(n);
+    for (int i = 0; i < n; ++i)
+      positions[i] = i;
+    for (int b = 0; b < batch; ++b) {
+      KVC_CHECK(kvc_sequence_add(context, b));
+      if (n > 0)
+        for (int h = 0; h < kKvHeads; ++h)
+          KVC_CHECK(kvc_append(context, b, 0, h, n, g.dim, nullptr, nullptr,
+                               positions.data(), nullptr));
+    }
+  }
+  ~Context() { kvc_context_destroy(context); }
+  Context(const Context &) = delete;
+  Context &operator=(const Context &) = delete;
+
+  /// Evicts every entry at position >= n (the steps' new tokens), so that
+  /// each round starts from the same n entries.
+  void restore(int batch, int n) {
+    std::vector<int32_t> slots;
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < kKvHeads; ++h) {
+        kvc_metadata_t meta{};
+        KVC_CHECK(kvc_get_metadata(context, b, 0, h, &meta));
+        slots.clear();
+        for (int s = 0; s < meta.num_slots; ++s)
+          if (meta.position[s] >= n)
+            slots.push_back(s);
+        if (!slots.empty())
+          KVC_CHECK(kvc_evict(context, b, 0, h, int32_t(slots.size()),
+                              slots.data()));
+      }
+  }
+};
+
+struct DecodeResult {
+  bool ok[kNumVariants] = {};
+  double usPerStep[kNumVariants] = {};
+  std::string error[kNumVariants];
+  /// Mean entries per (sequence, kv-head) over the timed steps.
+  double meanEntries = 0.0;
+};
+
+/// Times every variant at one (geometry, batch, context).
+DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
+                         int n, const Options &o, cudaStream_t stream) {
+  DecodeResult r;
+  const int qHeads = kKvHeads * g.group;
+  const int steps = o.steps;
+  Context ctx(g, buffers, batch, n, steps + 1, o.pageSize);
+  // Decode workspace: slots after the append plus one page, as the
+  // generated code checks; one workspace serves the calls of every
+  // sequence (they are ordered on one stream).
+  const int pagesPerHead = (n + steps + 1 + o.pageSize - 1) / o.pageSize + 1;
+  const int32_t stride = pagesPerHead * o.pageSize + o.pageSize;
+  const uint64_t wsBytes =
+      std::max({g.plainBytes(stride), g.fusedBytes(stride),
+                g.unfusedBytes(stride), g.scoringBytes(stride)});
+  buffers.workspace.reserve(wsBytes);
+  // Inputs of every sequence: q, k, v and out.
+  const size_t qFloats = size_t(qHeads) * g.dim, kvFloats = size_t(kKvHeads) * g.dim;
+  const size_t perSequence = 2 * qFloats + 2 * kvFloats;
+  buffers.inputs.reserve(perSequence * batch * sizeof(float));
+  float *inputs = buffers.inputs.as<float>();
+  fillRandomFloat(inputs, perSequence * batch, buffers.seed++);
+  auto q = [&](int b) { return inputs + b * perSequence; };
+  auto k = [&](int b) { return q(b) + qFloats; };
+  auto v = [&](int b) { return k(b) + kvFloats; };
+  auto out = [&](int b) { return v(b) + kvFloats; };
+  void *ws = buffers.workspace.ptr;
+  const uint64_t wsSize = buffers.workspace.bytes;
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  auto call = [&](Variant variant, int b, int32_t position) {
+    switch (variant) {
+    case kPlain:
+      KVC_CHECK(g.plainDecode(ctx.context, b, 0, q(b), k(b), v(b), position,
+                              out(b), ws, wsSize, stream));
+      break;
+    case kFused:
+      KVC_CHECK(g.fusedDecode(ctx.context, b, 0, q(b), k(b), v(b), position,
+                              out(b), ws, wsSize, stream));
+      break;
+    default:
+      KVC_CHECK(g.unfusedDecode(ctx.context, b, 0, q(b), k(b), v(b), position,
+                                out(b), ws, wsSize, stream));
+      KVC_CHECK(g.unfusedScoring(ctx.context, b, 0, q(b), position, ws, wsSize,
+                                 stream));
+      break;
+    }
+  };
+  EventTimer timer;
+  for (int variant = 0; variant < kNumVariants; ++variant) {
+    if (!o.variants[variant]) {
+      r.error[variant] = "not selected (--variants)";
+      continue;
+    }
+    try {
+      auto round = [&] {
+        for (int i = 0; i < steps; ++i)
+          for (int b = 0; b < batch; ++b)
+            call(Variant(variant), b, n + i);
+      };
+      // Warm-up round (first launches, host allocations).
+      timer.time(stream, round);
+      ctx.restore(batch, n);
+      double ms = 0.0;
+      int rounds = 0;
+      while ((ms < o.minMs || rounds < 2) && rounds < 10000) {
+        ms += timer.time(stream, round);
+        ++rounds;
+        ctx.restore(batch, n);
+      }
+      CUDA_CHECK(cudaGetLastError());
+      r.usPerStep[variant] = 1e3 * ms / (double(rounds) * steps);
+      r.ok[variant] = true;
+    } catch (const BenchError &e) {
+      r.error[variant] = e.what();
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+      try {
+        ctx.restore(batch, n);
+      } catch (const BenchError &) {
+      }
+    }
+  }
+  // Step i of a round sees n + i + 1 entries (the new token included).
+  r.meanEntries = n + (steps + 1) / 2.0;
+  return r;
+}
+
+//===--- Prefill ------------------------------------------------------------===//
+
+enum PrefillVariant { kPrefillPlain = 0, kPrefillSnapKV, kPrefillH2O, kNumPrefill };
+const char *kPrefillNames[] = {"plain", "snapkv", "h2o"};
+
+struct PrefillResult {
+  bool ok[kNumPrefill] = {};
+  double ms[kNumPrefill] = {};
+  std::string error[kNumPrefill];
+};
+
+PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
+                           const Options &o, cudaStream_t stream) {
+  PrefillResult r;
+  const int qHeads = kKvHeads * g.group;
+  Context ctx(g, buffers, 1, 0, n, o.pageSize);
+  const uint64_t wsBytes = std::max(
+      {g.plainPrefillBytes(n), g.snapkvPrefillBytes(n), g.h2oPrefillBytes(n)});
+  buffers.workspace.reserve(wsBytes);
+  const size_t qFloats = size_t(n) * qHeads * g.dim;
+  const size_t kvFloats = size_t(n) * kKvHeads * g.dim;
+  buffers.inputs.reserve((2 * qFloats + 2 * kvFloats) * sizeof(float));
+  float *q = buffers.inputs.as<float>();
+  float *k = q + qFloats, *v = k + kvFloats, *out = v + kvFloats;
+  fillRandomFloat(q, qFloats + 2 * kvFloats, buffers.seed++);
+  std::vector<int32_t> positions(n);
+  for (int i = 0; i < n; ++i)
+    positions[i] = i;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EventTimer timer;
+  for (int variant = 0; variant < kNumPrefill; ++variant) {
+    PrefillFn fn = variant == kPrefillPlain    ? g.plainPrefill
+                   : variant == kPrefillSnapKV ? g.snapkvPrefill
+                                               : g.h2oPrefill;
+    try {
+      auto once = [&] {
+        KVC_CHECK(fn(ctx.context, 0, 0, n, q, k, v, positions.data(), out,
+                     buffers.workspace.ptr, buffers.workspace.bytes, stream));
+      };
+      // Prefill needs empty heads: a fresh sequence before every call.
+      auto reset = [&] {
+        KVC_CHECK(kvc_sequence_remove(ctx.context, 0));
+        KVC_CHECK(kvc_sequence_add(ctx.context, 0));
+      };
+      timer.time(stream, once); // warm-up
+      reset();
+      double ms = 0.0;
+      int reps = 0;
+      while ((ms < o.minMs || reps < 3) && reps < 1000) {
+        ms += timer.time(stream, once);
+        ++reps;
+        reset();
+      }
+      CUDA_CHECK(cudaGetLastError());
+      r.ms[variant] = ms / reps;
+      r.ok[variant] = true;
+    } catch (const BenchError &e) {
+      r.error[variant] = e.what();
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+      try {
+        KVC_CHECK(kvc_sequence_remove(ctx.context, 0));
+        KVC_CHECK(kvc_sequence_add(ctx.context, 0));
+      } catch (const BenchError &) {
+      }
+    }
+  }
+  return r;
+}
+
+//===--- KIVI ----------------------------------------------------------------===//
+
+/// Whether the runtime accepts a KIVI device pool; the message says why not.
+std::string probeKivi(const BenchGeometry &g, Buffers &buffers, int kiviFormat) {
+  kvc_config_t config{};
+  g.configure[kFused](&config);
+  config.format = kiviFormat;
+  config.group_size = 32;
+  config.residual_length = 128;
+  config.page_size = 64;
+  config.num_pages = kKvHeads * 4;
+  config.max_sequences = 1;
+  uint64_t bytes = 0;
+  kvc_status_t s = kvc_pool_bytes_required(&config, &bytes);
+  if (s != KVC_STATUS_OK)
+    return format("the runtime rejects a KIVI device pool: "
+                  "kvc_pool_bytes_required returns %s (%s)",
+                  kvc_status_string(s), kvc_last_error());
+  buffers.reservePool(bytes);
+  kvc_context_t *context = nullptr;
+  s = kvc_context_create(&config, buffers.pool.ptr, bytes, &context);
+  if (s != KVC_STATUS_OK)
+    return format("the runtime rejects a KIVI device pool: "
+                  "kvc_context_create returns %s (%s)",
+                  kvc_status_string(s), kvc_last_error());
+  kvc_context_destroy(context);
+  return "the runtime accepts a KIVI device pool, but the CUDA emitter has no "
+         "KIVI storage, so no KIVI library is built";
+}
+
+//===--- Output --------------------------------------------------------------===//
+
+/// Prints to stdout and, when open, mirrors CSV rows to a file.
+FILE *gCsv = nullptr;
+
+void csv(const char *fmt, ...) {
+  if (!gCsv)
+    return;
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(gCsv, fmt, args);
+  va_end(args);
+}
+
+const char *mark(bool applies, bool met) {
+  return !applies ? "-" : (met ? "ok" : "MISS");
+}
+
+std::string cell(bool ok, const char *fmt, double x) {
+  return ok ? format(fmt, x) : std::string("-");
+}
+
+bool parseList(const char *text, std::vector<int> &values) {
+  values.clear();
+  if (std::strcmp(text, "none") == 0)
+    return true;
+  const char *p = text;
+  while (*p) {
+    char *end = nullptr;
+    long x = std::strtol(p, &end, 10);
+    if (end == p || x <= 0)
+      return false;
+    if (*end == 'k' || *end == 'K') {
+      x *= 1024;
+      ++end;
+    }
+    values.push_back(int(x));
+    if (*end == ',')
+      ++end;
+    else if (*end)
+      return false;
+    p = end;
+  }
+  return true;
+}
+
+std::string joinList(const std::vector<int> &values) {
+  if (values.empty())
+    return "none";
+  std::string s;
+  for (size_t i = 0; i < values.size(); ++i)
+    s += (i ? "," : "") + std::to_string(values[i]);
+  return s;
+}
+
+void usage(const char *argv0) {
+  std::printf(
+      "usage: %s [options]\n"
+      "  --batch=LIST            sequences per step (default 1,8,32)\n"
+      "  --context=LIST          cached entries per sequence (default "
+      "1k,4k,16k,32k)\n"
+      "  --prefill-context=LIST  prompt lengths of the prefill table, batch 1 "
+      "(default 1k,4k,16k; 'none' skips it)\n"
+      "  --dim=LIST, --group=LIST  restrict to these head dims / GQA groups\n"
+      "  --min-ms=X              timed milliseconds per measurement (default "
+      "100)\n"
+      "  --steps=N               decode steps per timed round (default 8)\n"
+      "  --page-size=N           runtime page size in entries (default 64)\n"
+      "  --variants=LIST         decode variants among plain,fused,unfused "
+      "(default all)\n"
+      "  --quick                 batch 1, context 1k, prefill 1k, 20 ms\n"
+      "  --csv=FILE              also write the rows as CSV\n"
+      "  --list                  print the compiled-in geometries and the "
+      "sweep, then exit (no GPU needed)\n"
+      "Exits 77 when no CUDA device is usable.\n",
+      argv0);
+}
+
+int parseOptions(int argc, char **argv, Options &o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    const size_t eq = arg.find('=');
+    auto takeValue = [&]() -> bool {
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
+        return true;
+      }
+      if (i + 1 < argc) {
+        value = argv[++i];
+        return true;
+      }
+      return false;
+    };
+    const std::string key = arg.substr(0, eq);
+    bool good = true;
+    if (key == "--help" || key == "-h") {
+      usage(argv[0]);
+      return 0;
+    } else if (key == "--list") {
+      o.list = true;
+    } else if (key == "--quick") {
+      o.batches = {1};
+      o.contexts = {1024};
+      o.prefillContexts = {1024};
+      o.minMs = 20.0;
+    } else if (key == "--batch") {
+      good = takeValue() && parseList(value.c_str(), o.batches);
+    } else if (key == "--context") {
+      good = takeValue() && parseList(value.c_str(), o.contexts);
+    } else if (key == "--prefill-context") {
+      good = takeValue() && parseList(value.c_str(), o.prefillContexts);
+    } else if (key == "--dim") {
+      good = takeValue() && parseList(value.c_str(), o.dims);
+    } else if (key == "--group") {
+      good = takeValue() && parseList(value.c_str(), o.groups);
+    } else if (key == "--min-ms") {
+      good = takeValue() && (o.minMs = std::atof(value.c_str())) > 0.0;
+    } else if (key == "--steps") {
+      good = takeValue() && (o.steps = std::atoi(value.c_str())) > 0;
+    } else if (key == "--page-size") {
+      good = takeValue() && (o.pageSize = std::atoi(value.c_str())) > 0;
+    } else if (key == "--variants") {
+      good = takeValue();
+      for (bool &v : o.variants)
+        v = false;
+      size_t at = 0;
+      while (good && at <= value.size()) {
+        const size_t comma = std::min(value.find(',', at), value.size());
+        const std::string name = value.substr(at, comma - at);
+        int found = -1;
+        for (int v = 0; v < 3; ++v)
+          if (name == kVariantNames[v])
+            found = v;
+        good = found >= 0;
+        if (good)
+          o.variants[found] = true;
+        at = comma + 1;
+      }
+    } else if (key == "--csv") {
+      good = takeValue() && !value.empty();
+      o.csv = value;
+    } else {
+      good = false;
+    }
+    if (!good) {
+      std::fprintf(stderr, "%s: bad argument '%s'\n", argv[0], argv[i]);
+      usage(argv[0]);
+      return 2;
+    }
+  }
+  return -1;
+}
+
+bool selected(const std::vector<int> &filter, int x) {
+  return filter.empty() || std::find(filter.begin(), filter.end(), x) != filter.end();
+}
+
+void printList(const Options &o) {
+  std::printf("kvc-bench-gpu: compiled-in geometries (layers=1, kv_heads=%d, "
+              "f16 cache):\n",
+              kKvHeads);
+  for (const BenchGeometry &g : kBenchGeometries)
+    std::printf("  head_dim=%-4d group=%d q_heads=%-3d %s\n", g.dim, g.group,
+                kKvHeads * g.group,
+                selected(o.dims, g.dim) && selected(o.groups, g.group)
+                    ? ""
+                    : "(not selected)");
+  std::printf("decode variants: plain (policies/snapkv.mlir decode: attention "
+              "only), fused (bench/policies/h2o_decode.mlir), unfused (same, "
+              "--kvc-form-kernels=unfused=1)\n");
+  std::printf("prefill variants: plain (h2o_decode prefill: attention, every "
+              "entry stored), snapkv (policies/snapkv.mlir), h2o "
+              "(policies/h2o.mlir)\n");
+  std::printf("sweep: batch %s, context %s, prefill %s, %g ms per "
+              "measurement, %d steps per round, page size %d\n",
+              joinList(o.batches).c_str(), joinList(o.contexts).c_str(),
+              joinList(o.prefillContexts).c_str(), o.minMs, o.steps,
+              o.pageSize);
+  std::printf("KIVI int2/int4 decode: not supported on the CUDA backend "
+              "(docs/codegen-cuda.md, Limits)\n");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  const int parsed = parseOptions(argc, argv, o);
+  if (parsed >= 0)
+    return parsed;
+  if (o.list) {
+    printList(o);
+    return 0;
+  }
+
+  int devices = 0;
+  const cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error != cudaSuccess || devices == 0) {
+    std::printf("kvc-bench-gpu: SKIP: no usable CUDA device (%s); the GPU "
+                "benchmark needs one. Exit code 77.\n",
+                error != cudaSuccess ? cudaGetErrorString(error)
+                                     : "zero devices");
+    return kSkip;
+  }
+  if (!o.csv.empty()) {
+    gCsv = std::fopen(o.csv.c_str(), "w");
+    if (!gCsv) {
+      std::fprintf(stderr, "kvc-bench-gpu: cannot write %s\n", o.csv.c_str());
+      return 2;
+    }
+  }
+
+  try {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    gFillBlocks = prop.multiProcessorCount * 8;
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    cudaStream_t stream = nullptr;
+    // A blocking stream: the fills below run on the legacy default stream,
+    // and the generated code's synchronous copies too.
+    CUDA_CHECK(cudaStreamCreate(&stream));
+
+    std::printf("kvc-bench-gpu on %s (sm_%d%d, %d SMs, %.1f GiB), driver %d, "
+                "runtime %d\n",
+                prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                prop.totalGlobalMem / double(1 << 30), driver, runtime);
+    const CopyBandwidth copy = measureCopyBandwidth(stream, prop.multiProcessorCount);
+    std::printf("copy bandwidth (read + written bytes / s, %.0f MiB buffer, "
+                "best of 20): cudaMemcpy D2D %.0f GB/s, copy kernel %.0f GB/s; "
+                "reference = %.0f GB/s\n",
+                copy.bytes / 1048576.0, copy.memcpyGBs, copy.kernelGBs,
+                copy.best());
+    // decode rows: times in microseconds per step of plain, fused, unfused;
+    // prefill rows: milliseconds per call of plain, snapkv, h2o.
+    csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
+        "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
+    csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
+
+    Buffers buffers;
+    std::printf(
+        "\nDecode: one step of one layer (kv_heads=%d, f16 cache, page size "
+        "%d). The ABI is per sequence: batch B = B sequences in one context, "
+        "B decode calls per step on one stream (no batched launch exists).\n"
+        "Times are cudaEvent time per step (all B calls, host bookkeeping "
+        "and synchronizations inside the calls included), %d steps per "
+        "round after a warm-up round, >= %g ms per cell; each round starts "
+        "at `context` entries and appends one per step.\n"
+        "bytes/step = sum over sequences of entries * kv_heads * (2 * "
+        "head_dim * 2 B [f16 keys and values] + 8 B [position, score "
+        "state])\n"
+        "fused GB/s = bytes/step / fused time; %%copy = fused GB/s / copy "
+        "bandwidth; ovh = fused / plain - 1 (cost of the policy's "
+        "statistics and selection); unf/fus = unfused / fused.\n"
+        "Targets: %%copy >= %.0f%% at batch >= 8 and context >= 4k; ovh <= "
+        "%.0f%%; unf/fus >= %.1fx (H2O: accumulated attention statistics). "
+        "'-': target does not apply.\n\n",
+        kKvHeads, o.pageSize, o.steps, o.minMs, 100 * kTargetCopyFraction,
+        100 * kTargetStatsOverhead, kTargetUnfusedRatio);
+    std::printf("%4s %3s %4s %3s %7s %9s | %9s %9s %9s | %8s %8s %6s %4s | "
+                "%7s %4s | %7s %4s\n",
+                "dim", "G", "qh", "B", "context", "MB/step", "plain us",
+                "fused us", "unfus us", "plainGB/s", "fusGB/s", "%copy", "tgt",
+                "ovh", "tgt", "unf/fus", "tgt");
+    for (const BenchGeometry &g : kBenchGeometries) {
+      if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+        continue;
+      kvc_config_t reference{};
+      g.configure[kFused](&reference);
+      for (int v = 0; v < 4; ++v) {
+        kvc_config_t c{};
+        g.configure[v](&c);
+        if (std::memcmp(&c, &reference, sizeof c) != 0)
+          throw BenchError("the policies of a geometry configure different "
+                           "contexts");
+      }
+      for (int batch : o.batches)
+        for (int n : o.contexts) {
+          DecodeResult r;
+          try {
+            r = benchDecode(g, buffers, batch, n, o, stream);
+          } catch (const BenchError &e) {
+            std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                        kKvHeads * g.group, batch, n, e.what());
+            cudaGetLastError();
+            continue;
+          }
+          const double bytes = double(batch) * r.meanEntries * kKvHeads *
+                               (2.0 * g.dim * 2 + 8);
+          auto gbs = [&](int v) { return bytes / (r.usPerStep[v] * 1e-6) / 1e9; };
+          const bool fused = r.ok[kFused], plain = r.ok[kPlain],
+                     unfused = r.ok[kUnfused];
+          const double fraction = fused ? gbs(kFused) / copy.best() : 0.0;
+          const double overhead =
+              fused && plain ? r.usPerStep[kFused] / r.usPerStep[kPlain] - 1 : 0;
+          const double ratio =
+              fused && unfused ? r.usPerStep[kUnfused] / r.usPerStep[kFused] : 0;
+          std::printf(
+              "%4d %3d %4d %3d %7d %9.2f | %9s %9s %9s | %8s %8s %6s %4s | "
+              "%7s %4s | %7s %4s\n",
+              g.dim, g.group, kKvHeads * g.group, batch, n, bytes / 1e6,
+              cell(plain, "%.1f", r.usPerStep[kPlain]).c_str(),
+              cell(fused, "%.1f", r.usPerStep[kFused]).c_str(),
+              cell(unfused, "%.1f", r.usPerStep[kUnfused]).c_str(),
+              cell(plain, "%.0f", plain ? gbs(kPlain) : 0).c_str(),
+              cell(fused, "%.0f", fused ? gbs(kFused) : 0).c_str(),
+              cell(fused, "%.1f%%", 100 * fraction).c_str(),
+              mark(fused && batch >= 8 && n >= 4096,
+                   fraction >= kTargetCopyFraction),
+              cell(fused && plain, "%+.1f%%", 100 * overhead).c_str(),
+              mark(fused && plain, overhead <= kTargetStatsOverhead),
+              cell(fused && unfused, "%.2fx", ratio).c_str(),
+              mark(fused && unfused, ratio >= kTargetUnfusedRatio));
+          for (int v = 0; v < kNumVariants; ++v)
+            if (!r.ok[v] && o.variants[v])
+              std::printf("     %s: %s\n", kVariantNames[v], r.error[v].c_str());
+          csv("decode,%d,%d,%d,%d,%d,%.0f,us,%.3f,%.3f,%.3f,%.1f,%.1f\n", g.dim,
+              g.group, kKvHeads * g.group, batch, n, bytes,
+              plain ? r.usPerStep[kPlain] : NAN,
+              fused ? r.usPerStep[kFused] : NAN,
+              unfused ? r.usPerStep[kUnfused] : NAN,
+              fused ? gbs(kFused) : NAN, copy.best());
+          std::fflush(stdout);
+        }
+    }
+
+    // KIVI: the runtime decides; probe it rather than assume.
+    const BenchGeometry &first = kBenchGeometries[0];
+    std::printf("\nint2/int4 (KIVI) decode vs 16-bit decode: not supported "
+                "on the CUDA backend.\n  int2: %s\n  int4: %s\n  (KIVI's "
+                "flushes quantize blocks on the host over pool bytes; "
+                "docs/codegen-cuda.md, Limits.)\n",
+                probeKivi(first, buffers, KVC_FORMAT_KIVI_INT2).c_str(),
+                probeKivi(first, buffers, KVC_FORMAT_KIVI_INT4).c_str());
+
+    if (!o.prefillContexts.empty()) {
+      std::printf(
+          "\nPrefill of one layer, batch 1: plain = causal attention and "
+          "every entry stored (the cheapest way to fill the cache through "
+          "the ABI); snapkv = policies/snapkv.mlir (window statistics over "
+          "the last 64 queries, pooling, top-1024); h2o = policies/h2o.mlir "
+          "(accumulated attention over every query, top-1024). frac = "
+          "(policy - plain) / plain, the compression's share on top of plain "
+          "prefill. cudaEvent time per call, >= %g ms and >= 3 calls.\n\n",
+          o.minMs);
+      std::printf("%4s %3s %4s %7s | %9s | %9s %8s | %9s %8s\n", "dim", "G",
+                  "qh", "prompt", "plain ms", "snapkv ms", "frac", "h2o ms",
+                  "frac");
+      for (const BenchGeometry &g : kBenchGeometries) {
+        if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+          continue;
+        for (int n : o.prefillContexts) {
+          PrefillResult r;
+          try {
+            r = benchPrefill(g, buffers, n, o, stream);
+          } catch (const BenchError &e) {
+            std::printf("%4d %3d %4d %7d  error: %s\n", g.dim, g.group,
+                        kKvHeads * g.group, n, e.what());
+            cudaGetLastError();
+            continue;
+          }
+          auto frac = [&](int v) {
+            return r.ok[v] && r.ok[kPrefillPlain]
+                       ? format("%+.1f%%",
+                                100 * (r.ms[v] / r.ms[kPrefillPlain] - 1))
+                       : std::string("error");
+          };
+          std::printf("%4d %3d %4d %7d | %9s | %9s %8s | %9s %8s\n", g.dim,
+                      g.group, kKvHeads * g.group, n,
+                      cell(r.ok[0], "%.3f", r.ms[0]).c_str(),
+                      cell(r.ok[1], "%.3f", r.ms[1]).c_str(), frac(1).c_str(),
+                      cell(r.ok[2], "%.3f", r.ms[2]).c_str(), frac(2).c_str());
+          for (int v = 0; v < kNumPrefill; ++v)
+            if (!r.ok[v])
+              std::printf("     %s: %s\n", kPrefillNames[v], r.error[v].c_str());
+          csv("prefill,%d,%d,%d,1,%d,,ms,%.4f,%.4f,%.4f,,\n", g.dim, g.group,
+              kKvHeads * g.group, n, r.ok[0] ? r.ms[0] : NAN,
+              r.ok[1] ? r.ms[1] : NAN, r.ok[2] ? r.ms[2] : NAN);
+          std::fflush(stdout);
+        }
+      }
+    }
+    buffers.releaseAll();
+    cudaStreamDestroy(stream);
+  } catch (const BenchError &e) {
+    std::fprintf(stderr, "kvc-bench-gpu: %s\n", e.what());
+    if (gCsv)
+      std::fclose(gCsv);
+    return 1;
+  }
+  if (gCsv)
+    std::fclose(gCsv);
+  return 0;
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU benchmark in one command: builds kvc-bench-gpu (every geometry of
+# the sweep: head dim 64/128 x GQA group 1/4/8, 8 kv-heads), runs it, then
+# the PyTorch SDPA baseline (bench/gpu/sdpa_baseline.py; skipped with a
+# message where torch is missing), and writes everything to one file.
+#
+# Usage: scripts/gpu-bench.sh [kvc-bench-gpu options]   (e.g. --quick,
+#        --batch=8 --context=4k,16k; see build/bin/kvc-bench-gpu --help)
+# Output: ${KVC_GPU_BENCH_OUT:-build/gpu-bench.txt}, and the kvc rows as CSV
+#         next to it (.csv).
+# Exit status: that of kvc-bench-gpu; 77 when no CUDA device is usable
+# (the table is then not produced).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVC_BUILD_DIR:-$root/build}
+out=${KVC_GPU_BENCH_OUT:-$build/gpu-bench.txt}
+csv=${out%.txt}.csv
+
+if [ ! -f "$build/build.ninja" ]; then
+  # A fresh machine: the packages, then the build the rest of kvc uses.
+  "$root/scripts/setup.sh" >&2
+  "$root/scripts/build.sh" >&2
+fi
+if ! ninja -C "$build" -t query kvc-bench-gpu >/dev/null 2>&1; then
+  echo "gpu-bench: the build in $build has no kvc-bench-gpu target: CMake" \
+       "found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
+  exit 1
+fi
+echo "gpu-bench: building kvc-bench-gpu (24 policy libraries)" >&2
+ninja -C "$build" kvc-bench-gpu >&2
+
+mkdir -p "$(dirname "$out")"
+{
+  echo "# kvc GPU benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname)"
+  echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+       "$(git -C "$root" diff --quiet 2>/dev/null || echo '(with local changes)')"
+  echo "# command: build/bin/kvc-bench-gpu --csv=$csv $*"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.memory,power.limit \
+      --format=csv,noheader 2>/dev/null | sed 's/^/# nvidia-smi: /' || true
+  fi
+} > "$out"
+
+set +e
+"$build/bin/kvc-bench-gpu" --csv="$csv" "$@" | tee -a "$out"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -eq 77 ]; then
+  echo "gpu-bench: SKIP: no usable CUDA device; no figures were measured" \
+       "(see $out)." | tee -a "$out"
+  exit 77
+elif [ "$status" -ne 0 ]; then
+  echo "gpu-bench: kvc-bench-gpu failed with status $status (see $out)" >&2
+  exit "$status"
+fi
+
+# Kernel time without the host side of the calls: where Nsight Systems is
+# installed, one profiled cell per decode variant (batch 8, context 16k,
+# head dim 128, group 4) and its per-kernel summary. KVC_GPU_BENCH_NSYS=0
+# skips it.
+if [ "${KVC_GPU_BENCH_NSYS:-1}" != 0 ]; then
+  echo | tee -a "$out"
+  if nsys=$(command -v nsys); then
+    prof=$(mktemp -d)
+    for variant in plain fused unfused; do
+      echo "== nsys: per-kernel GPU time, $variant decode, batch 8, context 16k," \
+           "head dim 128, group 4 (kernels only; the table's times include the host side) ==" | tee -a "$out"
+      if "$nsys" profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite=true \
+           -o "$prof/$variant" "$build/bin/kvc-bench-gpu" --batch=8 --context=16k \
+           --dim=128 --group=4 --prefill-context=none --variants=$variant \
+           --min-ms=50 >/dev/null 2>&1; then
+        "$nsys" stats --report cuda_gpu_kern_sum --format table "$prof/$variant.nsys-rep" 2>/dev/null |
+          tee -a "$out" ||
+        "$nsys" stats --report gpukernsum --format table "$prof/$variant.nsys-rep" 2>/dev/null |
+          tee -a "$out" || true
+      else
+        echo "nsys profile failed; no kernel breakdown for $variant" | tee -a "$out"
+      fi
+    done
+    rm -rf "$prof"
+  else
+    echo "== nsys not installed: no per-kernel breakdown (the table's times include the host side of each call) ==" | tee -a "$out"
+  fi
+fi
+
+echo | tee -a "$out"
+echo "== Outside baseline: torch.nn.functional.scaled_dot_product_attention" \
+     "(one batched call per step) ==" | tee -a "$out"
+set +e
+python3 "$root/bench/gpu/sdpa_baseline.py" "$@" 2>&1 | tee -a "$out"
+py=${PIPESTATUS[0]}
+set -e
+if [ "$py" -ne 0 ] && [ "$py" -ne 77 ]; then
+  echo "gpu-bench: the SDPA baseline failed with status $py" | tee -a "$out"
+fi
+echo "gpu-bench: table written to $out (CSV: $csv)" >&2

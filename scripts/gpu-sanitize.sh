@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the CUDA backend: memcheck (out-of-bounds and
+# misaligned accesses, leaks) and racecheck (shared-memory hazards) on the
+# GPU test executables (test/gpu) and a tiny run of the GPU benchmark.
+#
+# Representative subset, to keep the sanitizers' 10-100x slowdown
+# affordable:
+#  - memcheck: kvc-gpu-tests-g1 (f32, G=1, 2 kv-heads), kvc-gpu-tests-g8
+#    (bf16, head dim 128, G=8) and kvc-bench-gpu-smoke (f16, head dim 128,
+#    G=4; batch 2, context 1k, prefill 1k);
+#  - racecheck: kvc-gpu-tests-g1 and the same benchmark run.
+# When a test executable is a GoogleTest binary, KVC_SANITIZE_FILTER
+# (default below) narrows it with --gtest_filter; the current test/gpu
+# executables are plain programs that run every policy, so they run whole.
+#
+# Usage: scripts/gpu-sanitize.sh
+# Environment: KVC_BUILD_DIR, KVC_SANITIZE_TOOLS (default "memcheck
+# racecheck"; synccheck and initcheck also work), KVC_SANITIZE_FILTER,
+# KVC_SANITIZE_TIMEOUT (seconds per run, default 3600).
+# Exit status: 0 clean, 1 a sanitizer or test failed, 77 skipped (no GPU or
+# no compute-sanitizer).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVC_BUILD_DIR:-$root/build}
+tools=${KVC_SANITIZE_TOOLS:-memcheck racecheck}
+filter=${KVC_SANITIZE_FILTER:-*streaming_llm*:*h2o*:*snapkv*:*tova*:*merge_nearest*}
+limit=${KVC_SANITIZE_TIMEOUT:-3600}
+
+sanitizer=$(command -v compute-sanitizer || true)
+for candidate in /usr/local/cuda/bin/compute-sanitizer \
+                 /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [ -z "$sanitizer" ] && [ -x "$candidate" ] && sanitizer=$candidate
+done
+if [ -z "$sanitizer" ]; then
+  echo "gpu-sanitize: SKIP: compute-sanitizer not found (PATH, /usr/local/cuda);" \
+       "it ships with the CUDA toolkit."
+  exit 77
+fi
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu-sanitize: SKIP: no CUDA device (nvidia-smi lists none); compute-sanitizer needs one."
+  exit 77
+fi
+
+set -e
+if [ ! -f "$build/build.ninja" ]; then
+  "$root/scripts/setup.sh" >&2
+  "$root/scripts/build.sh" >&2
+fi
+ninja -C "$build" kvc-gpu-tests-g1 kvc-gpu-tests-g8 kvc-bench-gpu-smoke >&2
+set +e
+
+bench_args=(--batch=2 --context=1k --prefill-context=1k --min-ms=1 --steps=2)
+failures=0
+ran=0
+skipped=0
+
+# run <tool> <executable> [args...]
+run() {
+  local tool=$1 exe=$2
+  shift 2
+  local args=("$@")
+  if grep -q -a -- "--gtest_filter" "$exe" 2>/dev/null; then
+    args+=("--gtest_filter=$filter")
+  fi
+  local extra=()
+  [ "$tool" = memcheck ] && extra+=(--leak-check full)
+  echo "== compute-sanitizer --tool $tool $(basename "$exe") ${args[*]} =="
+  timeout "$limit" "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+    "$exe" "${args[@]}"
+  local status=$?
+  case $status in
+    0) echo "-- $tool $(basename "$exe"): clean"; ran=$((ran + 1)) ;;
+    77) echo "-- $tool $(basename "$exe"): skipped (no usable device)"; skipped=$((skipped + 1)) ;;
+    99) echo "-- $tool $(basename "$exe"): SANITIZER ERRORS"; failures=$((failures + 1)) ;;
+    124) echo "-- $tool $(basename "$exe"): TIMEOUT after $limit s"; failures=$((failures + 1)) ;;
+    *) echo "-- $tool $(basename "$exe"): FAILED (exit $status)"; failures=$((failures + 1)) ;;
+  esac
+}
+
+for tool in $tools; do
+  run "$tool" "$build/bin/kvc-gpu-tests-g1"
+  if [ "$tool" = memcheck ]; then
+    run "$tool" "$build/bin/kvc-gpu-tests-g8"
+  fi
+  run "$tool" "$build/bin/kvc-bench-gpu-smoke" "${bench_args[@]}"
+done
+
+echo "gpu-sanitize: $ran clean, $skipped skipped, $failures failed"
+if [ "$failures" -gt 0 ]; then
+  exit 1
+fi
+if [ "$ran" -eq 0 ]; then
+  exit 77
+fi
+exit 0
