@@ -805,9 +805,14 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
       Buffer score = values.lookup(adaptive.getScore());
       persistRows += " + 2 * kKvHeads"; // int64 order of every entry.
       crossConstant = " + 2 * kKvHeads"; // int64 budget of every head.
+      // At decode every head's rows are `stride` long, padded with free
+      // positions.
       osCross << "  kvc::cpu::adaptiveBudgets(persisted_" << score.name << ", "
-              << (decode ? "persistedPositions, stride" : "positions, 0")
-              << ", kKvHeads, n, stride, " << budgetExprs.lookup(adaptive.getBase())
+              << (decode ? "persistedPositions, stride"
+                         : "positions, 0")
+              << ", kKvHeads, "
+              << (decode ? "static_cast<int32_t>(stride)" : "n")
+              << ", stride, " << budgetExprs.lookup(adaptive.getBase())
               << ", " << floatLiteral("cpu", adaptive.getAlpha().convertToDouble())
               << ", adaptiveBudgets, adaptiveOrder);\n";
       budgets[adaptive] = "adaptiveBudgets[h]";

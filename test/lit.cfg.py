@@ -33,6 +33,13 @@ tool_dirs = [config.kvc_tools_dir, config.llvm_tools_dir]
 tools = ["kvc-opt"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
+# The host C++ compiler, to compile generated CPU code that no bundled
+# policy exercises (the bundled ones are built and run by ctest).
+cxx = shutil.which("c++") or shutil.which("g++")
+if cxx:
+    config.available_features.add("cxx")
+    config.substitutions.append(("%cxx", cxx))
+
 if config.cuda_nvcc and os.path.exists(config.cuda_nvcc):
     config.available_features.add("nvcc")
     # nvcc 13 accepts g++-12 as host compiler; prefer it where it exists.
