@@ -54,7 +54,8 @@ public:
         name(("kvc_" + policy.getSymName() + "_cuda_" +
               stringifyKernelKind(kernel.getKind()))
                  .str()),
-        camel(camelKind(kernel.getKind())) {}
+        camel(camelKind(kernel.getKind())),
+        periodic(decode && kernel.getTrigger() == Trigger::every_n) {}
 
   /// The C declaration of the entry point (without a trailing ';').
   std::string declaration() {
@@ -171,6 +172,13 @@ private:
   bool selects = false;
   /// Decode reads the last query's probabilities (kvc.attn_last).
   bool needsProbs = false;
+  /// A periodic decode kernel (every_n): the window folds into the score
+  /// state at every step, the rest of the phase runs once per period.
+  bool periodic = false;
+  /// The runtime's per-slot metadata the kernel reads and updates: the score
+  /// state (accumulated attention, a periodic window's sum) and the
+  /// importance bits (kvc.attn_persistence).
+  bool state = false, history = false;
   /// A generated stages kernel exists.
   bool stagesKernel = false;
 };
@@ -205,18 +213,25 @@ std::string CudaKernelEmitter::documentation() {
            "k, v (kv_heads x head_dim) at `position` into the lowest free "
            "slot, then split-KV attention of q (q_heads x head_dim) over the "
            "cache into out" +
-           std::string(kernel.getTrigger()
-                           ? ", with the policy's decode statistics and "
+           std::string(!kernel.getTrigger() ? ""
+                       : periodic
+                           ? ", with the policy's decode statistics on the "
+                             "device and its victim selection after the last "
+                             "position of every period; synchronizes the "
+                             "stream once in the steps that change the score "
+                             "state or select, to hand them to the runtime"
+                           : ", with the policy's decode statistics and "
                              "victim selection on the device; synchronizes "
                              "the stream once to hand the evictions and the "
-                             "score state to the runtime"
-                           : "") +
+                             "score state to the runtime") +
            "." + devices;
   case KernelKind::decode_scoring:
     return "Unfused decode scoring of one layer on the GPU: recomputes the "
            "attention weights of q over the cache, folds the statistics and "
            "evicts the victims; synchronizes the stream once." +
            devices;
+  case KernelKind::select:
+    break; // Rejected by emitCuda before any kernel is emitted.
   }
   llvm_unreachable("unknown kernel kind");
 }
@@ -256,13 +271,30 @@ void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
     os << "  kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, "
           "t.state, n, logits, stride, maxLogit, invSum, kDecay, "
        << reduceEnumerator("cuda", *attention.getReduce()) << ");\n";
+  if (attention.getPersistence())
+    os << "  kvc::cuda::foldPersistence<kGroup, kStageThreads>(positions, "
+          "t.history, n, logits, stride, maxLogit, invSum, kThreshold, "
+       << reduceEnumerator("cuda", *attention.getPersistenceReduce())
+       << ");\n";
+  if (attention.getWindow())
+    os << "  // The window: the group-mean weights of the last kWindow queries "
+          "of\n  // each period, summed in the score state.\n"
+          "  if (position % kPeriod >= kPeriod - kWindow)\n"
+          "    kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, "
+          "t.state, n, logits, stride, maxLogit, invSum,\n"
+          "                                                    position % "
+          "kPeriod == kPeriod - kWindow);\n";
   if (needsProbs)
     os << "  kvc::cuda::writeProbabilities<kGroup, kStageThreads>(logits, "
           "stride, n, maxLogit, invSum, probs);\n";
+  if (periodic)
+    os << "  // The phase runs once every kPeriod positions (the same for the "
+          "whole block).\n"
+          "  if ((position + 1) % kPeriod != 0)\n"
+          "    return;\n";
 }
 
 void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
-  const bool state = attention && attention.getAccumulate();
   if (!selects && !state)
     return; // The host keeps every entry.
   os << "  " << opComment(gather) << "\n";
@@ -339,8 +371,17 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
   os << "  " << opComment(op) << "\n";
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](AttnWindowOp window) -> LogicalResult {
-        if (decode)
-          return unsupported(op, "window statistics are a prefill statistic");
+        if (decode) {
+          // Periodic: the running sum over the window, already the group
+          // mean; the window's own entries score 0 as at prefill.
+          std::string b = newFloatBuffer(false);
+          bind(window, b, false);
+          elementwise(os, false, b,
+                      "positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf "
+                      ": positions[i] > position - kWindow ? 0.0f : t.state[i] "
+                      "/ kWindow");
+          return success();
+        }
         if (!window.getVisibleNormalized()) {
           bind(window, "windowProbs", true);
           return success();
@@ -379,6 +420,19 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
                         (acc.getVisibleNormalized()
                              ? "t.state[i] / (position - positions[i] + 1)"
                              : "t.state[i]"));
+        return success();
+      })
+      .Case([&](AttnPersistenceOp persistence) -> LogicalResult {
+        // The steps with the importance bit set among the last kHistory.
+        std::string b = newFloatBuffer(false);
+        bind(persistence, b, false);
+        elementwise(os, false, b,
+                    decode ? "positions[i] == KVC_POSITION_NONE ? "
+                             "kvc::cuda::kNegInf : static_cast<float>("
+                             "kvc::cuda::countRecentBits(t.history[i], "
+                             "kHistory))"
+                           : "static_cast<float>(kvc::cuda::countRecentBits("
+                             "persistBits[i], kHistory))");
         return success();
       })
       .Case([&](RecencyOp recency) -> LogicalResult {
@@ -433,12 +487,18 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](GroupReduceOp reduce) -> LogicalResult {
         Buffer in = values.lookup(reduce.getInput());
         if (!in.perQuery) { // Decode state: reduced by the attention pass.
-          if (!attention || !attention.getReduce() ||
-              reduce.getKind() != *attention.getReduce())
+          const bool windowSum = attention && attention.getWindow();
+          std::optional<ReduceKind> folded =
+              windowSum ? std::optional<ReduceKind>(ReduceKind::mean)
+              : attention ? attention.getReduce()
+                          : std::nullopt;
+          if (!folded || reduce.getKind() != *folded)
             return unsupported(op, "the state was reduced differently");
           bind(reduce, in.name, false);
-          os << "  // Folded into the accumulated state by the attention "
-                "pass.\n";
+          os << (windowSum ? "  // Folded into the window sum by the "
+                             "attention pass.\n"
+                           : "  // Folded into the accumulated state by the "
+                             "attention pass.\n");
           return success();
         }
         std::string b = newFloatBuffer(false);
@@ -600,10 +660,15 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
   };
   SmallVector<Field> fields;
   if (decode) {
-    fields.push_back({"char", "tables", "kvc::cuda::tableBytes(kKvHeads, "
-                                        "stride)",
-                      "Snapshot of the runtime's page tables, positions and "
-                      "score state (TableStager)."});
+    fields.push_back({"char", "tables",
+                      history ? "kvc::cuda::tableBytes(kKvHeads, stride, "
+                                "/*withHistory=*/true)"
+                              : "kvc::cuda::tableBytes(kKvHeads, stride)",
+                      history ? "Snapshot of the runtime's page tables, "
+                                "positions, score state and importance bits "
+                                "(TableStager)."
+                              : "Snapshot of the runtime's page tables, "
+                                "positions and score state (TableStager)."});
     fields.push_back({"float", "logits", "kKvHeads * kGroup * stride",
                       "Per head, G rows of unnormalized logits per slot."});
     fields.push_back(
@@ -637,6 +702,9 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     if (acc && gather)
       fields.push_back({"float", "state", "kKvHeads * stride",
                         "Group-reduced score state of every prompt entry."});
+    if (history)
+      fields.push_back({"uint64_t", "persistBits", "kKvHeads * stride",
+                        "Importance bits of every prompt entry."});
   }
   for (const Buffer &b : floatBuffers)
     fields.push_back({"float", b.name,
@@ -761,8 +829,15 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   }
   if (!attention)
     return kernel.emitOpError() << "has no kvc.attention_pass";
-  if (decode && attention.getWindow())
-    return unsupported(attention, "window statistics are a prefill statistic");
+  if (decode && attention.getWindow() && !periodic)
+    return unsupported(attention, "a decode window outside a periodic kernel");
+  if (attention.getWindow() && attention.getAccumulate() && decode)
+    return unsupported(attention, "the score state holds one running "
+                                  "statistic, not a window sum and an "
+                                  "accumulated sum");
+  state = attention.getAccumulate().has_value() ||
+          (decode && attention.getWindow().has_value());
+  history = attention.getPersistence().has_value();
 
   // Stages first, into buffers: they decide which buffers exist. Ops before
   // the cross-head op run in the first stages kernel, the op itself in a
@@ -841,6 +916,9 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
       decls.push_back(
           {"accumulated", "  const float *accumulated = w.accumulated + h * "
                           "kGroup * stride;\n"});
+      decls.push_back(
+          {"persistBits",
+           "  const uint64_t *persistBits = w.persistBits + h * stride;\n"});
     }
     if (isa_and_nonnull<LayerReduceOp>(crossOp))
       decls.push_back(
@@ -982,7 +1060,7 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   const bool window = attention.getWindow().has_value();
   const bool last = attention.getLast();
   const bool acc = attention.getAccumulate().has_value();
-  if (window || last || acc)
+  if (window || last || acc || history) {
     out << "  kvc::cuda::prefillColumnStats<kGroup, kHeadDim>\n"
            "      <<<dim3((n + kvc::cuda::kKeyTile - 1) / kvc::cuda::kKeyTile, "
            "kKvHeads),\n"
@@ -991,7 +1069,13 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
         << (window ? "kWindow" : "0") << ", "
         << (window ? "w.windowProbs" : "nullptr") << ", "
         << (last ? "w.lastProbs" : "nullptr") << ", "
-        << (acc ? "w.accumulated, kDecay" : "nullptr, 1.0f") << ");\n";
+        << (acc ? "w.accumulated, kDecay" : "nullptr, 1.0f");
+    if (history)
+      out << ",\n         kvc::cuda::PersistenceBits{kHistory, kThreshold, "
+          << reduceEnumerator("cuda", *attention.getPersistenceReduce())
+          << ", w.persistBits}";
+    out << ");\n";
+  }
   if (stagesKernel)
     out << "  // The policy's stages, one block per kv-head.\n"
         << "  " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, "
@@ -1010,7 +1094,6 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   out << "  KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
   if (!gather)
     return;
-  const bool state = acc;
   out << "  " << opComment(gather) << "\n";
   out << "  // The runtime allocates the slots of the kept entries on the "
          "host;\n"
@@ -1033,7 +1116,14 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
         << "\", cudaMemcpyAsync(state.data(), w.state, sizeof(float) * "
            "state.size(),\n"
            "                                     cudaMemcpyDeviceToHost, s));\n";
-  if (selects || state)
+  if (history)
+    out << "    std::vector<uint64_t> persistBits(static_cast<size_t>(kKvHeads) "
+           "* n);\n"
+        << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaMemcpyAsync(persistBits.data(), w.persistBits, "
+           "sizeof(uint64_t) * persistBits.size(),\n"
+           "                                     cudaMemcpyDeviceToHost, s));\n";
+  if (selects || state || history)
     out << "    KVC_CUDA_CHECK(\"" << name
         << "\", cudaStreamSynchronize(s));\n";
   out << "    std::vector<int32_t> keptPositions(n), slots(n);\n"
@@ -1053,12 +1143,19 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
       << "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, "
          "kHeadDim, nullptr, nullptr,\n"
          "                              keptPositions.data(), slots.data()));\n";
-  if (state)
+  if (state || history)
     out << "      kvc_metadata_t meta;\n"
            "      KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, "
-           "&meta));\n"
-           "      for (int32_t j = 0; j < count; ++j)\n"
+           "&meta));\n";
+  if (state)
+    out << "      for (int32_t j = 0; j < count; ++j)\n"
         << "        meta.score[slots[j]] = state[static_cast<size_t>(h) * n + "
+        << index << "];\n";
+  if (history)
+    out << "      // Importance bits carried into decode.\n"
+           "      for (int32_t j = 0; j < count; ++j)\n"
+        << "        meta.history[slots[j]] = persistBits[static_cast<size_t>(h) "
+           "* n + "
         << index << "];\n";
   out << "      int32_t page = -1;\n"
          "      void *address = nullptr;\n"
@@ -1149,7 +1246,6 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   std::string fn = camel;
   fn[0] = static_cast<char>(std::tolower(fn[0]));
   fn += "Stages";
-  const bool state = attention.getAccumulate().has_value();
   out << "  int32_t maxSlots = 0;\n"
          "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
          "    int32_t slots = 0;\n"
@@ -1182,7 +1278,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   out << "    kvc::cuda::TableStager tables;\n"
          "    KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, "
          "/*withState=*/"
-      << (state ? "true" : "false") << "));\n"
+      << (state ? "true" : "false")
+      << (history ? ", /*withHistory=*/true" : "") << "));\n"
       << "    KVC_CUDA_TRY(tables.upload(w.tables, s, \"" << name
       << "\", &w.heads));\n";
   if (isa_and_nonnull<LayerReduceOp>(crossOp))
@@ -1228,41 +1325,97 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << "    " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, "
       << "plan.splits, layer, position, "
       << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
-  if (crossOp)
-    out << "    " << opComment(crossOp) << "\n"
-        << "    " << fn << "AcrossHeads<<<1, kStageThreads, 0, s>>>(w, stride, "
-        << "layer);\n"
-        << "    " << fn << "AfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, "
-        << "stride, plan.splits, layer, position, "
-        << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
+  // Indents every line of `text` by two more spaces.
+  auto nested = [](const std::string &text) {
+    std::string r;
+    for (StringRef line : llvm::split(StringRef(text).rtrim('\n'), '\n'))
+      r += (line.empty() ? "" : "  ") + line.str() + "\n";
+    return r;
+  };
+  if (crossOp) {
+    std::string launches;
+    llvm::raw_string_ostream ls(launches);
+    ls << "    " << opComment(crossOp) << "\n"
+       << "    " << fn << "AcrossHeads<<<1, kStageThreads, 0, s>>>(w, stride, "
+       << "layer);\n"
+       << "    " << fn << "AfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, "
+       << "stride, plan.splits, layer, position, "
+       << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
+    if (periodic)
+      out << "    // The rest of the phase runs once every kPeriod "
+             "positions.\n"
+             "    if ((position + 1) % kPeriod == 0) {\n"
+          << nested(launches) << "    }\n";
+    else
+      out << launches;
+  }
   out << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
-  if (selects || state) {
-    out << "    // Hand the policy's decisions to the runtime's host "
-           "bookkeeping.\n";
-    if (selects)
-      out << "    std::vector<int32_t> numVictims(kKvHeads), "
-             "victims(static_cast<size_t>(kKvHeads * stride));\n"
-          << "    KVC_CUDA_CHECK(\"" << name
-          << "\", cudaMemcpyAsync(numVictims.data(), w.numVictims, "
-             "sizeof(int32_t) * kKvHeads,\n"
-             "                                     cudaMemcpyDeviceToHost, "
-             "s));\n"
-          << "    KVC_CUDA_CHECK(\"" << name
-          << "\", cudaMemcpyAsync(victims.data(), w.victims, sizeof(int32_t) "
-             "* victims.size(),\n"
-             "                                     cudaMemcpyDeviceToHost, "
-             "s));\n";
-    out << "    KVC_CUDA_CHECK(\"" << name
-        << "\", cudaStreamSynchronize(s));\n";
-    if (state)
-      out << "    KVC_CUDA_TRY(tables.downloadState(w.tables, \"" << name
-          << "\"));\n";
-    if (selects)
-      out << "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
-             "      if (numVictims[h] > 0)\n"
-             "        KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, "
-             "numVictims[h],\n"
-             "                               victims.data() + h * stride));\n";
+  if (selects || state || history) {
+    // A periodic kernel selects after the last position of a period only.
+    // Its window sum changes at the last kWindow positions of each period;
+    // an accumulated state or importance bits change at every step.
+    const bool everyStep =
+        !periodic || history || attention.getAccumulate().has_value();
+    const bool windowSteps = periodic && !everyStep && state;
+    const bool phaseSteps = periodic && !everyStep && !state;
+    const bool guardSelects = periodic && !phaseSteps;
+    std::string block;
+    llvm::raw_string_ostream bs(block);
+    if (guardSelects && selects)
+      bs << "    const bool compresses = (position + 1) % kPeriod == 0;\n";
+    if (selects) {
+      bs << "    std::vector<int32_t> numVictims(kKvHeads), "
+            "victims(static_cast<size_t>(kKvHeads * stride));\n";
+      if (guardSelects)
+        bs << "    if (compresses) {\n";
+      std::string copies;
+      llvm::raw_string_ostream cs(copies);
+      cs << "    KVC_CUDA_CHECK(\"" << name
+         << "\", cudaMemcpyAsync(numVictims.data(), w.numVictims, "
+            "sizeof(int32_t) * kKvHeads,\n"
+            "                                     cudaMemcpyDeviceToHost, "
+            "s));\n"
+         << "    KVC_CUDA_CHECK(\"" << name
+         << "\", cudaMemcpyAsync(victims.data(), w.victims, sizeof(int32_t) "
+            "* victims.size(),\n"
+            "                                     cudaMemcpyDeviceToHost, "
+            "s));\n";
+      bs << (guardSelects ? nested(copies) + "    }\n" : copies);
+    }
+    bs << "    KVC_CUDA_CHECK(\"" << name
+       << "\", cudaStreamSynchronize(s));\n";
+    if (state || history)
+      bs << "    KVC_CUDA_TRY(tables.downloadState(w.tables, \"" << name
+         << "\"));\n";
+    if (selects) {
+      std::string evictions =
+          "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+          "      if (numVictims[h] > 0)\n"
+          "        KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, "
+          "numVictims[h],\n"
+          "                               victims.data() + h * stride));\n";
+      bs << (guardSelects ? "    if (compresses) {\n" + nested(evictions) +
+                                "    }\n"
+                          : evictions);
+    }
+    if (everyStep) {
+      out << "    // Hand the policy's decisions to the runtime's host "
+             "bookkeeping.\n"
+          << block;
+    } else if (windowSteps) {
+      out << "    // Hand the window sum and, after the last position of a "
+             "period, the\n"
+             "    // victims to the runtime's host bookkeeping; other steps do "
+             "not\n    // synchronize.\n"
+             "    if (position % kPeriod >= kPeriod - kWindow) {\n"
+          << nested(block) << "    }\n";
+    } else {
+      out << "    // Hand the policy's decisions to the runtime's host "
+             "bookkeeping after\n    // the last position of a period; other "
+             "steps do not synchronize.\n"
+             "    if ((position + 1) % kPeriod == 0) {\n"
+          << nested(block) << "    }\n";
+    }
   }
   out << "  } catch (const std::bad_alloc &) {\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
@@ -1351,22 +1504,43 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
 
   std::string constants;
   llvm::raw_string_ostream cs(constants);
-  std::optional<int64_t> window;
-  std::optional<double> decay;
+  std::optional<int64_t> window, period, history;
+  std::optional<double> decay, threshold;
   bool merges = false;
   for (KernelOp kernel : kernels)
     for (Operation &op : kernel.getBody().front())
       merges |= isa<MergeNearestOp, MergeD2OOp, MergeCamOp>(op);
-  for (KernelOp kernel : kernels)
+  for (KernelOp kernel : kernels) {
+    if (kernel.getPeriod())
+      period = *kernel.getPeriod();
     for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
       if (pass.getWindow())
         window = *pass.getWindow();
       if (pass.getAccumulate())
         decay = pass.getAccumulate()->convertToDouble();
+      if (pass.getPersistence()) {
+        history = *pass.getPersistence();
+        threshold = pass.getThreshold()->convertToDouble();
+      }
     }
-  if (window)
+  }
+  if (period)
+    cs << "/// Positions between two periodic compressions: the phase runs "
+          "after\n/// the decode step of position p when (p + 1) % kPeriod "
+          "== 0.\n"
+       << "constexpr int32_t kPeriod = " << *period << ";\n";
+  if (window && period)
+    cs << "/// Decode queries observed before each periodic compression.\n"
+       << "constexpr int32_t kWindow = " << *window << ";\n";
+  else if (window)
     cs << "/// Observation window of the prefill statistics.\n"
        << "constexpr int32_t kWindow = " << *window << ";\n";
+  if (history)
+    cs << "/// Steps of importance history and the weight that makes an "
+          "entry\n/// important at a step.\n"
+       << "constexpr int32_t kHistory = " << *history << ";\n"
+       << "constexpr float kThreshold = "
+       << floatLiteral("cuda", *threshold) << ";\n";
   if (decay)
     cs << "/// Decay of the accumulated attention state.\n"
        << "constexpr float kDecay = " << floatLiteral("cuda", *decay) << ";\n";

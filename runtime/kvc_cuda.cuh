@@ -254,6 +254,7 @@ struct HeadTable {
   const uint64_t *pages;    ///< Device address of each page (0: a hole).
   const int32_t *positions; ///< Per slot; KVC_POSITION_NONE when free.
   float *state;             ///< Score state per slot (null when unused).
+  uint64_t *history;        ///< Importance bits per slot (null when unused).
   int32_t numSlots;
   int32_t numPages;
 };
@@ -707,6 +708,57 @@ __device__ void foldAccumulated(const int32_t *positions, float *state,
   __syncthreads();
 }
 
+/// Shifts this step into the importance bits of every live slot
+/// (kvc.attn_persistence): bits <- (bits << 1) | (reduce_g(p_g) > threshold),
+/// the latest step in bit 0, as kvc_cpu.h's foldPersistence.
+template <int G, int kThreads>
+__device__ void foldPersistence(const int32_t *positions, uint64_t *bits,
+                                int32_t n, const float *logits, int64_t stride,
+                                const float *maxLogit, const float *invSum,
+                                float threshold, Reduce kind) {
+  for (int32_t s = threadIdx.x; s < n; s += kThreads) {
+    if (positions[s] == KVC_POSITION_NONE)
+      continue;
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float p = probability(logits, stride, g, s, maxLogit, invSum);
+      r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+    }
+    if (kind == Reduce::Mean)
+      r /= G;
+    bits[s] = (bits[s] << 1) | (r > threshold ? 1u : 0u);
+  }
+  __syncthreads();
+}
+
+/// Adds this step's group-mean weights to the score state of every live
+/// slot, starting from 0 when `restart` (the first query of a periodic
+/// phase's window), as kvc_cpu.h's foldWindowSum.
+template <int G, int kThreads>
+__device__ void foldWindowSum(const int32_t *positions, float *state,
+                              int32_t n, const float *logits, int64_t stride,
+                              const float *maxLogit, const float *invSum,
+                              bool restart) {
+  for (int32_t s = threadIdx.x; s < n; s += kThreads) {
+    if (positions[s] == KVC_POSITION_NONE)
+      continue;
+    float r = 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      r += probability(logits, stride, g, s, maxLogit, invSum);
+    state[s] = (restart ? 0.0f : state[s]) + r / G;
+  }
+  __syncthreads();
+}
+
+/// Number of set bits among the lowest `history` (<= 64) bits of `bits`.
+__device__ inline int32_t countRecentBits(uint64_t bits, int32_t history) {
+  if (history < 64)
+    bits &= (uint64_t{1} << history) - 1;
+  return __popcll(bits);
+}
+
 //===----------------------------------------------------------------------===//
 // Prefill attention and window statistics
 //===----------------------------------------------------------------------===//
@@ -805,6 +857,17 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
+/// Importance bits of the prompt (kvc.attn_persistence), as kvc_cpu.h's
+/// PersistenceBits: bit a of bits[h * n + i] is set when query n - 1 - a
+/// (one of the last `history` <= 64) gave entry i a group-reduced (`reduce`)
+/// weight above `threshold`. A null `bits` (the default) computes nothing.
+struct PersistenceBits {
+  int32_t history;
+  float threshold;
+  Reduce reduce;
+  uint64_t *bits;
+};
+
 /// Column statistics of the prompt's attention, one block per tile of 32
 /// keys of one kv-head (grid: key tiles x kv_heads), recomputing
 /// p = exp(q.k * scale - lse) with the log-sum-exp of prefillAttention:
@@ -815,14 +878,17 @@ __global__ void __launch_bounds__(kPrefillThreads)
 ///    last token itself included (kvc.attn_last, as kvc_cpu.h);
 ///  - `accumulated` (when given): the decayed sum over all queries t of
 ///    decay^(n-1-t) * p, the state s <- decay * s + p after the last query.
-/// Buffers are per kv-head, G rows of n. Warps split the queries; their
-/// sums are added in warp order, so the result is deterministic.
+///  - `persistence.bits` (when given): see PersistenceBits.
+/// Buffers are per kv-head, G rows of n (importance bits: one row of n).
+/// Warps split the queries; their sums are added (their bits or-ed) in warp
+/// order, so the result is deterministic.
 template <int G, int D>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
                        const float *k, float scale, const float *lse,
                        int32_t window, float *windowProbs, float *lastProbs,
-                       float *accumulated, float decay) {
+                       float *accumulated, float decay,
+                       PersistenceBits persistence = PersistenceBits{}) {
   const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
   const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
   const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
@@ -831,6 +897,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   __shared__ float keys[kKeyTile][D + 1];
   __shared__ float queries[kPrefillWarps][D];
   __shared__ float sums[kPrefillWarps][2][G][kWarpSize];
+  __shared__ uint64_t importance[kPrefillWarps][kWarpSize];
   for (int i = threadIdx.x; i < kKeyTile * D; i += kPrefillThreads) {
     const int r = i / D, c = i % D;
     keys[r][c] = col0 + r < n ? k[(col0 + r) * kvStride + h * D + c] : 0.0f;
@@ -841,11 +908,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll
   for (int g = 0; g < G; ++g)
     windowSum[g] = totalSum[g] = lastP[g] = 0.0f;
+  uint64_t bits = 0;
   // Queries that can see a key of this tile and matter to a statistic.
-  const int32_t span = lastProbs ? max(w, 1) : w;
+  const int32_t span = max(lastProbs ? max(w, 1) : w,
+                           persistence.bits ? persistence.history : 0);
   const int32_t first = accumulated ? col0 : max(col0, n - span);
   for (int32_t t = first + warp; t < n; t += kPrefillWarps) {
     const float age = decay == 1.0f ? 1.0f : powf(decay, float(n - 1 - t));
+    // Queries of the persistence history reduce their group's weights.
+    const bool persists = persistence.bits && n - 1 - t < persistence.history;
+    float reduced = persistence.reduce == Reduce::Max ? kNegInf : 0.0f;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int32_t qHead = h * G + g;
@@ -866,8 +938,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
         windowSum[g] += p;
       if (t == n - 1)
         lastP[g] = p;
+      if (persists)
+        reduced = persistence.reduce == Reduce::Max ? fmaxf(reduced, p)
+                                                    : reduced + p;
     }
+    if (persists && col <= t && col < n &&
+        (persistence.reduce == Reduce::Mean ? reduced / G : reduced) >
+            persistence.threshold)
+      bits |= uint64_t{1} << (n - 1 - t);
   }
+  importance[warp][lane] = bits;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     sums[warp][0][g][lane] = windowSum[g];
@@ -894,6 +974,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
       windowProbs[at] = col < n - w ? ws / w : 0.0f;
     if (accumulated)
       accumulated[at] = ts;
+  }
+  if (persistence.bits) {
+    uint64_t all = 0;
+    for (int x = 0; x < kPrefillWarps; ++x)
+      all |= importance[x][lane];
+    persistence.bits[static_cast<int64_t>(h) * n + col] = all;
   }
 }
 
@@ -1534,27 +1620,32 @@ private:
 };
 
 /// Workspace bytes TableStager::upload needs for `heads` heads of at most
-/// `slots` slots (a page holds at least one slot).
-inline uint64_t tableBytes(int32_t heads, int64_t slots) {
+/// `slots` slots (a page holds at least one slot), with the importance bits
+/// when `withHistory`.
+inline uint64_t tableBytes(int32_t heads, int64_t slots,
+                           bool withHistory = false) {
   return static_cast<uint64_t>(heads) *
-             (sizeof(HeadTable) + 16 * 4 +
+             (sizeof(HeadTable) + 16 * 5 +
               static_cast<uint64_t>(slots) *
-                  (sizeof(uint64_t) + sizeof(int32_t) + sizeof(float))) +
+                  (sizeof(uint64_t) + sizeof(int32_t) + sizeof(float) +
+                   (withHistory ? sizeof(uint64_t) : 0))) +
          kWorkspaceAlignment;
 }
 
 /// Snapshot of the runtime's host bookkeeping of one (sequence, layer) for
 /// the device: per kv-head, the device address of every page, the position
-/// of every slot and (optionally) the score state, packed into one host
-/// image that a single cudaMemcpyAsync uploads.
+/// of every slot and (optionally) the score state and the importance bits,
+/// packed into one host image that a single cudaMemcpyAsync uploads.
 class TableStager {
 public:
   /// Reads the tables of `heads` kv-heads through the runtime.
   kvc_status_t gather(kvc_context_t *context, uint64_t sequence,
-                      int32_t layer, int32_t heads, bool withState) {
+                      int32_t layer, int32_t heads, bool withState,
+                      bool withHistory = false) {
     try {
       heads_ = heads;
       withState_ = withState;
+      withHistory_ = withHistory;
       meta_.assign(heads, kvc_metadata_t{});
       pages_.assign(heads, {});
       maxSlots_ = 0;
@@ -1587,41 +1678,55 @@ public:
     try {
       std::vector<HeadTable> tables(heads_);
       uint64_t at = align(sizeof(HeadTable) * heads_);
-      std::vector<uint64_t> offsets(3 * heads_);
+      // Per head: pages, positions, score state, importance bits.
+      std::vector<uint64_t> offsets(4 * heads_);
       for (int32_t h = 0; h < heads_; ++h) {
-        offsets[3 * h] = at;
+        offsets[4 * h] = at;
         at = align(at + sizeof(uint64_t) * pages_[h].size());
-        offsets[3 * h + 1] = at;
+        offsets[4 * h + 1] = at;
         at = align(at + sizeof(int32_t) * meta_[h].num_slots);
-        offsets[3 * h + 2] = at;
+        offsets[4 * h + 2] = at;
         if (withState_)
           at = align(at + sizeof(float) * meta_[h].num_slots);
+        offsets[4 * h + 3] = at;
+        if (withHistory_)
+          at = align(at + sizeof(uint64_t) * meta_[h].num_slots);
       }
       image_.assign(at, 0);
       char *device = static_cast<char *>(region);
       for (int32_t h = 0; h < heads_; ++h) {
         const int32_t slots = meta_[h].num_slots;
-        std::memcpy(image_.data() + offsets[3 * h], pages_[h].data(),
+        std::memcpy(image_.data() + offsets[4 * h], pages_[h].data(),
                     sizeof(uint64_t) * pages_[h].size());
-        std::memcpy(image_.data() + offsets[3 * h + 1], meta_[h].position,
+        std::memcpy(image_.data() + offsets[4 * h + 1], meta_[h].position,
                     sizeof(int32_t) * slots);
         if (withState_)
-          std::memcpy(image_.data() + offsets[3 * h + 2], meta_[h].score,
+          std::memcpy(image_.data() + offsets[4 * h + 2], meta_[h].score,
                       sizeof(float) * slots);
+        if (withHistory_)
+          std::memcpy(image_.data() + offsets[4 * h + 3], meta_[h].history,
+                      sizeof(uint64_t) * slots);
         tables[h].pages =
-            reinterpret_cast<const uint64_t *>(device + offsets[3 * h]);
+            reinterpret_cast<const uint64_t *>(device + offsets[4 * h]);
         tables[h].positions =
-            reinterpret_cast<const int32_t *>(device + offsets[3 * h + 1]);
+            reinterpret_cast<const int32_t *>(device + offsets[4 * h + 1]);
         tables[h].state =
-            withState_ ? reinterpret_cast<float *>(device + offsets[3 * h + 2])
+            withState_ ? reinterpret_cast<float *>(device + offsets[4 * h + 2])
                        : nullptr;
+        tables[h].history =
+            withHistory_
+                ? reinterpret_cast<uint64_t *>(device + offsets[4 * h + 3])
+                : nullptr;
         tables[h].numSlots = slots;
         tables[h].numPages = static_cast<int32_t>(pages_[h].size());
       }
       std::memcpy(image_.data(), tables.data(), sizeof(HeadTable) * heads_);
       stateOffsets_.resize(heads_);
-      for (int32_t h = 0; h < heads_; ++h)
-        stateOffsets_[h] = offsets[3 * h + 2];
+      historyOffsets_.resize(heads_);
+      for (int32_t h = 0; h < heads_; ++h) {
+        stateOffsets_[h] = offsets[4 * h + 2];
+        historyOffsets_[h] = offsets[4 * h + 3];
+      }
     } catch (const std::bad_alloc &) {
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host staging allocation failed");
@@ -1634,15 +1739,23 @@ public:
     return KVC_STATUS_OK;
   }
 
-  /// Copies the device score state (after the kernels ran and the stream
-  /// was synchronized) back into the runtime's metadata.
+  /// Copies what the kernels update of the snapshot (the score state and
+  /// the importance bits, those that were gathered) back into the runtime's
+  /// metadata, after the kernels ran and the stream was synchronized.
   kvc_status_t downloadState(const void *region, const char *name) {
     const char *device = static_cast<const char *>(region);
-    for (int32_t h = 0; h < heads_; ++h)
-      KVC_CUDA_CHECK(name, cudaMemcpy(meta_[h].score,
-                                      device + stateOffsets_[h],
-                                      sizeof(float) * meta_[h].num_slots,
-                                      cudaMemcpyDeviceToHost));
+    for (int32_t h = 0; h < heads_; ++h) {
+      if (withState_)
+        KVC_CUDA_CHECK(name, cudaMemcpy(meta_[h].score,
+                                        device + stateOffsets_[h],
+                                        sizeof(float) * meta_[h].num_slots,
+                                        cudaMemcpyDeviceToHost));
+      if (withHistory_)
+        KVC_CUDA_CHECK(name, cudaMemcpy(meta_[h].history,
+                                        device + historyOffsets_[h],
+                                        sizeof(uint64_t) * meta_[h].num_slots,
+                                        cudaMemcpyDeviceToHost));
+    }
     return KVC_STATUS_OK;
   }
 
@@ -1653,10 +1766,10 @@ public:
 private:
   static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
   int32_t heads_ = 0, maxSlots_ = 0;
-  bool withState_ = false;
+  bool withState_ = false, withHistory_ = false;
   std::vector<kvc_metadata_t> meta_;
   std::vector<std::vector<uint64_t>> pages_;
-  std::vector<uint64_t> stateOffsets_;
+  std::vector<uint64_t> stateOffsets_, historyOffsets_;
   std::vector<char> image_;
 };
 

@@ -9,7 +9,13 @@
 //    each within 2e-4 of the double oracle);
 //  - kept positions identical, except at most kMaxBoundarySwaps entries per
 //    head whose scores tie with the selection boundary up to float order;
-//  - score state within 1e-3 relative;
+//  - score state within 1e-3 relative (H2O's accumulated attention, RPC's
+//    window sum);
+//  - importance bits (Scissorhands) identical, except for at most
+//    kMaxHistoryMismatches entries per head whose words differ in at most
+//    kMaxHistoryBits bits: a step's bit compares a float weight with the
+//    threshold, and weights that lie within float rounding of it may fall on
+//    either side on the two backends;
 //  - stored keys and values bit-identical (both round the same floats),
 //    except for policies that merge evicted entries into kept ones: their
 //    merged rows come from sums in a different order (CaM's weights from
@@ -37,6 +43,10 @@
 #include "kvc_pyramidkv_small_adakv_cuda.h"
 #include "kvc_pyramidkv_small_cpu.h"
 #include "kvc_pyramidkv_small_cuda.h"
+#include "kvc_rpc_small_cpu.h"
+#include "kvc_rpc_small_cuda.h"
+#include "kvc_scissorhands_cpu.h"
+#include "kvc_scissorhands_cuda.h"
 #include "kvc_snapkv_cpu.h"
 #include "kvc_snapkv_cuda.h"
 #include "kvc_streaming_llm_cpu.h"
@@ -76,6 +86,8 @@ constexpr double kOutputTolerance = 5e-4;
 constexpr double kStateTolerance = 1e-3;
 constexpr int kMaxBoundarySwaps = 2;
 constexpr double kMergeTolerance = 8e-3;
+constexpr int kMaxHistoryMismatches = 4;
+constexpr int kMaxHistoryBits = 2;
 
 using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
                                    const float *, const float *, const float *,
@@ -95,7 +107,8 @@ using CudaDecodeFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
 /// Both backends of one policy.
 struct Api {
   const char *name;
-  /// The policy keeps score state into decode.
+  /// The policy keeps score state into decode (importance bits are always
+  /// compared).
   bool state;
   /// The policy merges evicted prompt entries into kept ones.
   bool merges;
@@ -248,10 +261,24 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
     return;
   }
   std::vector<float> key(kDim), value(kDim);
+  int historyMismatches = 0;
   for (auto &[pos, slot] : b) {
     auto it = a.find(pos);
     if (it == a.end())
       continue;
+    // Importance bits: 0 on both backends for policies without them.
+    if (ma.history[it->second] != mb.history[slot]) {
+      const int bits =
+          __builtin_popcountll(ma.history[it->second] ^ mb.history[slot]);
+      if (bits > kMaxHistoryBits)
+        fail(where + ": importance bits of position " + std::to_string(pos) +
+             " differ from the cpu backend's in " + std::to_string(bits) +
+             " bits");
+      else if (++historyMismatches == kMaxHistoryMismatches + 1)
+        fail(where + ": more than " + std::to_string(kMaxHistoryMismatches) +
+             " entries' importance bits differ from the cpu backend's "
+             "(position " + std::to_string(pos) + ")");
+    }
     if (compareState) {
       const double x = ma.score[it->second], y = mb.score[slot];
       if (std::fabs(x - y) > kStateTolerance * std::max(1.0, std::fabs(x)))
@@ -477,6 +504,8 @@ int main() {
       KVC_API(h2o_merge, true, true),
       KVC_API(d2o, true, true),
       KVC_API(cam, false, true),
+      KVC_API(scissorhands, false, false),
+      KVC_API(rpc_small, true, false),
 #if KVC_TEST_HEAD_CLASSES
       KVC_API(duo_small, false, false),
 #endif

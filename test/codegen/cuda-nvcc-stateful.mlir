@@ -1,0 +1,19 @@
+// The generated CUDA of the policies whose decode kernel folds per-entry
+// state besides the accumulated attention compiles with nvcc for sm_80 and
+// sm_90a: Scissorhands (importance bits in the runtime's history metadata)
+// and RPC (a periodic window sum), fused and unfused, in the f16/G=3,
+// bf16/G=8/d128 and f32/G=1 geometries (a file of its own so that lit runs
+// it beside the other cuda-nvcc tests). No GPU is needed.
+//
+// REQUIRES: nvcc
+// RUN: rm -rf %t && mkdir -p %t/f16 %t/bf16 %t/f32
+// RUN: kvc-opt %kvc_src_root/policies/scissorhands.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_scissorhands_cuda.cu -o %t/scissorhands.o
+// RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_rpc_cuda.cu -o %t/rpc.o
+// Unfused, G=8, head_dim 128, bf16: prefill_scoring and decode_scoring.
+// RUN: kvc-opt %kvc_src_root/policies/scissorhands.mlir "--kvc-specialize=layers=2 q-heads=8 kv-heads=1 head-dim=128 dtype=bf16" --kvc-form-kernels=unfused=1 --kvc-emit="target=cuda output-dir=%t/bf16" -o /dev/null
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/bf16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/bf16/kvc_scissorhands_cuda.cu -o %t/scissorhands_unfused.o
+// f32, G=1: the oracle comparison's small period.
+// RUN: kvc-opt %kvc_src_root/test/codegen/policies/rpc_small.mlir "--kvc-specialize=layers=1 q-heads=2 kv-heads=2 head-dim=64 dtype=f32" --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f32" -o /dev/null
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f32 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f32/kvc_rpc_small_cuda.cu -o %t/rpc_small.o
