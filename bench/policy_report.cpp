@@ -38,6 +38,10 @@ struct ReportPolicy {
   kvc_status_t (*decode)(kvc_context_t *, uint64_t, int32_t, const float *,
                          const float *, const float *, int32_t, float *,
                          void *, uint64_t);
+  /// A global budget's selection, run after the prefill (null otherwise).
+  uint64_t (*selectBytes)(int32_t) = nullptr;
+  kvc_status_t (*select)(kvc_context_t *, uint64_t, int32_t, void *,
+                         uint64_t) = nullptr;
 };
 
 #define KVC_REPORT_POLICY(p)                                                   \
@@ -45,6 +49,14 @@ struct ReportPolicy {
     #p, kvc_##p##_cpu_configure, kvc_##p##_cpu_prefill_workspace_bytes,        \
         kvc_##p##_cpu_prefill, kvc_##p##_cpu_decode_workspace_bytes,           \
         kvc_##p##_cpu_decode                                                   \
+  }
+
+#define KVC_REPORT_GLOBAL_POLICY(p)                                            \
+  ReportPolicy {                                                               \
+    #p, kvc_##p##_cpu_configure, kvc_##p##_cpu_prefill_workspace_bytes,        \
+        kvc_##p##_cpu_prefill, kvc_##p##_cpu_decode_workspace_bytes,           \
+        kvc_##p##_cpu_decode, kvc_##p##_cpu_select_workspace_bytes,            \
+        kvc_##p##_cpu_select                                                   \
   }
 
 #include "report_policies.h"
@@ -122,6 +134,10 @@ int main(int argc, char **argv) {
       check(policy.prefill(context, 0, 0, n, q.data(), k.data(), v.data(),
                            positions.data(), out.data(), ws.data(), ws.size()),
             "prefill");
+      if (policy.select) {
+        std::vector<char> sws(policy.selectBytes(n));
+        check(policy.select(context, 0, n, sws.data(), sws.size()), "select");
+      }
 
       double errorSum = 0.0;
       for (int step = 0; step < kSteps; ++step) {

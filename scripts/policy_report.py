@@ -85,7 +85,12 @@ def main():
            "so the " + ", ".join(map(str, prompts)) + "-token prompts put "
            "them near 50%, 25% and 10% of the context. The inputs are "
            "synthetic: the numbers rank policies on this structure, not on a "
-           "language model (docs/quality.md has SmolLM2-135M figures).", ""]
+           "language model (docs/quality.md has SmolLM2-135M figures). "
+           "`rpc` compresses every 4096 positions, past the 8 decode steps "
+           "measured, so it keeps everything here. `snapkv_global` is "
+           "compiled for one layer (the one prefilled), so its global top-k "
+           "spans the 3 heads of that layer. Every policy also has a "
+           "hand-worked case in test/fidelity.", ""]
     header = ["policy", "paper", "phases", "statistics", "kernels",
               "B/entry"]
     for p in prompts:
