@@ -48,6 +48,10 @@ std::string camelKind(KernelKind kind) {
 /// kernel of a policy.
 class CudaKernelEmitter {
 public:
+  /// KIVI storage: the runtime records the quantization work of appends
+  /// (kvc_kivi_pending_work) and the kernels perform it.
+  bool kivi = false;
+
   CudaKernelEmitter(PolicyOp policy, KernelOp kernel, AsmState &asmState)
       : policy(policy), kernel(kernel), asmState(asmState),
         decode(isDecodeKernel(kernel)),
@@ -756,10 +760,24 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                       "Kept prompt indices per head, ascending."});
     fields.push_back({"int32_t", "numKept", "kKvHeads", "Kept per head."});
   }
-  if (append)
+  if (append && kivi) {
+    fields.push_back({"char", "kivi",
+                      "kvc::cuda::kiviWorkBytes(kKvHeads, 1, kResidual, "
+                      "kKiviGroup)",
+                      "KIVI jobs of the new entries (KiviWorkPlan)."});
+    fields.push_back({"char", "kiviTables",
+                      "kvc::cuda::kiviTableBytes(kKvHeads, stride)",
+                      "Residual rows and formats per slot (KiviStager)."});
+  } else if (append) {
     fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads",
                       "The new entry's destination in each head."});
-  if (gather)
+  }
+  if (gather && kivi)
+    fields.push_back({"char", "kivi",
+                      "kvc::cuda::kiviWorkBytes(kKvHeads, stride, kResidual, "
+                      "kKiviGroup)",
+                      "KIVI jobs of the kept entries (KiviWorkPlan)."});
+  else if (gather)
     fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads * stride",
                       "Destinations of the kept entries."});
 
@@ -1095,9 +1113,16 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   if (!gather)
     return;
   out << "  " << opComment(gather) << "\n";
-  out << "  // The runtime allocates the slots of the kept entries on the "
-         "host;\n"
-         "  // storeEntries then writes them into their pages.\n";
+  if (kivi)
+    out << "  // The runtime allocates the slots of the kept entries on the "
+           "host and\n"
+           "  // records the KIVI work their append implies; kiviQuantize and "
+           "kiviStageRows\n"
+           "  // perform it.\n";
+  else
+    out << "  // The runtime allocates the slots of the kept entries on the "
+           "host;\n"
+           "  // storeEntries then writes them into their pages.\n";
   out << "  try {\n";
   if (selects)
     out << "    std::vector<int32_t> numKept(kKvHeads), kept(static_cast<"
@@ -1126,10 +1151,13 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   if (selects || state || history)
     out << "    KVC_CUDA_CHECK(\"" << name
         << "\", cudaStreamSynchronize(s));\n";
-  out << "    std::vector<int32_t> keptPositions(n), slots(n);\n"
-         "    std::vector<kvc::cuda::StoreEntry> stores;\n"
-         "    stores.reserve(static_cast<size_t>(kKvHeads) * n);\n"
-         "    for (int32_t h = 0; h < kKvHeads; ++h) {\n";
+  out << "    std::vector<int32_t> keptPositions(n), slots(n);\n";
+  if (kivi)
+    out << "    kvc::cuda::KiviWorkPlan kivi;\n";
+  else
+    out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
+           "    stores.reserve(static_cast<size_t>(kKvHeads) * n);\n";
+  out << "    for (int32_t h = 0; h < kKvHeads; ++h) {\n";
   if (selects)
     out << "      const int32_t count = numKept[h];\n"
            "      const int32_t *index = kept.data() + static_cast<size_t>(h) "
@@ -1157,6 +1185,25 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
         << "        meta.history[slots[j]] = persistBits[static_cast<size_t>(h) "
            "* n + "
         << index << "];\n";
+  if (kivi) {
+    out << "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, "
+           "layer, h, layout, config.page_size,\n"
+           "                                               kKiviGroup, "
+        << (merge || !selects ? "nullptr" : "index") << ", "
+        << (merge ? "w.mergedKeys, w.mergedValues" : "k, v")
+        << ", kKvStride)));\n"
+        << "    }\n"
+        << (merge ? "    // The merged rows, in kept-list order.\n" : "")
+        << "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
+           "kDtype>(\n"
+           "        w.kivi, kvc::cuda::kiviWorkBytes(kKvHeads, n, kResidual, "
+           "kKiviGroup), s, \""
+        << name << "\")));\n"
+        << "  } catch (const std::bad_alloc &) {\n"
+           "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
+        << name << ": host allocation failed\");\n  }\n";
+    return;
+  }
   out << "      int32_t page = -1;\n"
          "      void *address = nullptr;\n"
          "      for (int32_t j = 0; j < count; ++j) {\n"
@@ -1274,6 +1321,22 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, 1, "
            "kHeadDim, nullptr, nullptr, &position,\n"
            "                              &newSlots[h]));\n";
+    if (kivi)
+      out << "    // KIVI: the new row goes to the residual window; the value "
+             "that leaves it\n"
+             "    // and, every R appends, a block of keys are quantized "
+             "(kvc_kivi_pending_work).\n"
+             "    kvc::cuda::KiviWorkPlan kivi;\n"
+             "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+             "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, "
+             "sequence, layer, h, layout, config.page_size,\n"
+             "                                               kKiviGroup, "
+             "nullptr, k, v, kKvStride)));\n"
+             "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
+             "kDtype>(\n"
+             "        w.kivi, kvc::cuda::kiviWorkBytes(kKvHeads, 1, "
+             "kResidual, kKiviGroup), s, \""
+          << name << "\")));\n";
   }
   out << "    kvc::cuda::TableStager tables;\n"
          "    KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, "
@@ -1294,7 +1357,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "tables.metadata(0).num_slots) != 0)\n"
         << "        return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
         << ": the heads of a layer-wide policy hold different entries\");\n";
-  if (append)
+  if (append && !kivi)
     out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
            "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
            "      stores.push_back(kvc::cuda::storeEntry(\n"
@@ -1315,12 +1378,30 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "kvc::cuda::devicePageLayout(config, layout), q,\n"
          "                                    kSoftmaxScale, "
          "plan.slotsPerSplit, plan.splits, stride,\n"
-         "                                    w.logits, w.partials};\n"
-         "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
-         "kvc::cuda::kDecodeThreads>\n"
-         "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
-         "0, s>>>(args);\n"
-      << "    // Exact merge of the splits, then the policy's stages, one "
+         "                                    w.logits, w.partials};\n";
+  if (kivi)
+    out << "    // KIVI: packed int codes dequantized in registers, the window "
+           "read from\n"
+           "    // the residual rows (KiviStager: per slot, row and formats).\n"
+           "    kvc::cuda::KiviStager kiviTables;\n"
+           "    const kvc::cuda::KiviHead *kiviHeads = nullptr;\n"
+           "    KVC_CUDA_TRY(kiviTables.upload(context, sequence, layer, "
+           "tables, kKvHeads, w.kiviTables, s,\n"
+           "                                   \""
+        << name << "\", &kiviHeads));\n"
+        << "    kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
+           "kKiviGroup, kDtype,\n"
+           "                                   kvc::cuda::kDecodeThreads>\n"
+           "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+           "0, s>>>(args, kiviHeads,\n"
+           "                                                                  "
+           "     kResidual);\n";
+  else
+    out << "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
+           "kvc::cuda::kDecodeThreads>\n"
+           "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+           "0, s>>>(args);\n";
+  out << "    // Exact merge of the splits, then the policy's stages, one "
          "block per kv-head.\n"
       << "    " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, "
       << "plan.splits, layer, position, "
@@ -1425,8 +1506,10 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
 /// The runtime's storage of a policy on device pools.
 struct DeviceStorage {
   std::string format;  ///< kvc_format_t enumerator.
-  std::string storage; ///< kvc::cuda::Storage enumerator.
-  int64_t elementBytes;
+  std::string storage; ///< kvc::cuda::Storage enumerator (not for KIVI).
+  int64_t elementBytes = 0;
+  /// KIVI: bits per code, group G and residual window R (0 otherwise).
+  int64_t kiviBits = 0, kiviGroup = 0, residual = 0;
 };
 
 FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
@@ -1463,10 +1546,17 @@ FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
     d.elementBytes = 1;
     return d;
   }
-  return writer->emitOpError()
-         << "KIVI storage has no device pool in the runtime (KIVI flushes "
-            "quantize on the host); the cuda emitter supports full, int8 "
-            "and fp8_e4m3 storage";
+  // KIVI: kiviQuantize runs one thread per channel, decodeAttentionKivi
+  // one warp per row.
+  d.kiviBits = d.format == "KVC_FORMAT_KIVI_INT2" ? 2 : 4;
+  d.kiviGroup = storage->groupSize;
+  d.residual = storage->residual;
+  if (d.residual <= 0 || d.kiviGroup <= 0 ||
+      geometry.getHeadDim() % d.kiviGroup != 0 || d.residual % d.kiviGroup)
+    return writer->emitOpError()
+           << "KIVI storage needs a group dividing head_dim and a positive "
+              "residual window that is a multiple of it";
+  return d;
 }
 
 } // namespace
@@ -1596,10 +1686,23 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "constexpr kvc_dtype_t kDtype = "
       << dtypeEnumerator(geometry.getDtype()) << ";\n"
       << "constexpr kvc_format_t kFormat = " << storage->format << ";\n"
-      << "constexpr kvc::cuda::Storage kStorage = " << storage->storage << ";\n"
-      << "/// Bytes of one stored key or value row.\n"
-      << "constexpr uint64_t kRowBytes = " << storage->elementBytes
-      << " * kHeadDim;\n"
+      << (storage->kiviBits
+              ? "/// KIVI: bits per code, group G (channels of a value group, "
+                "tokens of a\n/// key block) and residual window R.\n"
+                "constexpr int kKiviBits = " +
+                    std::to_string(storage->kiviBits) +
+                    ";\nconstexpr int kKiviGroup = " +
+                    std::to_string(storage->kiviGroup) +
+                    ";\nconstexpr int32_t kResidual = " +
+                    std::to_string(storage->residual) +
+                    ";\n/// Bytes of one packed key or value row.\n"
+                    "constexpr uint64_t kRowBytes = kHeadDim * kKiviBits / "
+                    "8;\n"
+              : "constexpr kvc::cuda::Storage kStorage = " + storage->storage +
+                    ";\n/// Bytes of one stored key or value row.\n"
+                    "constexpr uint64_t kRowBytes = " +
+                    std::to_string(storage->elementBytes) + " * kHeadDim;\n")
+
       << "/// Decode splits: at most kMaxSplits per kv-head, each of at least\n"
       << "/// kMinSlotsPerSplit slots.\n"
       << "constexpr int32_t kMaxSplits = 64;\n"
@@ -1616,6 +1719,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   llvm::raw_string_ostream host(entries);
   for (KernelOp kernel : kernels) {
     CudaKernelEmitter emitter(policy, kernel, asmState);
+    emitter.kivi = storage->kiviBits != 0;
     if (failed(emitter.emit(src, host)))
       return failure();
     hdr << "/// Device workspace bytes of the entry point below.\n"
@@ -1635,8 +1739,12 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "  config->head_dim = kHeadDim;\n"
       << "  config->dtype = kDtype;\n"
       << "  config->format = kFormat;\n"
-      << "  config->group_size = 0;\n"
-      << "  config->residual_length = 0;\n"
+      << (storage->kiviBits
+              ? "  config->group_size = kKiviGroup;\n"
+                "  config->residual_length = kResidual;\n"
+              : "  config->group_size = 0;\n"
+                "  config->residual_length = 0;\n")
+
       << "  config->memory = KVC_MEMORY_DEVICE;\n"
       << "}\n\n"
       << "} // extern \"C\"\n";

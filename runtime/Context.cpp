@@ -6,7 +6,9 @@
 //
 // All bookkeeping lives in host memory and names pages by index, so the same
 // code serves host and device pools; only the data paths dereference the
-// pool, and they refuse device pools.
+// pool, and they refuse device pools. KIVI appends record the staging and
+// quantization they imply (KiviWork) on every pool; the runtime performs it
+// on host pools, kernels on device pools.
 //
 // Transactions: every mutating entry point validates everything and performs
 // every host allocation it needs before it changes anything, so a failure
@@ -40,6 +42,21 @@ uint64_t alignUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
+/// The data work of the latest KIVI append of a head (kvc_kivi_work_t).
+struct KiviWork {
+  std::vector<kvc_kivi_row_t> values;
+  std::vector<int32_t> blockBegin{0};
+  std::vector<kvc_kivi_row_t> members;
+  std::vector<kvc_kivi_row_t> stages;
+
+  void clear() {
+    values.clear();
+    blockBegin.assign(1, 0);
+    members.clear();
+    stages.clear();
+  }
+};
+
 /// Bookkeeping of one (sequence, layer, kv-head).
 struct HeadState {
   /// Pool page id of each page-table entry; -1 marks a hole left by a page
@@ -70,6 +87,7 @@ struct HeadState {
   /// it have been handed out.
   int32_t openBlock = -1;
   int32_t openFill = 0;
+  KiviWork work;
 };
 
 struct Sequence {
@@ -173,11 +191,6 @@ kvc_status_t validateConfig(const char *name, const kvc_config_t *c) {
       return fail(KVC_STATUS_GEOMETRY_MISMATCH,
                   "%s: head_dim %d does not pack into whole bytes at %d bits",
                   name, c->head_dim, bits);
-    if (c->memory == KVC_MEMORY_DEVICE)
-      return fail(KVC_STATUS_UNSUPPORTED,
-                  "%s: KIVI flushes quantize on the host; device pools "
-                  "support FULL, INT8 and FP8_E4M3",
-                  name);
   }
   // Slot numbers, page ids and byte sizes must not overflow.
   int64_t slots = static_cast<int64_t>(c->num_pages) * c->page_size;
@@ -476,11 +489,25 @@ struct Scratch {
   }
 };
 
-/// KIVI: quantizes the value of the entry in `slot` from its residual row.
+/// KIVI: where the full-precision row of the entry in `slot` is, for an
+/// append call whose first entry got append index `firstAppended`.
+kvc_kivi_row_t kiviSource(const kvc_context *ctx, const HeadState &h,
+                          int32_t slot, int64_t firstAppended) {
+  int64_t a = h.appendIndex[slot];
+  return {slot, static_cast<int32_t>(a % ctx->config.residual_length),
+          a >= firstAppended ? static_cast<int32_t>(a - firstAppended) : -1};
+}
+
+/// KIVI: quantizes the value of the entry in `slot` from its residual row
+/// (host pools) and records the work.
 void kiviFlushValue(const kvc_context *ctx, const Sequence &seq,
                     int32_t headIndex, HeadState &h, int32_t slot,
-                    Scratch &scratch) {
+                    int64_t firstAppended, Scratch &scratch) {
   const kvc_config_t &c = ctx->config;
+  h.work.values.push_back(kiviSource(ctx, h, slot, firstAppended));
+  h.valueFormat[slot] = static_cast<uint8_t>(c.format);
+  if (!ctx->isHost())
+    return;
   int64_t row = h.appendIndex[slot] % c.residual_length;
   float *value = scratch.floats.data();
   loadElements(c.dtype, ctx->residualValue(seq.index, headIndex, row),
@@ -489,14 +516,15 @@ void kiviFlushValue(const kvc_context *ctx, const Sequence &seq,
   kiviQuantizeValue(value, c.head_dim, c.group_size, kiviBits(c.format),
                     valueRow(ctx, a), valueParams(ctx, a),
                     scratch.codes.data());
-  h.valueFormat[slot] = static_cast<uint8_t>(c.format);
 }
 
 /// KIVI: quantizes the keys of the last R appended entries, one block of G
 /// slots at a time (each block holds only entries of this window because
-/// blocks are filled in append order and R is a multiple of G).
+/// blocks are filled in append order and R is a multiple of G). Host pools
+/// only touch the bytes; every pool records the blocks.
 void kiviFlushKeys(const kvc_context *ctx, const Sequence &seq,
-                   int32_t headIndex, HeadState &h, Scratch &scratch) {
+                   int32_t headIndex, HeadState &h, int64_t firstAppended,
+                   Scratch &scratch) {
   const kvc_config_t &c = ctx->config;
   const int32_t r = c.residual_length, g = c.group_size, d = c.head_dim;
   const int bits = kiviBits(c.format);
@@ -511,6 +539,13 @@ void kiviFlushKeys(const kvc_context *ctx, const Sequence &seq,
         members[count++] = slot;
     if (count == 0)
       continue;
+    for (int t = 0; t < count; ++t) {
+      h.work.members.push_back(kiviSource(ctx, h, members[t], firstAppended));
+      h.keyFormat[members[t]] = static_cast<uint8_t>(c.format);
+    }
+    h.work.blockBegin.push_back(static_cast<int32_t>(h.work.members.size()));
+    if (!ctx->isHost())
+      continue;
     for (int t = 0; t < count; ++t)
       loadElements(
           c.dtype,
@@ -520,11 +555,9 @@ void kiviFlushKeys(const kvc_context *ctx, const Sequence &seq,
     kiviQuantizeKeys(scratch.floats.data(), count, d, bits,
                      scratch.packed.data(), row, params, scratch.column.data(),
                      scratch.codes.data());
-    for (int t = 0; t < count; ++t) {
+    for (int t = 0; t < count; ++t)
       std::memcpy(keyRow(ctx, slotAddress(ctx, h, members[t])),
                   &scratch.packed[static_cast<size_t>(t) * row], row);
-      h.keyFormat[members[t]] = static_cast<uint8_t>(c.format);
-    }
   }
   h.keysFlushed += r;
 }
@@ -920,6 +953,19 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
                   plan.newPages.size(), ctx->freePages.size());
     reserveTable(ctx, h, plan.tableSize);
     Scratch scratch(ctx);
+    KiviWork work;
+    if (ctx->isKivi()) {
+      // Bounds: one value per entry; the keys flushed in this call are at
+      // most the R - 1 unflushed ones plus the new entries, (count + R) / G
+      // blocks.
+      const size_t r = static_cast<size_t>(ctx->config.residual_length);
+      const size_t g = static_cast<size_t>(ctx->config.group_size);
+      const size_t n = static_cast<size_t>(count);
+      work.values.reserve(n);
+      work.members.reserve(n + r);
+      work.blockBegin.reserve((n + r) / g + 2);
+      work.stages.reserve(std::min(n, r));
+    }
 
     // Commit: nothing below can fail.
     resizeTable(ctx, h, plan.tableSize);
@@ -929,6 +975,9 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
     }
     const kvc_config_t &c = ctx->config;
     const int32_t p = c.page_size;
+    const int64_t firstAppended = h.appended;
+    if (ctx->isKivi())
+      h.work = std::move(work);
     for (int32_t i = 0; i < count; ++i) {
       int32_t slot = plan.slots[i];
       h.position[slot] = positions[i];
@@ -963,21 +1012,35 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
       if (a >= r) {
         int32_t old = h.residualSlot[a % r];
         if (old >= 0)
-          kiviFlushValue(ctx, *ref.sequence, ref.headIndex, h, old, scratch);
+          kiviFlushValue(ctx, *ref.sequence, ref.headIndex, h, old,
+                         firstAppended, scratch);
       }
       h.appendIndex[slot] = a;
       h.residualSlot[a % r] = slot;
       h.keyFormat[slot] = KVC_FORMAT_FULL;
       h.valueFormat[slot] = KVC_FORMAT_FULL;
-      storeElements(
-          c.dtype, key, dim,
-          ctx->residualKey(ref.sequence->index, ref.headIndex, a % r));
-      storeElements(
-          c.dtype, value, dim,
-          ctx->residualValue(ref.sequence->index, ref.headIndex, a % r));
+      if (ctx->isHost()) {
+        storeElements(
+            c.dtype, key, dim,
+            ctx->residualKey(ref.sequence->index, ref.headIndex, a % r));
+        storeElements(
+            c.dtype, value, dim,
+            ctx->residualValue(ref.sequence->index, ref.headIndex, a % r));
+      }
       ++h.appended;
       if (h.appended - h.keysFlushed == r)
-        kiviFlushKeys(ctx, *ref.sequence, ref.headIndex, h, scratch);
+        kiviFlushKeys(ctx, *ref.sequence, ref.headIndex, h, firstAppended,
+                      scratch);
+    }
+    // KIVI: the entries of this call that end in the residual window (an
+    // earlier one's row was taken again by a later one of the same call).
+    if (ctx->isKivi()) {
+      const int64_t r = c.residual_length;
+      for (int32_t i = 0; i < count; ++i)
+        if (firstAppended + i >= h.appended - r)
+          h.work.stages.push_back(
+              {plan.slots[i],
+               static_cast<int32_t>((firstAppended + i) % r), i});
     }
     return KVC_STATUS_OK;
   });
@@ -1011,6 +1074,7 @@ extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,
     for (int32_t slot : sorted)
       freeSlot(ctx, h, slot);
     trimTable(ctx, h);
+    h.work.clear();
     return KVC_STATUS_OK;
   });
 }
@@ -1178,7 +1242,9 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
     std::vector<kvc_move_t> report;
     for (int32_t s = 0; s < newSize * p; ++s) {
       int32_t from = newOrigin[s];
-      if (from < 0 || from == s)
+      // A unit that left a released page can land on its old slot number
+      // once the holes close; its bytes still moved.
+      if (from < 0 || (from == s && !newCopied[s]))
         continue;
       report.push_back({from, s, newCopied[s], oldPages[from / p], from % p,
                         packed.pages[s / p], s % p});
@@ -1198,6 +1264,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
     for (int32_t page = 0; page < tableSize; ++page)
       if (released[page])
         ctx->freePages.push_back(h.pages[page]);
+    packed.work.clear();
     *ref.head = std::move(packed);
     if (moves)
       std::copy(report.begin(), report.end(), moves);
@@ -1320,6 +1387,37 @@ extern "C" kvc_status_t kvc_get_metadata(kvc_context_t *ctx, uint64_t sequence,
     metadata->history = h.history.data();
     metadata->key_format = h.keyFormat.data();
     metadata->value_format = h.valueFormat.data();
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_kivi_pending_work(const kvc_context_t *ctx,
+                                              uint64_t sequence, int32_t layer,
+                                              int32_t head,
+                                              kvc_kivi_work_t *work) {
+  const char *name = "kvc_kivi_pending_work";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    if (!work)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: work is NULL", name);
+    if (!ctx->isKivi())
+      return fail(KVC_STATUS_UNSUPPORTED, "%s: the context's format is not KIVI",
+                  name);
+    const HeadState &h = *ref.head;
+    const KiviWork &w = h.work;
+    uint8_t *residual = ctx->residualKey(ref.sequence->index, ref.headIndex, 0);
+    work->residual = residual;
+    work->residual_offset = static_cast<uint64_t>(residual - ctx->pool);
+    work->residual_length = ctx->config.residual_length;
+    work->residual_slot = h.residualSlot.data();
+    work->num_values = static_cast<int32_t>(w.values.size());
+    work->values = w.values.data();
+    work->num_key_blocks = static_cast<int32_t>(w.blockBegin.size()) - 1;
+    work->key_block_begin = w.blockBegin.data();
+    work->key_members = w.members.data();
+    work->num_stages = static_cast<int32_t>(w.stages.size());
+    work->stages = w.stages.data();
     return KVC_STATUS_OK;
   });
 }

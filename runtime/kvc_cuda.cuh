@@ -457,6 +457,62 @@ struct DecodeSplitArgs {
 /// Floats of one (head, split, g) partial record.
 template <int D> __host__ __device__ constexpr int partialFloats() { return D + 2; }
 
+/// The end of a decode split block: combines the online softmax states
+/// (m, z) of its row groups, in row-group order, into the split's partial
+/// record. `addAcc(g, factor, sum)` adds the calling thread's value sum of
+/// query head g, times factor, into the block's sum[g][channel].
+template <int G, int D, int kThreads, int kRowGroups, typename AddAcc>
+__device__ void combineRowGroups(const DecodeSplitArgs &a, int32_t h,
+                                 int32_t split, int rowGroup, bool leader,
+                                 const float (&m)[G], const float (&z)[G],
+                                 AddAcc addAcc) {
+  __shared__ float groupMax[kRowGroups][G], groupSum[kRowGroups][G];
+  __shared__ float blockAcc[G][D];
+  if (leader)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      groupMax[rowGroup][g] = m[g];
+      groupSum[rowGroup][g] = z[g];
+    }
+  for (int i = threadIdx.x; i < G * D; i += kThreads)
+    (&blockAcc[0][0])[i] = 0.0f;
+  __syncthreads();
+  float factor[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float bm = kNegInf;
+    for (int r = 0; r < kRowGroups; ++r)
+      bm = fmaxf(bm, groupMax[r][g]);
+    factor[g] = m[g] == kNegInf ? 0.0f : expf(m[g] - bm);
+  }
+  for (int r = 0; r < kRowGroups; ++r) {
+    if (rowGroup == r)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        addAcc(g, factor[g], blockAcc);
+    __syncthreads();
+  }
+  float *out = a.partials + ((static_cast<int64_t>(h) * a.numSplits + split) *
+                             G) * partialFloats<D>();
+  for (int i = threadIdx.x; i < G * partialFloats<D>(); i += kThreads) {
+    const int g = i / partialFloats<D>(), x = i % partialFloats<D>();
+    float bm = kNegInf;
+    for (int r = 0; r < kRowGroups; ++r)
+      bm = fmaxf(bm, groupMax[r][g]);
+    if (x == 0) {
+      out[i] = bm;
+    } else if (x == 1) {
+      float bz = 0.0f;
+      for (int r = 0; r < kRowGroups; ++r)
+        if (groupMax[r][g] != kNegInf)
+          bz += groupSum[r][g] * expf(groupMax[r][g] - bm);
+      out[i] = bz;
+    } else {
+      out[i] = blockAcc[g][x - 2];
+    }
+  }
+}
+
 /// One block per (split, kv-head): the G query heads of the group read each
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
@@ -571,61 +627,321 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Combine the row groups of the block, in row-group order.
-  __shared__ float groupMax[kRowGroups][G], groupSum[kRowGroups][G];
-  __shared__ float blockAcc[G][D];
-  if (lane == 0)
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      groupMax[rowGroup][g] = m[g];
-      groupSum[rowGroup][g] = z[g];
-    }
-  for (int i = threadIdx.x; i < G * D; i += kThreads)
-    (&blockAcc[0][0])[i] = 0.0f;
-  __syncthreads();
-  float factor[G];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float bm = kNegInf;
-    for (int r = 0; r < kRowGroups; ++r)
-      bm = fmaxf(bm, groupMax[r][g]);
-    factor[g] = m[g] == kNegInf ? 0.0f : expf(m[g] - bm);
-  }
-  for (int r = 0; r < kRowGroups; ++r) {
-    if (rowGroup == r)
-#pragma unroll
-      for (int g = 0; g < G; ++g)
+  combineRowGroups<G, D, kThreads, kRowGroups>(
+      a, h, split, rowGroup, lane == 0, m, z,
+      [&](int g, float factor, float (*sum)[D]) {
 #pragma unroll
         for (int j = 0; j < Shape::kVecsPerLane; ++j)
 #pragma unroll
           for (int e = 0; e < Shape::kElemsPerVec; ++e)
-            blockAcc[g][Shape::channel(j, lane, e)] +=
-                acc[g][j * Shape::kElemsPerVec + e] * factor[g];
-    __syncthreads();
-  }
-  float *out = a.partials + ((static_cast<int64_t>(h) * a.numSplits + split) *
-                             G) * partialFloats<D>();
-  for (int i = threadIdx.x; i < G * partialFloats<D>(); i += kThreads) {
-    const int g = i / partialFloats<D>(), x = i % partialFloats<D>();
-    float bm = kNegInf;
-    for (int r = 0; r < kRowGroups; ++r)
-      bm = fmaxf(bm, groupMax[r][g]);
-    if (x == 0) {
-      out[i] = bm;
-    } else if (x == 1) {
-      float bz = 0.0f;
-      for (int r = 0; r < kRowGroups; ++r)
-        if (groupMax[r][g] != kNegInf)
-          bz += groupSum[r][g] * expf(groupMax[r][g] - bm);
-      out[i] = bz;
-    } else {
-      out[i] = blockAcc[g][x - 2];
-    }
-  }
+            sum[g][Shape::channel(j, lane, e)] +=
+                acc[g][j * Shape::kElemsPerVec + e] * factor;
+      });
 }
 
 /// Threads per block of decodeAttentionSplit.
 constexpr int kDecodeThreads = 128;
+
+//===----------------------------------------------------------------------===//
+// KIVI on device pools: the work kvc_kivi_pending_work records
+//===----------------------------------------------------------------------===//
+
+/// Full-precision elements of a KIVI context's residual rows.
+template <kvc_dtype_t T> struct Element;
+
+template <> struct Element<KVC_DTYPE_F32> {
+  static constexpr int kBytes = 4;
+  __device__ static float load(const uint8_t *row, int c) {
+    return reinterpret_cast<const float *>(row)[c];
+  }
+  __device__ static void store(uint8_t *row, int c, float x) {
+    reinterpret_cast<float *>(row)[c] = x;
+  }
+  __device__ static float round(float x) { return x; }
+};
+
+template <> struct Element<KVC_DTYPE_F16> {
+  static constexpr int kBytes = 2;
+  __device__ static float load(const uint8_t *row, int c) {
+    return __half2float(reinterpret_cast<const __half *>(row)[c]);
+  }
+  __device__ static void store(uint8_t *row, int c, float x) {
+    reinterpret_cast<__half *>(row)[c] = __float2half_rn(x);
+  }
+  __device__ static float round(float x) {
+    return __half2float(__float2half_rn(x));
+  }
+};
+
+template <> struct Element<KVC_DTYPE_BF16> {
+  static constexpr int kBytes = 2;
+  __device__ static float load(const uint8_t *row, int c) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(row)[c]);
+  }
+  __device__ static void store(uint8_t *row, int c, float x) {
+    reinterpret_cast<__nv_bfloat16 *>(row)[c] = __float2bfloat16_rn(x);
+  }
+  __device__ static float round(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+  }
+};
+
+/// Where a KIVI job reads a full-precision row: a float32 input row of the
+/// call (rounded to dtype first, as staging would store it) or a residual
+/// row of dtype elements.
+struct KiviSource {
+  uint64_t address;
+  int32_t isInput;
+  int32_t pad;
+};
+
+/// One member of a quantization job: its source and its packed row.
+struct KiviMember {
+  KiviSource source;
+  uint64_t row;
+};
+
+/// One quantization job: a value (one member) or a key block (its members
+/// in token order). `params` is the value's record or the block's.
+struct KiviJob {
+  uint64_t params;
+  int32_t firstMember, count;
+  int32_t isKey;
+  int32_t pad;
+};
+
+/// One row pair to stage into the residual window.
+struct KiviStage {
+  uint64_t key, value;                 ///< float32 input rows.
+  uint64_t residualKey, residualValue; ///< Residual rows.
+};
+
+template <kvc_dtype_t T>
+__device__ float kiviSourceElement(const KiviSource &s, int c) {
+  if (s.isInput)
+    return Element<T>::round(reinterpret_cast<const float *>(s.address)[c]);
+  return Element<T>::load(reinterpret_cast<const uint8_t *>(s.address), c);
+}
+
+/// kvc_quantize_asym's scale for the range [lo, hi], with IEEE operations
+/// (no contraction) so that the bytes equal the host's.
+template <int kBits> __device__ float kiviScale(float lo, float hi) {
+  return __fdiv_rn(__fsub_rn(hi, lo), static_cast<float>((1 << kBits) - 1));
+}
+
+/// code = rne((x - min) / scale) clamped to [0, 2^bits - 1]; 0 when scale
+/// is 0 (kvc_quantize_asym).
+template <int kBits>
+__device__ uint32_t kiviCode(float x, float scale, float lo) {
+  if (!(scale > 0.0f))
+    return 0;
+  const float code = rintf(fmaxf(__fdiv_rn(__fsub_rn(x, lo), scale), 0.0f));
+  return static_cast<uint32_t>(
+      fminf(code, static_cast<float>((1 << kBits) - 1)));
+}
+
+/// x = code * scale + min, rounded twice like the host's dequantization.
+__device__ inline float kiviDequant(uint32_t code, float scale, float lo) {
+  return __fadd_rn(__fmul_rn(static_cast<float>(code), scale), lo);
+}
+
+/// Runs the quantization jobs, one block of D threads each (thread c owns
+/// channel c): a value per token over groups of KG channels, a key block per
+/// channel over its members. Minima and maxima are taken in the host's order
+/// (first element, then strict comparisons), then codes are packed as
+/// kvc_pack_bits does: code j at bit (j * bits) % 8 of byte j * bits / 8.
+template <int D, int kBits, int KG, kvc_dtype_t T>
+__global__ void __launch_bounds__(D)
+    kiviQuantize(const KiviJob *jobs, const KiviMember *members) {
+  static_assert(D % KG == 0 && (D * kBits) % 8 == 0, "KIVI geometry");
+  const KiviJob job = jobs[blockIdx.x];
+  __shared__ uint8_t codes[KG][D];
+  __shared__ float row[D];
+  const int c = threadIdx.x;
+  float *params = reinterpret_cast<float *>(job.params);
+  if (job.isKey) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int32_t t = 0; t < job.count; ++t) {
+      const float x =
+          kiviSourceElement<T>(members[job.firstMember + t].source, c);
+      lo = t == 0 || x < lo ? x : lo;
+      hi = t == 0 || hi < x ? x : hi;
+    }
+    const float scale = kiviScale<kBits>(lo, hi);
+    params[2 * c] = scale;
+    params[2 * c + 1] = lo;
+    for (int32_t t = 0; t < job.count; ++t)
+      codes[t][c] = static_cast<uint8_t>(kiviCode<kBits>(
+          kiviSourceElement<T>(members[job.firstMember + t].source, c), scale,
+          lo));
+  } else {
+    row[c] = kiviSourceElement<T>(members[job.firstMember].source, c);
+    __syncthreads();
+    const int first = c / KG * KG;
+    float lo = row[first], hi = lo;
+    for (int i = first + 1; i < first + KG; ++i) {
+      lo = row[i] < lo ? row[i] : lo;
+      hi = hi < row[i] ? row[i] : hi;
+    }
+    const float scale = kiviScale<kBits>(lo, hi);
+    if (c == first) {
+      params[2 * (c / KG)] = scale;
+      params[2 * (c / KG) + 1] = lo;
+    }
+    codes[0][c] = static_cast<uint8_t>(kiviCode<kBits>(row[c], scale, lo));
+  }
+  __syncthreads();
+  constexpr int kRowBytes = D * kBits / 8, kPerByte = 8 / kBits;
+  const int32_t rows = job.isKey ? job.count : 1;
+  for (int32_t i = c; i < rows * kRowBytes; i += D) {
+    const int32_t t = i / kRowBytes, b = i % kRowBytes;
+    uint32_t byte = 0;
+#pragma unroll
+    for (int e = 0; e < kPerByte; ++e)
+      byte |= static_cast<uint32_t>(codes[t][b * kPerByte + e]) << (e * kBits);
+    reinterpret_cast<uint8_t *>(members[job.firstMember + t].row)[b] =
+        static_cast<uint8_t>(byte);
+  }
+}
+
+/// Writes the staged rows into the residual window, one block of D threads
+/// per row pair; runs after kiviQuantize, whose jobs may read the rows these
+/// overwrite.
+template <int D, kvc_dtype_t T>
+__global__ void __launch_bounds__(D) kiviStageRows(const KiviStage *stages) {
+  const KiviStage s = stages[blockIdx.x];
+  const int c = threadIdx.x;
+  Element<T>::store(reinterpret_cast<uint8_t *>(s.residualKey), c,
+                    reinterpret_cast<const float *>(s.key)[c]);
+  Element<T>::store(reinterpret_cast<uint8_t *>(s.residualValue), c,
+                    reinterpret_cast<const float *>(s.value)[c]);
+}
+
+/// Per-slot word of a KIVI head (KiviHead::rows): -1 when key and value are
+/// both quantized, else the residual row with these flags.
+constexpr int32_t kKiviKeyFull = 1 << 30;
+constexpr int32_t kKiviValueFull = 1 << 29;
+constexpr int32_t kKiviRowMask = kKiviValueFull - 1;
+
+/// What decode reads of a KIVI head besides its HeadTable.
+struct KiviHead {
+  const int32_t *rows;     ///< Per slot, see kKiviKeyFull.
+  const uint8_t *residual; ///< R key rows, then R value rows (dtype).
+};
+
+/// decodeAttentionSplit for KIVI pages: one warp per row, lane L holding
+/// channels L + 32 x; quantized keys (per-channel {scale, min} of the slot's
+/// block of KG) and values (per-group {scale, min} of the slot) are
+/// dequantized in registers from their packed codes, full-precision window
+/// entries are read from the residual rows. Same outputs as
+/// decodeAttentionSplit (logits and split partials), so mergeSplits and the
+/// stages follow unchanged.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    decodeAttentionKivi(DecodeSplitArgs a, const KiviHead *kivi,
+                        int32_t residualLength) {
+  static_assert(D % kWarpSize == 0, "a row spreads over one warp");
+  constexpr int kPer = D / kWarpSize;
+  constexpr int kRowGroups = kThreads / kWarpSize;
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  constexpr uint64_t kPackedBytes = D * kBits / 8;
+  constexpr uint64_t kKeyRecord = 2 * sizeof(float) * D;
+  constexpr uint64_t kValueRecord = 2 * sizeof(float) * (D / KG);
+  constexpr uint64_t kFullBytes = static_cast<uint64_t>(D) * Element<T>::kBytes;
+  const int32_t h = blockIdx.y, split = blockIdx.x;
+  const HeadTable t = a.heads[h];
+  const KiviHead kh = kivi[h];
+  const int lane = threadIdx.x % kWarpSize, rowGroup = threadIdx.x / kWarpSize;
+  const int32_t begin = split * a.splitSlots;
+  const int32_t end = min(begin + a.splitSlots, t.numSlots);
+
+  float q[G][kPer], acc[G][kPer], m[G], z[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegInf;
+    z[g] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < kPer; ++x) {
+      q[g][x] = a.q[(static_cast<int64_t>(h) * G + g) * D + lane + x * kWarpSize];
+      acc[g][x] = 0.0f;
+    }
+  }
+  for (int32_t base = begin; base < end; base += kRowGroups) {
+    const int32_t slot = base + rowGroup;
+    const bool inRange = slot < end;
+    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
+    float kf[kPer], vf[kPer];
+    if (live) {
+      const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
+      const int32_t o = slot % a.layout.pageSize;
+      const int32_t info = kh.rows[slot];
+      const bool keyFull = info >= 0 && (info & kKiviKeyFull);
+      const bool valueFull = info >= 0 && (info & kKiviValueFull);
+      const uint64_t r = info >= 0 ? static_cast<uint64_t>(info & kKiviRowMask) : 0;
+      const uint8_t *kRow = keyFull ? kh.residual + r * kFullBytes
+                                    : page + a.layout.keyOffset + o * kPackedBytes;
+      const uint8_t *vRow =
+          valueFull ? kh.residual + (residualLength + r) * kFullBytes
+                    : page + a.layout.valueOffset + o * kPackedBytes;
+      const float *kParams = reinterpret_cast<const float *>(
+          page + a.layout.keyParamOffset + (o / KG) * kKeyRecord);
+      const float *vParams = reinterpret_cast<const float *>(
+          page + a.layout.valueParamOffset + o * kValueRecord);
+#pragma unroll
+      for (int x = 0; x < kPer; ++x) {
+        const int c = lane + x * kWarpSize;
+        const int bit = c * kBits;
+        if (keyFull)
+          kf[x] = Element<T>::load(kRow, c);
+        else
+          kf[x] = kiviDequant((__ldg(kRow + bit / 8) >> (bit % 8)) & kMask,
+                              __ldg(kParams + 2 * c), __ldg(kParams + 2 * c + 1));
+        if (valueFull)
+          vf[x] = Element<T>::load(vRow, c);
+        else
+          vf[x] = kiviDequant((__ldg(vRow + bit / 8) >> (bit % 8)) & kMask,
+                              __ldg(vParams + 2 * (c / KG)),
+                              __ldg(vParams + 2 * (c / KG) + 1));
+      }
+    }
+    float dot[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      dot[g] = 0.0f;
+      if (live)
+#pragma unroll
+        for (int x = 0; x < kPer; ++x)
+          dot[g] += q[g][x] * kf[x];
+      dot[g] = warpSum(dot[g]);
+    }
+    if (inRange && lane == 0)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
+            live ? dot[g] * a.scale : kNegInf;
+    if (!live)
+      continue;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float l = dot[g] * a.scale;
+      const float mNew = fmaxf(m[g], l);
+      const float rescale = expf(m[g] - mNew);
+      const float p = expf(l - mNew);
+      z[g] = z[g] * rescale + p;
+      m[g] = mNew;
+#pragma unroll
+      for (int x = 0; x < kPer; ++x)
+        acc[g][x] = acc[g][x] * rescale + p * vf[x];
+    }
+  }
+  combineRowGroups<G, D, kThreads, kRowGroups>(
+      a, h, split, rowGroup, lane == 0, m, z,
+      [&](int g, float factor, float (*sum)[D]) {
+#pragma unroll
+        for (int x = 0; x < kPer; ++x)
+          sum[g][lane + x * kWarpSize] += acc[g][x] * factor;
+      });
+}
 
 /// Merges the split partial records of kv-head `h` exactly: M = max m_s,
 /// Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z. Writes the G
@@ -1824,6 +2140,225 @@ kvc_status_t launchStores(const std::vector<StoreEntry> &entries,
   KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }
+
+
+//===----------------------------------------------------------------------===//
+// Host side of KIVI: the runtime's recorded work, as device jobs
+//===----------------------------------------------------------------------===//
+
+/// Workspace bytes KiviWorkPlan::launch needs for `heads` heads that each
+/// append at most `entries` entries in one call (R residual rows, group
+/// KG): a value per entry, key blocks over at most entries + R keys, and at
+/// most min(entries, R) stages.
+inline uint64_t kiviWorkBytes(int32_t heads, int64_t entries, int32_t residual,
+                              int32_t group) {
+  const uint64_t n = static_cast<uint64_t>(entries > 0 ? entries : 0);
+  const uint64_t r = static_cast<uint64_t>(residual);
+  const uint64_t jobs = n + (n + r) / static_cast<uint64_t>(group) + 1;
+  const uint64_t members = 2 * n + r;
+  return static_cast<uint64_t>(heads) *
+             (jobs * sizeof(KiviJob) + members * sizeof(KiviMember) +
+              n * sizeof(KiviStage)) +
+         3 * kWorkspaceAlignment;
+}
+
+/// The data work of the latest kvc_append of some heads
+/// (kvc_kivi_pending_work), turned into device jobs: addresses of packed
+/// rows, parameter records, float input rows and residual rows.
+class KiviWorkPlan {
+public:
+  /// Adds the work of kv-head `head`. Input j of the append is row
+  /// inputRows[j] (j when null) of the float32 k/v tensors, whose rows are
+  /// kvStride floats apart (head h at h * D).
+  template <int D, kvc_dtype_t T>
+  kvc_status_t add(kvc_context_t *context, uint64_t sequence, int32_t layer,
+                   int32_t head, const kvc_page_layout_t &layout,
+                   int32_t pageSize, int32_t group, const int32_t *inputRows,
+                   const float *k, const float *v, int64_t kvStride) {
+    kvc_kivi_work_t work;
+    KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, head, &work));
+    const uint64_t rowBytes = static_cast<uint64_t>(D) * Element<T>::kBytes;
+    const uint64_t residual = reinterpret_cast<uint64_t>(work.residual);
+    const uint64_t valueRows = static_cast<uint64_t>(work.residual_length);
+    auto inputRow = [&](const float *x, int32_t input) {
+      const int64_t row = inputRows ? inputRows[input] : input;
+      return reinterpret_cast<uint64_t>(x + row * kvStride +
+                                        static_cast<int64_t>(head) * D);
+    };
+    auto source = [&](const kvc_kivi_row_t &r, bool key) {
+      if (r.input >= 0)
+        return KiviSource{inputRow(key ? k : v, r.input), 1, 0};
+      return KiviSource{residual + (static_cast<uint64_t>(r.residual_row) +
+                                    (key ? 0 : valueRows)) *
+                                       rowBytes,
+                        0, 0};
+    };
+    int32_t cachedPage = -1;
+    uint64_t cachedAddress = 0;
+    auto pageOf = [&](int32_t slot, uint64_t *address) -> kvc_status_t {
+      if (slot / pageSize != cachedPage) {
+        void *p = nullptr;
+        KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, head,
+                                  slot / pageSize, nullptr, nullptr, &p));
+        cachedPage = slot / pageSize;
+        cachedAddress = reinterpret_cast<uint64_t>(p);
+      }
+      *address = cachedAddress;
+      return KVC_STATUS_OK;
+    };
+    try {
+      for (int32_t i = 0; i < work.num_values; ++i) {
+        const kvc_kivi_row_t &r = work.values[i];
+        uint64_t page = 0;
+        KVC_CUDA_TRY(pageOf(r.slot, &page));
+        const uint64_t o = static_cast<uint64_t>(r.slot % pageSize);
+        jobs_.push_back({page + layout.value_param_offset +
+                             o * layout.value_param_stride,
+                         static_cast<int32_t>(members_.size()), 1, 0, 0});
+        members_.push_back(
+            {source(r, false), page + layout.value_offset + o * layout.value_stride});
+      }
+      for (int32_t b = 0; b < work.num_key_blocks; ++b) {
+        const int32_t first = work.key_block_begin[b];
+        const int32_t count = work.key_block_begin[b + 1] - first;
+        const int32_t lead = work.key_members[first].slot;
+        uint64_t page = 0;
+        KVC_CUDA_TRY(pageOf(lead, &page));
+        const uint64_t block = static_cast<uint64_t>(lead % pageSize / group);
+        jobs_.push_back({page + layout.key_param_offset +
+                             block * layout.key_param_stride,
+                         static_cast<int32_t>(members_.size()), count, 1, 0});
+        for (int32_t t = 0; t < count; ++t) {
+          const kvc_kivi_row_t &r = work.key_members[first + t];
+          const uint64_t o = static_cast<uint64_t>(r.slot % pageSize);
+          members_.push_back(
+              {source(r, true), page + layout.key_offset + o * layout.key_stride});
+        }
+      }
+      for (int32_t i = 0; i < work.num_stages; ++i) {
+        const kvc_kivi_row_t &r = work.stages[i];
+        const uint64_t row = static_cast<uint64_t>(r.residual_row);
+        stages_.push_back({inputRow(k, r.input), inputRow(v, r.input),
+                           residual + row * rowBytes,
+                           residual + (valueRows + row) * rowBytes});
+      }
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host KIVI work allocation failed");
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// Uploads the jobs into `region` (`bytes` long, kiviWorkBytes) and
+  /// launches the quantization, then the staging, on `stream`.
+  template <int D, int kBits, int KG, kvc_dtype_t T>
+  kvc_status_t launch(void *region, uint64_t bytes, cudaStream_t stream,
+                      const char *name) {
+    Carver carver(nullptr);
+    carver.take<KiviJob>(static_cast<int64_t>(jobs_.size()));
+    carver.take<KiviMember>(static_cast<int64_t>(members_.size()));
+    carver.take<KiviStage>(static_cast<int64_t>(stages_.size()));
+    if (carver.bytes() > bytes)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              "kvc cuda: KIVI work exceeds its workspace");
+    Carver at(region);
+    KiviJob *jobs = at.take<KiviJob>(static_cast<int64_t>(jobs_.size()));
+    KiviMember *members =
+        at.take<KiviMember>(static_cast<int64_t>(members_.size()));
+    KiviStage *stages = at.take<KiviStage>(static_cast<int64_t>(stages_.size()));
+    if (!jobs_.empty()) {
+      KVC_CUDA_CHECK(name, cudaMemcpyAsync(jobs, jobs_.data(),
+                                           sizeof(KiviJob) * jobs_.size(),
+                                           cudaMemcpyHostToDevice, stream));
+      KVC_CUDA_CHECK(name, cudaMemcpyAsync(members, members_.data(),
+                                           sizeof(KiviMember) * members_.size(),
+                                           cudaMemcpyHostToDevice, stream));
+      kiviQuantize<D, kBits, KG, T>
+          <<<static_cast<unsigned>(jobs_.size()), D, 0, stream>>>(jobs, members);
+      KVC_CUDA_CHECK(name, cudaGetLastError());
+    }
+    if (!stages_.empty()) {
+      KVC_CUDA_CHECK(name, cudaMemcpyAsync(stages, stages_.data(),
+                                           sizeof(KiviStage) * stages_.size(),
+                                           cudaMemcpyHostToDevice, stream));
+      kiviStageRows<D, T>
+          <<<static_cast<unsigned>(stages_.size()), D, 0, stream>>>(stages);
+      KVC_CUDA_CHECK(name, cudaGetLastError());
+    }
+    return KVC_STATUS_OK;
+  }
+
+private:
+  std::vector<KiviJob> jobs_;
+  std::vector<KiviMember> members_;
+  std::vector<KiviStage> stages_;
+};
+
+/// Workspace bytes of KiviStager::upload for `heads` heads of at most
+/// `slots` slots.
+inline uint64_t kiviTableBytes(int32_t heads, int64_t slots) {
+  return static_cast<uint64_t>(heads) *
+             (sizeof(KiviHead) + 16 +
+              static_cast<uint64_t>(slots) * sizeof(int32_t)) +
+         kWorkspaceAlignment;
+}
+
+/// Per-slot residual rows and formats of a layer's KIVI heads for decode
+/// (KiviHead), built from the runtime's metadata and residual windows, in
+/// one host image and one asynchronous copy.
+class KiviStager {
+public:
+  kvc_status_t upload(kvc_context_t *context, uint64_t sequence, int32_t layer,
+                      const TableStager &tables, int32_t heads, void *region,
+                      cudaStream_t stream, const char *name,
+                      const KiviHead **out) {
+    try {
+      std::vector<KiviHead> table(heads);
+      std::vector<uint64_t> offsets(heads);
+      uint64_t at = align(sizeof(KiviHead) * heads);
+      for (int32_t h = 0; h < heads; ++h) {
+        offsets[h] = at;
+        at = align(at + sizeof(int32_t) * tables.metadata(h).num_slots);
+      }
+      image_.assign(at, 0);
+      char *device = static_cast<char *>(region);
+      for (int32_t h = 0; h < heads; ++h) {
+        const kvc_metadata_t &m = tables.metadata(h);
+        kvc_kivi_work_t work;
+        KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, h, &work));
+        auto *rows = reinterpret_cast<int32_t *>(image_.data() + offsets[h]);
+        for (int32_t s = 0; s < m.num_slots; ++s)
+          rows[s] = -1;
+        for (int32_t r = 0; r < work.residual_length; ++r) {
+          const int32_t s = work.residual_slot[r];
+          if (s < 0 || s >= m.num_slots)
+            continue;
+          int32_t word = r;
+          if (m.key_format[s] == KVC_FORMAT_FULL)
+            word |= kKiviKeyFull;
+          if (m.value_format[s] == KVC_FORMAT_FULL)
+            word |= kKiviValueFull;
+          if (word != r)
+            rows[s] = word;
+        }
+        table[h].rows = reinterpret_cast<const int32_t *>(device + offsets[h]);
+        table[h].residual = static_cast<const uint8_t *>(work.residual);
+      }
+      std::memcpy(image_.data(), table.data(), sizeof(KiviHead) * heads);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host KIVI staging allocation failed");
+    }
+    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image_.data(), image_.size(),
+                                         cudaMemcpyHostToDevice, stream));
+    *out = static_cast<const KiviHead *>(region);
+    return KVC_STATUS_OK;
+  }
+
+private:
+  static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
+  std::vector<char> image_;
+};
 
 } // namespace kvc::cuda
 

@@ -51,7 +51,9 @@
  *   runtime keeps the bookkeeping and generated kernels move the data. Calls
  *   that would touch entry data on a device pool return
  *   KVC_STATUS_UNSUPPORTED, except kvc_compact, which reports the moves the
- *   engine must perform.
+ *   engine must perform, and kvc_append on a KIVI pool, which records the
+ *   staging and quantization the engine must perform
+ *   (kvc_kivi_pending_work).
  */
 
 #ifndef KVC_RUNTIME_KVC_RUNTIME_H
@@ -221,7 +223,8 @@ kvc_status_t kvc_pool_bytes_required(const kvc_config_t *config,
 /// Creates a context over the caller's pool. `pool` must be aligned to
 /// KVC_POOL_ALIGNMENT and hold at least kvc_pool_bytes_required bytes. On a
 /// host pool the runtime may read and write it; on a device pool it only
-/// computes offsets from it. Device pools support FULL, INT8 and FP8_E4M3.
+/// computes offsets from it. On a KIVI device pool the runtime records the
+/// quantization work of each append (kvc_kivi_pending_work) for kernels.
 kvc_status_t kvc_context_create(const kvc_config_t *config, void *pool,
                                 uint64_t pool_bytes, kvc_context_t **context);
 
@@ -263,7 +266,8 @@ kvc_status_t kvc_set_budget(kvc_context_t *context, uint64_t sequence,
 /// KIVI: each entry starts in the full-precision residual window; when R
 /// entries have accumulated since the last flush their keys are quantized
 /// as blocks of G, and an entry's value is quantized once R newer entries
-/// have been appended.
+/// have been appended. On device pools that data work is recorded instead
+/// (kvc_kivi_pending_work).
 kvc_status_t kvc_append(kvc_context_t *context, uint64_t sequence,
                         int32_t layer, int32_t head, int32_t count, int32_t dim,
                         const float *keys, const float *values,
@@ -366,6 +370,63 @@ kvc_status_t kvc_read_entry(const kvc_context_t *context, uint64_t sequence,
 kvc_status_t kvc_write_entry(kvc_context_t *context, uint64_t sequence,
                              int32_t layer, int32_t head, int32_t slot,
                              int32_t dim, const float *key, const float *value);
+
+/// One full-precision KIVI row that device work reads or stages.
+typedef struct kvc_kivi_row_t {
+  int32_t slot;         ///< The entry's slot (as of the recording append).
+  int32_t residual_row; ///< Its row in the head's residual window.
+  /// Index of the entry among the `count` entries of the kvc_append call
+  /// that recorded the work, or -1 when an earlier call appended it. An
+  /// entry of the recording call is read from that call's float input row,
+  /// first rounded to the context's dtype (what staging would have stored);
+  /// an earlier one from its residual row (dtype elements).
+  int32_t input;
+} kvc_kivi_row_t;
+
+/// KIVI state of one (sequence, layer, head) and the data work the latest
+/// kvc_append on it implies. On host pools the runtime has already done the
+/// work (the record only describes it); on device pools the engine's
+/// kernels must do it, before anything reads the cache, in this order:
+///  1. every value and every key block (they read full-precision rows and
+///     write disjoint page bytes, so they may run in any order or at once):
+///     a value quantizes its row per token over groups of G channels into
+///     its slot's value row and value record; a key block quantizes the
+///     keys of its members per channel over the members (one
+///     kvc_kivi_quantize_keys call) into the members' key rows and the key
+///     record of their block;
+///  2. every stage: input row `input` of the call, rounded to dtype, into
+///     residual key and value row `residual_row`.
+/// Quantization and packing are those of kvc_kivi_quantize_keys and
+/// kvc_kivi_quantize_value, so device bytes equal a host pool's. Pointers
+/// stay valid until the next mutating call on that head or its sequence;
+/// any other mutating call on the head (evict, compact) clears the record.
+typedef struct kvc_kivi_work_t {
+  /// Address (pool + residual_offset) and pool byte offset of the head's
+  /// residual region: R key rows, then R value rows, of head_dim dtype
+  /// elements each.
+  void *residual;
+  uint64_t residual_offset;
+  int32_t residual_length; ///< R.
+  /// Per residual row, the slot of the entry it holds, or -1 (free, or the
+  /// entry was evicted). Entries whose key or value format is
+  /// KVC_FORMAT_FULL are read from here.
+  const int32_t *residual_slot;
+  int32_t num_values;
+  const kvc_kivi_row_t *values;
+  /// Key block b has members key_members[key_block_begin[b] ..
+  /// key_block_begin[b + 1]), in token order (num_key_blocks + 1 offsets).
+  int32_t num_key_blocks;
+  const int32_t *key_block_begin;
+  const kvc_kivi_row_t *key_members;
+  int32_t num_stages;
+  const kvc_kivi_row_t *stages;
+} kvc_kivi_work_t;
+
+/// Fills `work` for one head of a KIVI context (KVC_STATUS_UNSUPPORTED for
+/// other formats). A query: it changes nothing.
+kvc_status_t kvc_kivi_pending_work(const kvc_context_t *context,
+                                   uint64_t sequence, int32_t layer,
+                                   int32_t head, kvc_kivi_work_t *work);
 
 /// Pool-wide page accounting.
 typedef struct kvc_pool_stats_t {

@@ -34,6 +34,10 @@
 // RUN: FileCheck %s --check-prefix=SCISSORHANDS --input-file=%t/p/kvc_scissorhands_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
 // RUN: FileCheck %s --check-prefix=RPC --input-file=%t/p/kvc_rpc_cuda.cu
+// RUN: kvc-opt %kvc_src_root/policies/kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
+// RUN: FileCheck %s --check-prefix=KIVI --input-file=%t/p/kvc_kivi2_cuda.cu
+// RUN: kvc-opt %kvc_src_root/policies/snapkv_kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
+// RUN: FileCheck %s --check-prefix=SNAPKIVI --input-file=%t/p/kvc_snapkv_kivi2_cuda.cu
 // RUN: mkdir -p %t/u
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels=unfused=1 --kvc-emit="target=cuda output-dir=%t/u" -o /dev/null
 // RUN: FileCheck %s --check-prefix=RPC-UNFUSED --input-file=%t/u/kvc_rpc_cuda.cu
@@ -268,3 +272,36 @@ kvc.policy @heavy {
     kvc.evict %keep
   }
 }
+
+// KIVI storage on device pools, the runtime records the work of each append
+// (kvc_kivi_pending_work); the kernels quantize, stage and dequantize.
+// KIVI: constexpr int kKiviBits = 2;
+// KIVI-NEXT: constexpr int kKiviGroup = 32;
+// KIVI-NEXT: constexpr int32_t kResidual = 128;
+// KIVI: constexpr uint64_t kRowBytes = kHeadDim * kKiviBits / 8;
+// KIVI-NOT: kStorage
+// KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(kKvHeads, stride, kResidual, kKiviGroup));
+// KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(kKvHeads, 1, kResidual, kKiviGroup));
+// KIVI-NEXT: w.kiviTables = c.take<char>(kvc::cuda::kiviTableBytes(kKvHeads, stride));
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_prefill(
+// KIVI: kvc::cuda::KiviWorkPlan kivi;
+// KIVI: KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, kHeadDim, nullptr, nullptr,
+// KIVI: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, layer, h, layout, config.page_size,
+// KIVI-NEXT: kKiviGroup, nullptr, k, v, kKvStride)));
+// KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode(
+// KIVI: kvc_append(context, sequence, layer, h, 1, kHeadDim, nullptr, nullptr, &position,
+// KIVI: kvc::cuda::KiviWorkPlan kivi;
+// KIVI: kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-NOT: storeEntry
+// KIVI: KVC_CUDA_TRY(kiviTables.upload(context, sequence, layer, tables, kKvHeads, w.kiviTables, s,
+// KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// KIVI-NOT: decodeAttentionSplit
+// KIVI: config->group_size = kKiviGroup;
+// KIVI-NEXT: config->residual_length = kResidual;
+
+// SnapKV with KIVI storage, the kept entries' rows are the inputs of the recorded work.
+// SNAPKIVI-LABEL: kvc_status_t kvc_snapkv_kivi2_cuda_prefill(
+// SNAPKIVI: keptPositions[j] = positions[index[j]];
+// SNAPKIVI: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, layer, h, layout, config.page_size,
+// SNAPKIVI-NEXT: kKiviGroup, index, k, v, kKvStride)));
