@@ -1099,135 +1099,6 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
 
 } // namespace
 
-/// The `select` kernel of a global budget: one selection over the score
-/// state of every layer and head, then the evictions.
-static LogicalResult emitSelectKernel(PolicyOp policy, KernelOp kernel,
-                                      AsmState &asmState, raw_ostream &src,
-                                      raw_ostream &hdr) {
-  std::string name = entryName(policy, kernel, "cpu");
-  auto comment = [&](Operation *op) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    op->print(os, asmState);
-    return "  // " + text + "\n";
-  };
-  std::string body, budgetExpr;
-  llvm::raw_string_ostream os(body);
-  bool preferRecent = true;
-  for (Operation &op : kernel.getBody().front()) {
-    os << comment(&op);
-    LogicalResult result =
-        llvm::TypeSwitch<Operation *, LogicalResult>(&op)
-            .Case([&](ScoreStateOp) {
-              os << "  // Every live entry of every head is a candidate.\n"
-         "  for (int32_t layer = 0; layer < kLayers; ++layer)\n"
-         "    for (int32_t h = 0; h < kKvHeads; ++h) {\n"
-         "      kvc_metadata_t meta;\n"
-         "      KVC_CPU_TRY(kvc_get_metadata(context, sequence, layer, h, "
-         "&meta));\n"
-         "      int32_t live = 0;\n"
-         "      KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
-         "&live));\n"
-         "      if (live > n)\n"
-      << "        return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
-      << name << ": a head holds more than n entries\");\n"
-      << "      for (int32_t s = 0; s < meta.num_slots; ++s)\n"
-         "        if (meta.position[s] != KVC_POSITION_NONE)\n"
-         "          candidates[count++] = {meta.score[s], meta.position[s], "
-         "layer * kKvHeads + h, s};\n"
-         "    }\n";
-              return success();
-            })
-            .Case([&](BudgetUniformOp uniform) {
-              if (std::optional<int64_t> count = uniform.getCount()) {
-                budgetExpr = std::to_string(*count) +
-                             " * static_cast<int64_t>(kLayers) * kKvHeads";
-                os << "  // Per layer and head on average.\n";
-              } else {
-                budgetExpr = "static_cast<int64_t>(count * (1.0 - " +
-                             floatLiteral("cpu",
-                                          uniform.getRatio()->convertToDouble()) +
-                             "))";
-                os << "  // A fraction of every live entry.\n";
-              }
-              return success();
-            })
-            .Case([&](BudgetGlobalOp) {
-              os << "  const int64_t total = " << budgetExpr << ";\n";
-              return success();
-            })
-            .Case([&](TopKOp topk) {
-              preferRecent = topk.getTie() == TieBreak::recent;
-              os << "  kvc::cpu::globalSelect(candidates, count, total, "
-                 << (preferRecent ? "true" : "false") << ");\n";
-              return success();
-            })
-            .Case([&](EvictOp) {
-              os << "  for (int64_t i = std::min(total, count); i < count;) "
-                    "{\n"
-                    "    const int32_t head = candidates[i].head;\n"
-                    "    int32_t numVictims = 0;\n"
-                    "    while (i < count && candidates[i].head == head)\n"
-                    "      victims[numVictims++] = candidates[i++].slot;\n"
-                    "    KVC_CPU_TRY(kvc_evict(context, sequence, head / "
-                    "kKvHeads, head % kKvHeads, numVictims, victims));\n"
-                    "  }\n";
-              return success();
-            })
-            .Default([&](Operation *other) {
-              return other->emitOpError()
-                     << "is not supported by the cpu emitter in a select "
-                        "kernel";
-            });
-    if (failed(result))
-      return failure();
-  }
-  if (budgetExpr.empty())
-    return kernel.emitOpError() << "select kernel without a budget";
-
-  std::string doc =
-      "Global selection of a sequence: after the prefill of every layer, "
-      "one top-k over the score every entry of every layer and head stored, "
-      "then the evictions. n: the prompt length (no head holds more "
-      "entries).";
-  std::string decl = "kvc_status_t " + name +
-                     "(kvc_context_t *context, uint64_t sequence, int32_t n, "
-                     "void *workspace, uint64_t workspace_bytes)";
-  std::string wsDecl = "uint64_t " + name + "_workspace_bytes(int32_t n)";
-  src << "/// A candidate per entry of every head, and the victims of one.\n"
-      << wsDecl << " {\n"
-      << "  return static_cast<uint64_t>(n) * (sizeof(kvc::cpu::"
-         "GlobalCandidate) * kLayers * kKvHeads + sizeof(int32_t));\n}\n\n"
-      << "/// " << doc << "\n"
-      << decl << " {\n"
-      << "  if (!context || !workspace)\n"
-      << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
-      << ": null argument\");\n"
-      << "  if (n <= 0)\n"
-      << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
-      << ": the prompt is empty\");\n"
-      << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
-      << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
-      << ": workspace smaller than " << name << "_workspace_bytes(n)\");\n"
-      << "  kvc_config_t config;\n"
-         "  KVC_CPU_TRY(kvc_context_config(context, &config));\n"
-         "  if (config.num_layers != kLayers || config.num_q_heads != kQHeads "
-         "||\n"
-         "      config.num_kv_heads != kKvHeads || config.head_dim != "
-         "kHeadDim)\n"
-      << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
-      << ": the context's geometry is not the policy's\");\n"
-      << "  auto *candidates = "
-         "static_cast<kvc::cpu::GlobalCandidate *>(workspace);\n"
-         "  int32_t *victims = reinterpret_cast<int32_t *>(candidates + "
-         "static_cast<int64_t>(n) * kLayers * kKvHeads);\n"
-         "  int64_t count = 0;\n"
-      << body << "  return KVC_STATUS_OK;\n}\n";
-  hdr << "/// Workspace bytes of " << name << ".\n" << wsDecl << ";\n"
-      << "/// " << doc << "\n" << decl << ";\n\n";
-  return success();
-}
-
 LogicalResult kvc::emitCpp(PolicyOp policy,
                            SmallVectorImpl<EmittedFile> &files) {
   GeometryAttr geometry = policy.getGeometryAttr();
@@ -1346,7 +1217,7 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
 
   for (KernelOp kernel : kernels) {
     if (kernel.getKind() == KernelKind::select) {
-      if (failed(emitSelectKernel(policy, kernel, asmState, src, hdr)))
+      if (failed(emitSelectKernel(policy, kernel, asmState, "cpu", src, hdr)))
         return failure();
       src << "\n";
       continue;

@@ -235,7 +235,7 @@ std::string CudaKernelEmitter::documentation() {
            "evicts the victims; synchronizes the stream once." +
            devices;
   case KernelKind::select:
-    break; // Rejected by emitCuda before any kernel is emitted.
+    break; // Emitted by emitSelectKernel.
   }
   llvm_unreachable("unknown kernel kind");
 }
@@ -1148,7 +1148,18 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
         << "\", cudaMemcpyAsync(persistBits.data(), w.persistBits, "
            "sizeof(uint64_t) * persistBits.size(),\n"
            "                                     cudaMemcpyDeviceToHost, s));\n";
-  if (selects || state || history)
+  // A score stored for a later kernel (a global budget's select).
+  std::string stored;
+  if (Value v = gather.getState())
+    stored = values.lookup(v).name;
+  if (!stored.empty())
+    out << "    std::vector<float> storedScore(static_cast<size_t>(kKvHeads) "
+           "* n);\n"
+        << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaMemcpyAsync(storedScore.data(), w." << stored
+        << ", sizeof(float) * storedScore.size(),\n"
+           "                                     cudaMemcpyDeviceToHost, s));\n";
+  if (selects || state || history || !stored.empty())
     out << "    KVC_CUDA_CHECK(\"" << name
         << "\", cudaStreamSynchronize(s));\n";
   out << "    std::vector<int32_t> keptPositions(n), slots(n);\n";
@@ -1171,13 +1182,19 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
       << "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, "
          "kHeadDim, nullptr, nullptr,\n"
          "                              keptPositions.data(), slots.data()));\n";
-  if (state || history)
+  if (state || history || !stored.empty())
     out << "      kvc_metadata_t meta;\n"
            "      KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, "
            "&meta));\n";
   if (state)
     out << "      for (int32_t j = 0; j < count; ++j)\n"
         << "        meta.score[slots[j]] = state[static_cast<size_t>(h) * n + "
+        << index << "];\n";
+  if (!stored.empty())
+    out << "      // The score of every kept entry, for the select kernel.\n"
+           "      for (int32_t j = 0; j < count; ++j)\n"
+        << "        meta.score[slots[j]] = storedScore[static_cast<size_t>(h) "
+           "* n + "
         << index << "];\n";
   if (history)
     out << "      // Importance bits carried into decode.\n"
@@ -1569,18 +1586,6 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   if (!geometry || kernels.empty())
     return policy.emitOpError()
            << "has no kernels; run kvc-specialize and kvc-form-kernels first";
-  for (KernelOp kernel : kernels) {
-    if (kernel.getKind() == KernelKind::select)
-      return kernel.emitOpError()
-             << "is not supported by the cuda emitter yet: a global "
-                "selection over every layer's stored scores runs on the cpu "
-                "target only";
-    for (Operation &op : kernel.getBody().front())
-      if (auto gather = dyn_cast<GatherOp>(op); gather && gather.getState())
-        return gather.emitOpError()
-               << "stores a score for a later kernel, which the cuda emitter "
-                  "does not support yet";
-  }
   const int64_t dim = geometry.getHeadDim();
   // Rows spread over a power-of-two number of lanes, and the prefill tiles
   // of 32 keys and values fit the 48 KiB of static shared memory.
@@ -1718,6 +1723,15 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   std::string entries;
   llvm::raw_string_ostream host(entries);
   for (KernelOp kernel : kernels) {
+    if (kernel.getKind() == KernelKind::select) {
+      // Host code over the score state the prefill downloaded: the same
+      // selection as the CPU backend's.
+      if (failed(emitSelectKernel(policy, kernel, asmState, "cuda", host,
+                                  hdr)))
+        return failure();
+      host << "\n";
+      continue;
+    }
     CudaKernelEmitter emitter(policy, kernel, asmState);
     emitter.kivi = storage->kiviBits != 0;
     if (failed(emitter.emit(src, host)))

@@ -57,14 +57,24 @@ bool writesOutput(KernelOp kernel);
 /// Spelling of an element type in kvc_dtype_t.
 std::string dtypeEnumerator(mlir::Type type);
 
+/// Emits the `select` kernel of a global budget for `target` (cpu or cuda):
+/// host code over the score state every layer's prefill stored, ranking all
+/// live entries with kvc_select_candidates and evicting the rest. Appends
+/// the definition to `src` and the declarations to `hdr`.
+mlir::LogicalResult emitSelectKernel(PolicyOp policy, KernelOp kernel,
+                                     mlir::AsmState &asmState,
+                                     llvm::StringRef target,
+                                     llvm::raw_ostream &src,
+                                     llvm::raw_ostream &hdr);
+
 /// Emits the CPU backend of `policy`: a header and a C++ source.
 mlir::LogicalResult emitCpp(PolicyOp policy,
                             llvm::SmallVectorImpl<EmittedFile> &files);
 
 /// Emits the CUDA backend of `policy`: a C header and a .cu source whose
 /// host entry points take a cudaStream_t (as void *) and device pointers;
-/// see docs/codegen-cuda.md. Rejects KIVI storage (no device pool) and
-/// head dimensions other than 32, 64 and 128.
+/// see docs/codegen-cuda.md. Rejects head dimensions other than 32, 64 and
+/// 128.
 mlir::LogicalResult emitCuda(PolicyOp policy,
                              llvm::SmallVectorImpl<EmittedFile> &files);
 

@@ -481,37 +481,6 @@ inline void foldWindowSum(const HeadView &head, const float *probs,
   }
 }
 
-/// One entry competing for a global budget (kvc.budget_global).
-struct GlobalCandidate {
-  float score;
-  int32_t position;
-  int32_t head; ///< layer * kv_heads + kv-head.
-  int32_t slot;
-};
-
-/// Moves the `keep` best of `count` candidates to the front (higher score;
-/// ties toward the more recent entry, or the older with preferRecent
-/// false, then toward the later head) and sorts the others, the victims,
-/// by head and slot.
-inline void globalSelect(GlobalCandidate *c, int64_t count, int64_t keep,
-                         bool preferRecent) {
-  keep = std::max<int64_t>(0, std::min(keep, count));
-  auto better = [preferRecent](const GlobalCandidate &a,
-                               const GlobalCandidate &b) {
-    if (a.score != b.score)
-      return a.score > b.score;
-    if (a.position != b.position)
-      return preferRecent ? a.position > b.position : a.position < b.position;
-    return a.head > b.head;
-  };
-  if (keep < count)
-    std::nth_element(c, c + keep, c + count, better);
-  std::sort(c + keep, c + count,
-            [](const GlobalCandidate &a, const GlobalCandidate &b) {
-              return a.head != b.head ? a.head < b.head : a.slot < b.slot;
-            });
-}
-
 /// 1-D average pooling along n tokens with an odd kernel, stride 1, zero
 /// "same" padding counted in the divisor.
 inline void poolAvg(const float *in, int32_t n, int32_t kernel, float *out) {

@@ -428,6 +428,25 @@ kvc_status_t kvc_kivi_pending_work(const kvc_context_t *context,
                                    uint64_t sequence, int32_t layer,
                                    int32_t head, kvc_kivi_work_t *work);
 
+/// One live entry competing for a budget that several heads share (a
+/// global budget's select kernel): its score, original position, head
+/// (layer * num_kv_heads + kv-head) and slot.
+typedef struct kvc_candidate_t {
+  float score;
+  int32_t position;
+  int32_t head;
+  int32_t slot;
+} kvc_candidate_t;
+
+/// Moves the `keep` best of `count` candidates to the front, in no
+/// particular order: higher score first; equal scores prefer the more
+/// recent position (the older with prefer_recent 0), then the larger head.
+/// The others, the victims, are sorted by head, then slot, so that each
+/// head's victims are one run for kvc_evict. keep is clamped to [0, count].
+kvc_status_t kvc_select_candidates(kvc_candidate_t *candidates,
+                                   int64_t count, int64_t keep,
+                                   int32_t prefer_recent);
+
 /// Pool-wide page accounting.
 typedef struct kvc_pool_stats_t {
   int32_t total_pages;  ///< config.num_pages.

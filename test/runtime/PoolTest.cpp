@@ -19,6 +19,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <tuple>
 
 namespace {
@@ -875,6 +876,52 @@ TEST(DevicePool, BookkeepingWithoutTouchingMemory) {
   c = smallConfig(KVC_FORMAT_KIVI_INT2);
   c.memory = KVC_MEMORY_DEVICE;
   ASSERT_EQ(kvc_pool_bytes_required(&c, &bytes), KVC_STATUS_OK);
+}
+
+} // namespace
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Selection under a budget shared by several heads
+//===----------------------------------------------------------------------===//
+
+// Six candidates of two heads; keep 3. Scores 0.5 (head 1, position 7),
+// then a tie at 0.25 between (head 0, position 2), (head 0, position 5) and
+// (head 1, position 5): the recent rule keeps position 5 of both heads over
+// position 2; the rest are victims sorted by head, then slot.
+TEST(Select, SharedBudgetKeepsTheBestAndGroupsVictimsByHead) {
+  std::vector<kvc_candidate_t> c = {
+      {0.25f, 2, 0, 9}, {0.5f, 7, 1, 0},  {0.1f, 9, 1, 4},
+      {0.25f, 5, 0, 3}, {0.25f, 5, 1, 6}, {-1.0f, 1, 0, 1}};
+  ASSERT_EQ(kvc_select_candidates(c.data(), 6, 3, 1), KVC_STATUS_OK);
+  std::set<std::pair<int, int>> kept;
+  for (int i = 0; i < 3; ++i)
+    kept.insert({c[i].head, c[i].position});
+  EXPECT_EQ(kept, (std::set<std::pair<int, int>>{{1, 7}, {0, 5}, {1, 5}}));
+  // Victims: head 0 slots 1, 9; head 1 slot 4.
+  EXPECT_EQ(c[3].head, 0);
+  EXPECT_EQ(c[3].slot, 1);
+  EXPECT_EQ(c[4].head, 0);
+  EXPECT_EQ(c[4].slot, 9);
+  EXPECT_EQ(c[5].head, 1);
+  EXPECT_EQ(c[5].slot, 4);
+
+  // The older rule keeps position 2 over both positions 5, then the later
+  // head breaks the tie between the two positions 5.
+  std::vector<kvc_candidate_t> d = {
+      {0.25f, 2, 0, 9}, {0.5f, 7, 1, 0}, {0.25f, 5, 0, 3}, {0.25f, 5, 1, 6}};
+  ASSERT_EQ(kvc_select_candidates(d.data(), 4, 3, 0), KVC_STATUS_OK);
+  EXPECT_EQ(d[3].head, 0);
+  EXPECT_EQ(d[3].position, 5);
+
+  // keep is clamped; errors are reported.
+  EXPECT_EQ(kvc_select_candidates(d.data(), 4, 10, 1), KVC_STATUS_OK);
+  EXPECT_EQ(kvc_select_candidates(nullptr, 0, 0, 1), KVC_STATUS_OK);
+  EXPECT_EQ(kvc_select_candidates(nullptr, 2, 1, 1), KVC_STATUS_NULL_POINTER);
+  EXPECT_EQ(kvc_select_candidates(d.data(), -1, 1, 1),
+            KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(), "kvc_select_candidates: negative count");
 }
 
 } // namespace
