@@ -63,8 +63,10 @@ struct InferStatisticsPass final
       llvm::append_range(fields, extra);
       entries.push_back(b.getDictionaryAttr(fields));
     };
+    // A periodic phase sums its window into each entry's score state.
     if (stats.window)
-      add("attention.window", "query", false,
+      add("attention.window", "query",
+          phase.getTrigger() == Trigger::every_n,
           {b.getNamedAttr("queries", b.getI64IntegerAttr(*stats.window))});
     if (stats.last)
       add("attention.last", "query", false, {});

@@ -38,3 +38,43 @@ kvc.policy @two_decode_phases geometry #kvc.geometry<layers = 2, q_heads = 4, kv
     kvc.evict %k
   }
 }
+
+// -----
+
+kvc.policy @global_at_decode geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.phase over_budget {
+    %r = kvc.recency
+    %b = kvc.budget_uniform count 64
+    // expected-error @below {{selects across layers, which a kernel can do once every layer is prefilled; it needs an 'after_prefill' phase, not 'over_budget'}}
+    %g = kvc.budget_global %b, %r
+    %k = kvc.topk %r, %g tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}
+
+// -----
+
+kvc.policy @global_other_score geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.phase after_prefill {
+    %r = kvc.recency
+    %n = kvc.key_norm
+    %b = kvc.budget_uniform count 64
+    // expected-error @below {{a global selection must rank by the score its budget reads and evict what it does not keep}}
+    %g = kvc.budget_global %b, %r
+    %k = kvc.topk %n, %g tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}
+
+// -----
+
+kvc.policy @periodic_normalized geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.phase every_n period 32 {
+    // expected-error @below {{cannot divide by the queries that saw an entry in a periodic phase: the window is kept as a running sum}}
+    %w = kvc.attn_window size 8 visible_normalized
+    %g = kvc.group_reduce mean %w
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %g, %b tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}

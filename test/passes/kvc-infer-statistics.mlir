@@ -53,3 +53,34 @@ kvc.policy @features {
     kvc.evict %k
   }
 }
+
+// -----
+
+// Scissorhands' importance bits: state kept with each entry, produced by
+// both kernels of an over_budget phase.
+// CHECK-LABEL: kvc.policy @persistent
+// CHECK:         kvc.phase over_budget attributes {statistics = [{granularity = "kv_head", history = 8 : i64, kernel = "prefill+decode", name = "attention.persistence", reduce = "max", state = true, threshold = 5.000000e-02 : f64}]}
+kvc.policy @persistent {
+  kvc.phase over_budget {
+    %c = kvc.attn_persistence threshold 0.05 history 8 reduce max
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %c, %b tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}
+
+// -----
+
+// RPC's selector window is a decode statistic of a periodic phase, summed
+// into each entry's score state.
+// CHECK-LABEL: kvc.policy @periodic
+// CHECK:         kvc.phase every_n period 16 attributes {statistics = [{granularity = "query", kernel = "decode", name = "attention.window", queries = 4 : i64, state = true}]}
+kvc.policy @periodic {
+  kvc.phase every_n period 16 {
+    %w = kvc.attn_window size 4
+    %g = kvc.group_reduce mean %w
+    %b = kvc.budget_uniform count 64
+    %k = kvc.topk %g, %b tie recent : !kvc.score<kv_head>
+    kvc.evict %k
+  }
+}
