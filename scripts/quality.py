@@ -4,7 +4,7 @@
 Writes docs/quality.md and docs/quality.png. One command, after the build
 (`ninja -C build kvc-run`) and scripts/fetch-model.sh:
 
-    python3 scripts/quality.py            # about 20-25 minutes on 2 cores
+    python3 scripts/quality.py            # about 30 minutes on 2 cores
 
 Every figure comes from build/bin/kvc-run --compare (tools/kvc-run/Compare.h),
 which runs a prompt with the full f32 cache and then with each policy
@@ -38,7 +38,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POLICIES = ["streaming_llm", "h2o", "snapkv", "pyramidkv", "snapkv_kivi2"]
+POLICIES = ["streaming_llm", "h2o", "scissorhands", "snapkv", "pyramidkv",
+            "snapkv_global", "snapkv_kivi2"]
 PERCENTS = [10, 25, 50]
 NEEDLE = "The secret code is 4729."
 NEEDLE_ANSWER = "4729"
@@ -131,9 +132,9 @@ def write_plot(rows, full16, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    markers = {"streaming_llm": "o", "h2o": "s", "snapkv": "^",
-               "pyramidkv": "v", "snapkv_kivi2": "D", "kivi2": "*",
-               "full_f16": "P"}
+    markers = {"streaming_llm": "o", "h2o": "s", "scissorhands": "x",
+               "snapkv": "^", "pyramidkv": "v", "snapkv_global": "<",
+               "snapkv_kivi2": "D", "kivi2": "*", "full_f16": "P"}
     groups = {}
     for r in rows:
         base, pct = budget_of(r["policy"])
