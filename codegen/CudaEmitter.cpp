@@ -1597,48 +1597,11 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   if (failed(storage))
     return failure();
 
-  std::string constants;
-  llvm::raw_string_ostream cs(constants);
-  std::optional<int64_t> window, period, history;
-  std::optional<double> decay, threshold;
+  std::string constants = policyConstants(kernels, "cuda");
   bool merges = false;
   for (KernelOp kernel : kernels)
     for (Operation &op : kernel.getBody().front())
       merges |= isa<MergeNearestOp, MergeD2OOp, MergeCamOp>(op);
-  for (KernelOp kernel : kernels) {
-    if (kernel.getPeriod())
-      period = *kernel.getPeriod();
-    for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
-      if (pass.getWindow())
-        window = *pass.getWindow();
-      if (pass.getAccumulate())
-        decay = pass.getAccumulate()->convertToDouble();
-      if (pass.getPersistence()) {
-        history = *pass.getPersistence();
-        threshold = pass.getThreshold()->convertToDouble();
-      }
-    }
-  }
-  if (period)
-    cs << "/// Positions between two periodic compressions: the phase runs "
-          "after\n/// the decode step of position p when (p + 1) % kPeriod "
-          "== 0.\n"
-       << "constexpr int32_t kPeriod = " << *period << ";\n";
-  if (window && period)
-    cs << "/// Decode queries observed before each periodic compression.\n"
-       << "constexpr int32_t kWindow = " << *window << ";\n";
-  else if (window)
-    cs << "/// Observation window of the prefill statistics.\n"
-       << "constexpr int32_t kWindow = " << *window << ";\n";
-  if (history)
-    cs << "/// Steps of importance history and the weight that makes an "
-          "entry\n/// important at a step.\n"
-       << "constexpr int32_t kHistory = " << *history << ";\n"
-       << "constexpr float kThreshold = "
-       << floatLiteral("cuda", *threshold) << ";\n";
-  if (decay)
-    cs << "/// Decay of the accumulated attention state.\n"
-       << "constexpr float kDecay = " << floatLiteral("cuda", *decay) << ";\n";
 
   AsmState asmState(policy);
   std::string source, header;

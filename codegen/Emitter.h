@@ -57,6 +57,12 @@ bool writesOutput(KernelOp kernel);
 /// Spelling of an element type in kvc_dtype_t.
 std::string dtypeEnumerator(mlir::Type type);
 
+/// The C++ constants of the statistics parameters every kernel of a policy
+/// folds (kPeriod, kWindow, kHistory and kThreshold, kDecay), with their
+/// comments; float literals name namespace kvc::<ns>.
+std::string policyConstants(llvm::ArrayRef<KernelOp> kernels,
+                            llvm::StringRef ns);
+
 /// Emits the `select` kernel of a global budget for `target` (cpu or cuda):
 /// host code over the score state every layer's prefill stored, ranking all
 /// live entries with kvc_select_candidates and evicting the rest. Appends

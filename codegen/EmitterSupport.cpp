@@ -202,3 +202,45 @@ LogicalResult kvc::emitSelectKernel(PolicyOp policy, KernelOp kernel,
       << "/// " << doc << "\n" << decl << ";\n\n";
   return success();
 }
+
+std::string kvc::policyConstants(ArrayRef<KernelOp> kernels, StringRef ns) {
+  std::string constants;
+  llvm::raw_string_ostream cs(constants);
+  std::optional<int64_t> window, period, history;
+  std::optional<double> decay, threshold;
+  for (KernelOp kernel : kernels) {
+    if (kernel.getPeriod())
+      period = *kernel.getPeriod();
+    for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
+      if (pass.getWindow())
+        window = *pass.getWindow();
+      if (pass.getAccumulate())
+        decay = pass.getAccumulate()->convertToDouble();
+      if (pass.getPersistence()) {
+        history = *pass.getPersistence();
+        threshold = pass.getThreshold()->convertToDouble();
+      }
+    }
+  }
+  if (period)
+    cs << "/// Positions between two periodic compressions: the phase runs "
+          "after\n/// the decode step of position p when (p + 1) % kPeriod "
+          "== 0.\n"
+       << "constexpr int32_t kPeriod = " << *period << ";\n";
+  if (window && period)
+    cs << "/// Decode queries observed before each periodic compression.\n"
+       << "constexpr int32_t kWindow = " << *window << ";\n";
+  else if (window)
+    cs << "/// Observation window of the prefill statistics.\n"
+       << "constexpr int32_t kWindow = " << *window << ";\n";
+  if (history)
+    cs << "/// Steps of importance history and the weight that makes an "
+          "entry\n/// important at a step.\n"
+       << "constexpr int32_t kHistory = " << *history << ";\n"
+       << "constexpr float kThreshold = " << floatLiteral(ns, *threshold)
+       << ";\n";
+  if (decay)
+    cs << "/// Decay of the accumulated attention state.\n"
+       << "constexpr float kDecay = " << floatLiteral(ns, *decay) << ";\n";
+  return constants;
+}

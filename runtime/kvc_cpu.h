@@ -414,6 +414,18 @@ inline void groupReduce(const float *in, int32_t groups, int32_t n, Reduce kind,
   }
 }
 
+/// The weight of slot s reduced over the `groups` query-head rows of
+/// probs (row g at probs + g * slots).
+inline float reduceSlot(const float *probs, int32_t groups, int32_t slots,
+                        int32_t s, Reduce kind) {
+  float r = kind == Reduce::Max ? kNegInf : 0.0f;
+  for (int32_t g = 0; g < groups; ++g) {
+    const float p = probs[static_cast<int64_t>(g) * slots + s];
+    r = kind == Reduce::Max ? std::max(r, p) : r + p;
+  }
+  return kind == Reduce::Mean ? r / groups : r;
+}
+
 /// Folds this step's probabilities into the running per-entry state:
 /// state[s] <- decay * state[s] + reduce_g(probs[g * slots + s]) for live
 /// slots.
@@ -421,16 +433,9 @@ inline void foldAccumulated(const HeadView &head, const float *probs,
                             int32_t groups, float decay, Reduce kind) {
   const int32_t slots = head.numSlots();
   float *state = head.scoreState();
-  for (int32_t s = 0; s < slots; ++s) {
-    if (!head.isLive(s))
-      continue;
-    float r = kind == Reduce::Max ? kNegInf : 0.0f;
-    for (int32_t g = 0; g < groups; ++g) {
-      const float p = probs[static_cast<int64_t>(g) * slots + s];
-      r = kind == Reduce::Max ? std::max(r, p) : r + p;
-    }
-    state[s] = decay * state[s] + (kind == Reduce::Mean ? r / groups : r);
-  }
+  for (int32_t s = 0; s < slots; ++s)
+    if (head.isLive(s))
+      state[s] = decay * state[s] + reduceSlot(probs, groups, slots, s, kind);
 }
 
 /// Shifts one decode step into every live entry's importance bits: bit 0
@@ -440,18 +445,11 @@ inline void foldPersistence(const HeadView &head, const float *probs,
                             int32_t groups, float threshold, Reduce kind) {
   const int32_t slots = head.numSlots();
   uint64_t *bits = head.history();
-  for (int32_t s = 0; s < slots; ++s) {
-    if (!head.isLive(s))
-      continue;
-    float r = kind == Reduce::Max ? kNegInf : 0.0f;
-    for (int32_t g = 0; g < groups; ++g) {
-      const float p = probs[static_cast<int64_t>(g) * slots + s];
-      r = kind == Reduce::Max ? std::max(r, p) : r + p;
-    }
-    if (kind == Reduce::Mean)
-      r /= groups;
-    bits[s] = (bits[s] << 1) | (r > threshold ? 1u : 0u);
-  }
+  for (int32_t s = 0; s < slots; ++s)
+    if (head.isLive(s))
+      bits[s] = (bits[s] << 1) |
+                (reduceSlot(probs, groups, slots, s, kind) > threshold ? 1u
+                                                                       : 0u);
 }
 
 /// Number of set bits among the lowest `history` bits of `bits`.
@@ -471,14 +469,10 @@ inline void foldWindowSum(const HeadView &head, const float *probs,
                           int32_t groups, bool restart) {
   const int32_t slots = head.numSlots();
   float *state = head.scoreState();
-  for (int32_t s = 0; s < slots; ++s) {
-    if (!head.isLive(s))
-      continue;
-    float r = 0.0f;
-    for (int32_t g = 0; g < groups; ++g)
-      r += probs[static_cast<int64_t>(g) * slots + s];
-    state[s] = (restart ? 0.0f : state[s]) + r / groups;
-  }
+  for (int32_t s = 0; s < slots; ++s)
+    if (head.isLive(s))
+      state[s] = (restart ? 0.0f : state[s]) +
+                 reduceSlot(probs, groups, slots, s, Reduce::Mean);
 }
 
 /// 1-D average pooling along n tokens with an odd kernel, stride 1, zero
