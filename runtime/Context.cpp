@@ -96,13 +96,14 @@ struct Sequence {
   std::vector<HeadState> heads;
 };
 
-/// Layout of a configuration, computed without validating it.
-kvc_page_layout_t computeLayout(const kvc_config_t &c) {
+/// Layout of the pages of `format` under a configuration, computed without
+/// validating it.
+kvc_page_layout_t computeClassLayout(const kvc_config_t &c, int32_t format) {
   kvc_page_layout_t l{};
   uint64_t d = static_cast<uint64_t>(c.head_dim);
   uint64_t p = static_cast<uint64_t>(c.page_size);
   uint64_t e = dtypeBytes(c.dtype);
-  switch (c.format) {
+  switch (format) {
   case KVC_FORMAT_FULL:
     l.key_stride = l.value_stride = d * e;
     break;
@@ -111,10 +112,18 @@ kvc_page_layout_t computeLayout(const kvc_config_t &c) {
     l.key_stride = l.value_stride = d;
     l.key_param_stride = l.value_param_stride = sizeof(float);
     break;
+  case KVC_FORMAT_INT2:
+  case KVC_FORMAT_INT4: {
+    uint64_t g = static_cast<uint64_t>(c.group_size);
+    l.key_stride = l.value_stride = d * tokenGroupBits(format) / 8;
+    l.key_param_stride = l.value_param_stride =
+        g ? 2 * sizeof(float) * (d / g) : 0;
+    break;
+  }
   case KVC_FORMAT_KIVI_INT2:
   case KVC_FORMAT_KIVI_INT4: {
     uint64_t g = static_cast<uint64_t>(c.group_size);
-    l.key_stride = l.value_stride = d * kiviBits(c.format) / 8;
+    l.key_stride = l.value_stride = d * kiviBits(format) / 8;
     l.key_param_stride = 2 * sizeof(float) * d;
     l.value_param_stride = g ? 2 * sizeof(float) * (d / g) : 0;
     l.residual_bytes =
@@ -127,7 +136,7 @@ kvc_page_layout_t computeLayout(const kvc_config_t &c) {
   l.value_offset = alignUp(p * l.key_stride, kRegionAlignment);
   uint64_t end = l.value_offset + p * l.value_stride;
   l.key_param_offset = alignUp(end, kRegionAlignment);
-  uint64_t keyRecords = kiviBits(c.format) && c.group_size > 0
+  uint64_t keyRecords = kiviBits(format) && c.group_size > 0
                             ? p / static_cast<uint64_t>(c.group_size)
                             : p;
   end = l.key_param_offset + keyRecords * l.key_param_stride;
@@ -139,6 +148,25 @@ kvc_page_layout_t computeLayout(const kvc_config_t &c) {
                    static_cast<uint64_t>(c.num_layers) *
                    static_cast<uint64_t>(c.num_kv_heads) * l.residual_bytes;
   return l;
+}
+
+/// Layout of a configuration's (high) pages.
+kvc_page_layout_t computeLayout(const kvc_config_t &c) {
+  return computeClassLayout(c, c.format);
+}
+
+/// Layout of the low pages of a mixed-precision configuration: offsets
+/// within a low page, page_bytes its stride inside a pool page.
+kvc_page_layout_t computeLowLayout(const kvc_config_t &c) {
+  kvc_page_layout_t l = computeClassLayout(c, c.low_format);
+  l.pages_offset = computeLayout(c).pages_offset;
+  return l;
+}
+
+/// Low pages per pool page (0 when a low page does not fit).
+int32_t lowPagesPerPage(const kvc_config_t &c) {
+  return static_cast<int32_t>(computeLayout(c).page_bytes /
+                              computeLowLayout(c).page_bytes);
 }
 
 kvc_status_t validateConfig(const char *name, const kvc_config_t *c) {
@@ -192,6 +220,40 @@ kvc_status_t validateConfig(const char *name, const kvc_config_t *c) {
                   "%s: head_dim %d does not pack into whole bytes at %d bits",
                   name, c->head_dim, bits);
   }
+  if (c->low_format != KVC_FORMAT_FULL) {
+    int bits = tokenGroupBits(c->low_format);
+    if (!bits)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: low_format %d is not KVC_FORMAT_INT2 or "
+                  "KVC_FORMAT_INT4",
+                  name, static_cast<int>(c->low_format));
+    if (kiviBits(c->format))
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: a mixed-precision context's high format must be FULL, "
+                  "INT8 or FP8_E4M3, not KIVI",
+                  name);
+    int32_t g = c->group_size;
+    if (g <= 0 || c->head_dim % g != 0)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: low-class group %d does not divide head_dim %d", name,
+                  g, c->head_dim);
+    if ((static_cast<int64_t>(c->head_dim) * bits) % 8 != 0)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: head_dim %d does not pack into whole bytes at %d bits",
+                  name, c->head_dim, bits);
+    if (lowPagesPerPage(*c) < 1)
+      return fail(KVC_STATUS_GEOMETRY_MISMATCH,
+                  "%s: a low page (%llu bytes) does not fit in a pool page "
+                  "(%llu bytes)",
+                  name,
+                  static_cast<unsigned long long>(
+                      computeLowLayout(*c).page_bytes),
+                  static_cast<unsigned long long>(computeLayout(*c).page_bytes));
+    if (static_cast<int64_t>(c->num_pages) * lowPagesPerPage(*c) >
+        std::numeric_limits<int32_t>::max() - c->num_pages)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: too many low pages for 32-bit page ids", name);
+  }
   // Slot numbers, page ids and byte sizes must not overflow.
   int64_t slots = static_cast<int64_t>(c->num_pages) * c->page_size;
   if (slots > std::numeric_limits<int32_t>::max())
@@ -217,6 +279,16 @@ struct kvc_context {
   int32_t unit = 1;
   /// Free pool pages; capacity num_pages, so pushes never allocate.
   std::vector<int32_t> freePages;
+
+  // Mixed precision. Page ids name the pages of page tables: a high page is
+  // its pool page id (0 .. num_pages-1); the low page `sub` of pool page q
+  // is num_pages + q * lowPerPage + sub.
+  kvc_page_layout_t lowLayout{};
+  int32_t lowPerPage = 0;
+  /// Free low pages of pool pages that serve the low class (capacity
+  /// num_pages * lowPerPage); a pool page serves it while lowUsed > 0.
+  std::vector<int32_t> lowFree;
+  std::vector<int32_t> lowUsed;
   std::unordered_map<uint64_t, Sequence> sequences;
   /// Which residual indices are taken.
   std::vector<uint8_t> sequenceIndexUsed;
@@ -228,13 +300,66 @@ struct kvc_context {
   }
   int32_t slotCapacity() const { return config.num_pages * config.page_size; }
 
-  uint8_t *pageBase(int32_t poolPage) const {
-    return pool + layout.pages_offset +
-           static_cast<uint64_t>(poolPage) * layout.page_bytes;
+  bool hasLowClass() const { return config.low_format != KVC_FORMAT_FULL; }
+  bool isLowPage(int32_t id) const { return id >= config.num_pages; }
+  /// The pool page holding page `id`.
+  int32_t poolPageOf(int32_t id) const {
+    return isLowPage(id) ? (id - config.num_pages) / lowPerPage : id;
   }
-  uint64_t pageOffset(int32_t poolPage) const {
-    return layout.pages_offset +
-           static_cast<uint64_t>(poolPage) * layout.page_bytes;
+  const kvc_page_layout_t &layoutOf(int32_t id) const {
+    return isLowPage(id) ? lowLayout : layout;
+  }
+  /// The kvc_format_t of the entries of page `id`.
+  int32_t formatOf(int32_t id) const {
+    return isLowPage(id) ? config.low_format : config.format;
+  }
+  uint64_t pageOffset(int32_t id) const {
+    uint64_t offset = layout.pages_offset +
+                      static_cast<uint64_t>(poolPageOf(id)) * layout.page_bytes;
+    if (isLowPage(id))
+      offset += static_cast<uint64_t>((id - config.num_pages) % lowPerPage) *
+                lowLayout.page_bytes;
+    return offset;
+  }
+  uint8_t *pageBase(int32_t id) const { return pool + pageOffset(id); }
+
+  /// Pages of a class that can still be taken.
+  int64_t pagesAvailable(bool low) const {
+    int64_t pages = static_cast<int64_t>(freePages.size());
+    return low ? static_cast<int64_t>(lowFree.size()) + pages * lowPerPage
+               : pages;
+  }
+  /// Takes a page of a class (the caller checked pagesAvailable); never
+  /// allocates: every list has its capacity from the start.
+  int32_t takePage(bool low) {
+    if (!low || lowFree.empty()) {
+      int32_t q = freePages.back();
+      freePages.pop_back();
+      if (!low)
+        return q;
+      for (int32_t sub = lowPerPage - 1; sub >= 0; --sub)
+        lowFree.push_back(config.num_pages + q * lowPerPage + sub);
+    }
+    int32_t id = lowFree.back();
+    lowFree.pop_back();
+    ++lowUsed[poolPageOf(id)];
+    return id;
+  }
+  /// Returns a page to its class; a pool page whose low pages are all free
+  /// goes back to the pool.
+  void releasePage(int32_t id) {
+    if (!isLowPage(id)) {
+      freePages.push_back(id);
+      return;
+    }
+    int32_t q = poolPageOf(id);
+    lowFree.push_back(id);
+    if (--lowUsed[q] > 0)
+      return;
+    lowFree.erase(std::remove_if(lowFree.begin(), lowFree.end(),
+                                 [&](int32_t x) { return poolPageOf(x) == q; }),
+                  lowFree.end());
+    freePages.push_back(q);
   }
   /// Residual row `row` of head `headIndex` of the sequence at `seqIndex`:
   /// keys first (R rows), then values (R rows).
@@ -394,46 +519,57 @@ void trimTable(const kvc_context *ctx, HeadState &h) {
 // Entry data (host pools)
 //===----------------------------------------------------------------------===//
 
+/// Where a slot's bytes are: its page, the layout and format of that page's
+/// class, and the slot's offset in the page.
 struct SlotAddress {
   uint8_t *page;
+  const kvc_page_layout_t *layout;
+  int32_t format;
   int32_t offset;
 };
 
 SlotAddress slotAddress(const kvc_context *ctx, const HeadState &h,
                         int32_t slot) {
   int32_t p = ctx->config.page_size;
-  return {ctx->pageBase(h.pages[slot / p]), slot % p};
+  int32_t id = h.pages[slot / p];
+  return {ctx->pageBase(id), &ctx->layoutOf(id), ctx->formatOf(id), slot % p};
 }
 
 float *keyParams(const kvc_context *ctx, SlotAddress a) {
   uint64_t record =
       ctx->isKivi() ? static_cast<uint64_t>(a.offset / ctx->config.group_size)
                     : static_cast<uint64_t>(a.offset);
-  return reinterpret_cast<float *>(a.page + ctx->layout.key_param_offset +
-                                   record * ctx->layout.key_param_stride);
+  return reinterpret_cast<float *>(a.page + a.layout->key_param_offset +
+                                   record * a.layout->key_param_stride);
 }
 
-float *valueParams(const kvc_context *ctx, SlotAddress a) {
-  return reinterpret_cast<float *>(a.page + ctx->layout.value_param_offset +
+float *valueParams(const kvc_context *, SlotAddress a) {
+  return reinterpret_cast<float *>(a.page + a.layout->value_param_offset +
                                    static_cast<uint64_t>(a.offset) *
-                                       ctx->layout.value_param_stride);
+                                       a.layout->value_param_stride);
 }
 
-uint8_t *keyRow(const kvc_context *ctx, SlotAddress a) {
-  return a.page + ctx->layout.key_offset +
-         static_cast<uint64_t>(a.offset) * ctx->layout.key_stride;
+uint8_t *keyRow(const kvc_context *, SlotAddress a) {
+  return a.page + a.layout->key_offset +
+         static_cast<uint64_t>(a.offset) * a.layout->key_stride;
 }
 
-uint8_t *valueRow(const kvc_context *ctx, SlotAddress a) {
-  return a.page + ctx->layout.value_offset +
-         static_cast<uint64_t>(a.offset) * ctx->layout.value_stride;
+uint8_t *valueRow(const kvc_context *, SlotAddress a) {
+  return a.page + a.layout->value_offset +
+         static_cast<uint64_t>(a.offset) * a.layout->value_stride;
 }
 
-/// Encodes one vector into a row of a per-token format (FULL, INT8, FP8).
-void encodeRow(const kvc_context *ctx, const float *x, uint8_t *row,
-               float *param) {
+/// Encodes one vector into a row of a per-token format (FULL, INT8, FP8, and
+/// the grouped INT2/INT4 of a low page); `codes` is head_dim bytes of
+/// scratch.
+void encodeRow(const kvc_context *ctx, int32_t format, const float *x,
+               uint8_t *row, float *param, uint8_t *codes) {
   const kvc_config_t &c = ctx->config;
-  switch (c.format) {
+  if (int bits = tokenGroupBits(format)) {
+    kiviQuantizeValue(x, c.head_dim, c.group_size, bits, row, param, codes);
+    return;
+  }
+  switch (format) {
   case KVC_FORMAT_FULL:
     storeElements(c.dtype, x, c.head_dim, row);
     break;
@@ -448,10 +584,14 @@ void encodeRow(const kvc_context *ctx, const float *x, uint8_t *row,
   }
 }
 
-void decodeRow(const kvc_context *ctx, const uint8_t *row, const float *param,
-               float *x) {
+void decodeRow(const kvc_context *ctx, int32_t format, const uint8_t *row,
+               const float *param, float *x) {
   const kvc_config_t &c = ctx->config;
-  switch (c.format) {
+  if (int bits = tokenGroupBits(format)) {
+    kiviDequantizeValue(row, c.head_dim, c.group_size, bits, param, x);
+    return;
+  }
+  switch (format) {
   case KVC_FORMAT_FULL:
     loadElements(c.dtype, row, c.head_dim, x);
     break;
@@ -568,9 +708,9 @@ void readEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
   SlotAddress a = slotAddress(ctx, h, slot);
   if (!ctx->isKivi()) {
     if (key)
-      decodeRow(ctx, keyRow(ctx, a), keyParams(ctx, a), key);
+      decodeRow(ctx, a.format, keyRow(ctx, a), keyParams(ctx, a), key);
     if (value)
-      decodeRow(ctx, valueRow(ctx, a), valueParams(ctx, a), value);
+      decodeRow(ctx, a.format, valueRow(ctx, a), valueParams(ctx, a), value);
     return;
   }
   int bits = kiviBits(c.format);
@@ -600,9 +740,11 @@ void writeEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
   SlotAddress a = slotAddress(ctx, h, slot);
   if (!ctx->isKivi()) {
     if (key)
-      encodeRow(ctx, key, keyRow(ctx, a), keyParams(ctx, a));
+      encodeRow(ctx, a.format, key, keyRow(ctx, a), keyParams(ctx, a),
+                scratch.codes.data());
     if (value)
-      encodeRow(ctx, value, valueRow(ctx, a), valueParams(ctx, a));
+      encodeRow(ctx, a.format, value, valueRow(ctx, a), valueParams(ctx, a),
+                scratch.codes.data());
     return;
   }
   int bits = kiviBits(c.format);
@@ -629,7 +771,8 @@ void writeEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
 /// the unit starting at `to` (in page `toPage`): rows and parameter records.
 void copyUnitData(const kvc_context *ctx, int32_t fromPage, int32_t fromOffset,
                   int32_t toPage, int32_t toOffset) {
-  const kvc_page_layout_t &l = ctx->layout;
+  // Compaction moves entries between pages of one class only.
+  const kvc_page_layout_t &l = ctx->layoutOf(fromPage);
   uint8_t *src = ctx->pageBase(fromPage), *dst = ctx->pageBase(toPage);
   uint64_t n = static_cast<uint64_t>(ctx->unit);
   uint64_t so = static_cast<uint64_t>(fromOffset);
@@ -674,7 +817,7 @@ void freeSlot(kvc_context *ctx, HeadState &h, int32_t slot) {
   int32_t page = slot / p;
   if (--h.pageLive[page] == 0 &&
       !(h.openBlock >= 0 && h.openBlock / p == page)) {
-    ctx->freePages.push_back(h.pages[page]);
+    ctx->releasePage(h.pages[page]);
     h.pages[page] = -1;
   }
 }
@@ -693,7 +836,7 @@ struct AppendPlan {
 };
 
 void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
-                AppendPlan &plan) {
+                bool low, AppendPlan &plan) {
   const int32_t p = ctx->config.page_size, u = ctx->unit;
   plan.slots.reserve(static_cast<size_t>(count));
   plan.tableSize = h.pages.size();
@@ -709,7 +852,8 @@ void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
       plan.slots.push_back(s);
   // 2. Free units of mapped pages, lowest first (slot reuse).
   for (size_t page = 0; page < h.pages.size() && need() > 0; ++page) {
-    if (h.pages[page] < 0 || h.pageLive[page] == p)
+    if (h.pages[page] < 0 || h.pageLive[page] == p ||
+        ctx->isLowPage(h.pages[page]) != low)
       continue;
     for (int32_t first = static_cast<int32_t>(page) * p;
          first < static_cast<int32_t>(page + 1) * p && need() > 0; first += u)
@@ -741,6 +885,24 @@ extern "C" kvc_status_t kvc_page_layout(const kvc_config_t *config,
     if (!layout)
       return fail(KVC_STATUS_NULL_POINTER, "kvc_page_layout: layout is NULL");
     *layout = computeLayout(*config);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_low_page_layout(const kvc_config_t *config,
+                                            kvc_page_layout_t *layout,
+                                            int32_t *pages_per_page) {
+  const char *name = "kvc_low_page_layout";
+  return guarded(name, [&] {
+    KVC_CHECK(validateConfig(name, config));
+    if (!layout)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: layout is NULL", name);
+    if (config->low_format == KVC_FORMAT_FULL)
+      return fail(KVC_STATUS_UNSUPPORTED,
+                  "%s: the configuration has no low_format", name);
+    *layout = computeLowLayout(*config);
+    if (pages_per_page)
+      *pages_per_page = lowPagesPerPage(*config);
     return KVC_STATUS_OK;
   });
 }
@@ -787,6 +949,13 @@ extern "C" kvc_status_t kvc_context_create(const kvc_config_t *config,
     ctx->pool = static_cast<uint8_t *>(pool);
     ctx->unit = ctx->isKivi() ? config->group_size : 1;
     try {
+      if (ctx->hasLowClass()) {
+        ctx->lowLayout = computeLowLayout(*config);
+        ctx->lowPerPage = lowPagesPerPage(*config);
+        ctx->lowFree.reserve(static_cast<size_t>(config->num_pages) *
+                             static_cast<size_t>(ctx->lowPerPage));
+        ctx->lowUsed.assign(static_cast<size_t>(config->num_pages), 0);
+      }
       ctx->freePages.reserve(static_cast<size_t>(config->num_pages));
       // Pages come off the back: hand out 0, 1, 2, ... first.
       for (int32_t page = config->num_pages - 1; page >= 0; --page)
@@ -867,7 +1036,7 @@ extern "C" kvc_status_t kvc_sequence_remove(kvc_context_t *ctx,
     for (HeadState &h : it->second.heads)
       for (int32_t page : h.pages)
         if (page >= 0)
-          ctx->freePages.push_back(page);
+          ctx->releasePage(page);
     ctx->sequenceIndexUsed[static_cast<size_t>(it->second.index)] = 0;
     ctx->sequences.erase(it);
     return KVC_STATUS_OK;
@@ -901,16 +1070,26 @@ extern "C" kvc_status_t kvc_set_budget(kvc_context_t *ctx, uint64_t sequence,
 // Append and evict
 //===----------------------------------------------------------------------===//
 
-extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
-                                   int32_t layer, int32_t head, int32_t count,
-                                   int32_t dim, const float *keys,
-                                   const float *values,
-                                   const int32_t *positions, int32_t *slots) {
-  const char *name = "kvc_append";
+namespace {
+
+/// kvc_append and kvc_append_format: appends into pages of `format`'s class.
+kvc_status_t appendEntries(const char *name, kvc_context_t *ctx,
+                           uint64_t sequence, int32_t layer, int32_t head,
+                           int32_t format, int32_t count, int32_t dim,
+                           const float *keys, const float *values,
+                           const int32_t *positions, int32_t *slots) {
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
     HeadState &h = *ref.head;
+    const bool low = format != ctx->config.format;
+    if (low && (!ctx->hasLowClass() || format != ctx->config.low_format))
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: format %d is neither the context's format %d nor its "
+                  "low format %d",
+                  name, static_cast<int>(format),
+                  static_cast<int>(ctx->config.format),
+                  static_cast<int>(ctx->config.low_format));
     if (count <= 0)
       return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: count must be > 0 (got %d)",
                   name, count);
@@ -924,7 +1103,7 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
     if (ctx->isHost()) {
       KVC_CHECK(checkFloatArray(name, "keys", keys));
       KVC_CHECK(checkFloatArray(name, "values", values));
-      if (ctx->config.format != KVC_FORMAT_FULL) {
+      if (format != KVC_FORMAT_FULL) {
         // A NaN or infinity would poison a whole quantization group.
         KVC_CHECK(checkFinite(name, "keys", keys, elements));
         KVC_CHECK(checkFinite(name, "values", values, elements));
@@ -946,11 +1125,12 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
                   h.live, count, h.budget);
 
     AppendPlan plan;
-    planAppend(ctx, h, count, plan);
-    if (plan.newPages.size() > ctx->freePages.size())
+    planAppend(ctx, h, count, low, plan);
+    if (static_cast<int64_t>(plan.newPages.size()) > ctx->pagesAvailable(low))
       return fail(KVC_STATUS_POOL_EXHAUSTED,
-                  "%s: %zu new pages needed, %zu free", name,
-                  plan.newPages.size(), ctx->freePages.size());
+                  "%s: %zu new %spages needed, %lld free", name,
+                  plan.newPages.size(), low ? "low " : "",
+                  static_cast<long long>(ctx->pagesAvailable(low)));
     reserveTable(ctx, h, plan.tableSize);
     Scratch scratch(ctx);
     KiviWork work;
@@ -969,10 +1149,8 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
 
     // Commit: nothing below can fail.
     resizeTable(ctx, h, plan.tableSize);
-    for (int32_t page : plan.newPages) {
-      h.pages[page] = ctx->freePages.back();
-      ctx->freePages.pop_back();
-    }
+    for (int32_t page : plan.newPages)
+      h.pages[page] = ctx->takePage(low);
     const kvc_config_t &c = ctx->config;
     const int32_t p = c.page_size;
     const int64_t firstAppended = h.appended;
@@ -984,8 +1162,8 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
       h.score[slot] = 0.0f;
       h.weight[slot] = 1.0f;
       h.history[slot] = 0;
-      h.keyFormat[slot] = static_cast<uint8_t>(c.format);
-      h.valueFormat[slot] = static_cast<uint8_t>(c.format);
+      h.keyFormat[slot] = static_cast<uint8_t>(format);
+      h.valueFormat[slot] = static_cast<uint8_t>(format);
       ++h.pageLive[slot / p];
       ++h.live;
       if (slots)
@@ -1044,6 +1222,30 @@ extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
     }
     return KVC_STATUS_OK;
   });
+}
+
+} // namespace
+
+extern "C" kvc_status_t kvc_append(kvc_context_t *ctx, uint64_t sequence,
+                                   int32_t layer, int32_t head, int32_t count,
+                                   int32_t dim, const float *keys,
+                                   const float *values,
+                                   const int32_t *positions, int32_t *slots) {
+  return appendEntries("kvc_append", ctx, sequence, layer, head,
+                       ctx ? ctx->config.format : 0, count, dim, keys, values,
+                       positions, slots);
+}
+
+extern "C" kvc_status_t kvc_append_format(kvc_context_t *ctx,
+                                          uint64_t sequence, int32_t layer,
+                                          int32_t head, int32_t format,
+                                          int32_t count, int32_t dim,
+                                          const float *keys,
+                                          const float *values,
+                                          const int32_t *positions,
+                                          int32_t *slots) {
+  return appendEntries("kvc_append_format", ctx, sequence, layer, head, format,
+                       count, dim, keys, values, positions, slots);
 }
 
 extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,
@@ -1138,34 +1340,41 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
           h.pageLive[page] <= max_occupancy * p)
         candidates.push_back(page);
     }
-    // Sparsest first; release a page when the pages that stay have free
-    // units for everything released so far plus this page.
+    // Sparsest first; release a page when the pages of its class that stay
+    // have free units for everything of that class released so far plus
+    // this page (entries never change class).
     std::stable_sort(
         candidates.begin(), candidates.end(),
         [&](int32_t a, int32_t b) { return h.pageLive[a] < h.pageLive[b]; });
     std::vector<uint8_t> released(tableSize, 0);
-    int64_t toMove = 0, room = 0;
+    auto classOf = [&](int32_t page) {
+      return ctx->isLowPage(h.pages[page]) ? 1 : 0;
+    };
+    int64_t toMove[2] = {0, 0}, room[2] = {0, 0};
     for (int32_t page = 0; page < tableSize; ++page)
       if (h.pages[page] >= 0)
-        room += freeUnits[page];
+        room[classOf(page)] += freeUnits[page];
     for (int32_t page : candidates) {
-      if (toMove + liveUnits[page] <= room - freeUnits[page]) {
+      const int k = classOf(page);
+      if (toMove[k] + liveUnits[page] <= room[k] - freeUnits[page]) {
         released[page] = 1;
-        toMove += liveUnits[page];
-        room -= freeUnits[page];
+        toMove[k] += liveUnits[page];
+        room[k] -= freeUnits[page];
       }
     }
-    // Move live units out of released pages into the lowest free units.
-    int32_t destPage = 0, destFirst = 0;
-    auto nextFreeUnit = [&]() -> int32_t {
-      for (; destPage < tableSize; ++destPage, destFirst = destPage * p) {
-        if (h.pages[destPage] < 0 || released[destPage])
+    // Move live units out of released pages into the lowest free units of
+    // their class.
+    int32_t destPage[2] = {0, 0}, destFirst[2] = {0, 0};
+    auto nextFreeUnit = [&](int k) -> int32_t {
+      int32_t &dp = destPage[k], &df = destFirst[k];
+      for (; dp < tableSize; ++dp, df = dp * p) {
+        if (h.pages[dp] < 0 || released[dp] || classOf(dp) != k)
           continue;
-        if (destFirst < destPage * p)
-          destFirst = destPage * p;
-        for (; destFirst < (destPage + 1) * p; destFirst += u)
-          if (unitIsFree(ctx, h, destFirst))
-            return destFirst;
+        if (df < dp * p)
+          df = dp * p;
+        for (; df < (dp + 1) * p; df += u)
+          if (unitIsFree(ctx, h, df))
+            return df;
       }
       return -1;
     };
@@ -1180,7 +1389,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
       for (int32_t first = page * p; first < (page + 1) * p; first += u) {
         if (!unitHasLive(ctx, h, first))
           continue;
-        int32_t to = nextFreeUnit();
+        int32_t to = nextFreeUnit(classOf(page));
         if (to < 0)
           return fail(KVC_STATUS_INTERNAL,
                       "%s: compaction plan ran out of room", name);
@@ -1263,7 +1472,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
         copyUnitData(ctx, m.fromPage, m.fromOffset, m.toPage, m.toOffset);
     for (int32_t page = 0; page < tableSize; ++page)
       if (released[page])
-        ctx->freePages.push_back(h.pages[page]);
+        ctx->releasePage(h.pages[page]);
     packed.work.clear();
     *ref.head = std::move(packed);
     if (moves)
@@ -1336,7 +1545,7 @@ extern "C" kvc_status_t kvc_get_page(const kvc_context_t *ctx,
                   name, page, size);
     int32_t id = ref.head->pages[page];
     if (pool_page)
-      *pool_page = id;
+      *pool_page = id < 0 ? -1 : ctx->poolPageOf(id);
     if (byte_offset)
       *byte_offset = id < 0 ? UINT64_MAX : ctx->pageOffset(id);
     if (address)
@@ -1364,8 +1573,30 @@ extern "C" kvc_status_t kvc_get_slot_location(const kvc_context_t *ctx,
       *page_index = slot / p;
     if (page_offset)
       *page_offset = slot % p;
-    if (pool_page)
-      *pool_page = ref.head->pages[slot / p];
+    if (pool_page) {
+      int32_t id = ref.head->pages[slot / p];
+      *pool_page = id < 0 ? -1 : ctx->poolPageOf(id);
+    }
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_get_page_format(const kvc_context_t *ctx,
+                                            uint64_t sequence, int32_t layer,
+                                            int32_t head, int32_t page,
+                                            int32_t *format) {
+  const char *name = "kvc_get_page_format";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    int32_t size = static_cast<int32_t>(ref.head->pages.size());
+    if (page < 0 || page >= size)
+      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
+                  name, page, size);
+    if (!format)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: format is NULL", name);
+    int32_t id = ref.head->pages[page];
+    *format = id < 0 ? -1 : ctx->formatOf(id);
     return KVC_STATUS_OK;
   });
 }
@@ -1461,7 +1692,7 @@ extern "C" kvc_status_t kvc_write_entry(kvc_context_t *ctx, uint64_t sequence,
       KVC_CHECK(checkFloatArray(name, "key", key));
     if (value)
       KVC_CHECK(checkFloatArray(name, "value", value));
-    if (ctx->config.format != KVC_FORMAT_FULL) {
+    if (ctx->config.format != KVC_FORMAT_FULL || ctx->hasLowClass()) {
       if (key)
         KVC_CHECK(checkFinite(name, "key", key, dim));
       if (value)
@@ -1493,8 +1724,13 @@ extern "C" kvc_status_t kvc_pool_stats(const kvc_context_t *ctx,
       for (const HeadState &h : entry.second.heads) {
         s.live_entries += h.live;
         for (int32_t page : h.pages)
-          s.mapped_pages += page >= 0;
+          s.mapped_pages += page >= 0 && !ctx->isLowPage(page);
       }
+    for (int32_t used : ctx->lowUsed) {
+      s.low_pool_pages += used > 0;
+      s.low_pages_used += used;
+    }
+    s.mapped_pages += s.low_pool_pages;
     *stats = s;
     return KVC_STATUS_OK;
   });
@@ -1506,12 +1742,24 @@ extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
     if (!ctx)
       return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
     const int32_t n = ctx->config.num_pages, p = ctx->config.page_size;
+    const int32_t k = ctx->lowPerPage;
     std::vector<int32_t> owners(static_cast<size_t>(n), 0);
     for (int32_t page : ctx->freePages) {
       if (page < 0 || page >= n)
         return fail(KVC_STATUS_INTERNAL, "%s: free page id %d invalid", name,
                     page);
       ++owners[page];
+    }
+    // Low pages: each is free or in exactly one table, and a pool page
+    // serving the low class counts as one owner.
+    const int64_t lowIds = static_cast<int64_t>(n) * k;
+    std::vector<int32_t> lowOwners(static_cast<size_t>(lowIds), 0);
+    std::vector<int32_t> lowInTables(static_cast<size_t>(n), 0);
+    for (int32_t id : ctx->lowFree) {
+      if (id < n || id - n >= lowIds)
+        return fail(KVC_STATUS_INTERNAL, "%s: free low page id %d invalid",
+                    name, id);
+      ++lowOwners[id - n];
     }
     for (const auto &entry : ctx->sequences) {
       for (size_t hi = 0; hi < entry.second.heads.size(); ++hi) {
@@ -1536,10 +1784,23 @@ extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
                           "%s: live entries in a hole of head %zu", name, hi);
             continue;
           }
-          if (h.pages[page] >= n)
+          const int32_t id = h.pages[page];
+          if (id >= n + lowIds)
             return fail(KVC_STATUS_INTERNAL, "%s: page id %d invalid", name,
-                        h.pages[page]);
-          ++owners[h.pages[page]];
+                        id);
+          if (ctx->isLowPage(id)) {
+            ++lowOwners[id - n];
+            ++lowInTables[ctx->poolPageOf(id)];
+            for (size_t s = page * p; s < (page + 1) * p; ++s)
+              if (h.position[s] != KVC_POSITION_NONE &&
+                  h.keyFormat[s] != ctx->config.low_format)
+                return fail(KVC_STATUS_INTERNAL,
+                            "%s: slot %zu of a low page of head %zu has "
+                            "format %d",
+                            name, s, hi, h.keyFormat[s]);
+          } else {
+            ++owners[id];
+          }
           // Eviction must return an emptied page at once; only the page
           // of the KIVI block still being filled may be empty.
           bool holdsOpenBlock =
@@ -1574,6 +1835,33 @@ extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
           }
         }
       }
+    }
+    for (int32_t q = 0; q < n && k > 0; ++q) {
+      // lowOwners counts the free list and the tables together.
+      const int32_t used = lowInTables[q];
+      int32_t free = -used;
+      for (int32_t sub = 0; sub < k; ++sub) {
+        int32_t refs = lowOwners[static_cast<size_t>(q) * k + sub];
+        if (refs > 1)
+          return fail(KVC_STATUS_INTERNAL,
+                      "%s: low page %d of pool page %d is referenced %d "
+                      "times",
+                      name, sub, q, refs);
+        free += refs;
+      }
+      if (used != ctx->lowUsed[q])
+        return fail(KVC_STATUS_INTERNAL,
+                    "%s: pool page %d has %d low pages in tables, %d counted",
+                    name, q, used, ctx->lowUsed[q]);
+      if (used > 0 && used + free != k)
+        return fail(KVC_STATUS_INTERNAL,
+                    "%s: pool page %d has %d low pages used and %d free of %d",
+                    name, q, used, free, k);
+      if (used == 0 && free != 0)
+        return fail(KVC_STATUS_INTERNAL,
+                    "%s: pool page %d has free low pages but none used", name,
+                    q);
+      owners[q] += used > 0;
     }
     for (int32_t page = 0; page < n; ++page)
       if (owners[page] != 1)

@@ -145,6 +145,14 @@ int kiviBits(int32_t format) {
   return 0;
 }
 
+int tokenGroupBits(int32_t format) {
+  if (format == KVC_FORMAT_INT2)
+    return 2;
+  if (format == KVC_FORMAT_INT4)
+    return 4;
+  return 0;
+}
+
 void storeElements(int32_t dtype, const float *in, int64_t n, void *out) {
   if (dtype == KVC_DTYPE_F32) {
     std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));

@@ -22,6 +22,10 @@ size_t dtypeBytes(int32_t dtype);
 /// Bits per code of a KIVI kvc_format_t value (2 or 4); 0 for others.
 int kiviBits(int32_t format);
 
+/// Bits per code of a per-token grouped kvc_format_t value (INT2, INT4: the
+/// low class of mixed precision); 0 for others.
+int tokenGroupBits(int32_t format);
+
 /// Stores n floats as `dtype` elements at `out` (rounding to nearest even).
 void storeElements(int32_t dtype, const float *in, int64_t n, void *out);
 

@@ -142,6 +142,13 @@ typedef enum kvc_format_t {
   KVC_FORMAT_KIVI_INT2 = 3,
   /// KIVI 4-bit, same structure as KVC_FORMAT_KIVI_INT2.
   KVC_FORMAT_KIVI_INT4 = 4,
+  /// 2-bit asymmetric per token, keys and values alike: each vector in
+  /// groups of G channels, one float {scale, min} pair per group (the
+  /// layout of a KIVI value). Only the low class of a mixed-precision
+  /// context (kvc_config_t.low_format) uses it.
+  KVC_FORMAT_INT2 = 5,
+  /// 4-bit, same structure as KVC_FORMAT_INT2.
+  KVC_FORMAT_INT4 = 6,
 } kvc_format_t;
 
 /// Where the pool lives.
@@ -173,6 +180,11 @@ typedef struct kvc_config_t {
   int32_t num_pages;       ///< Pages in the pool (> 0).
   int32_t max_sequences;   ///< Sequences that may exist at once (> 0).
   int32_t memory;          ///< kvc_memory_t: host or device pool.
+  /// Mixed precision: kvc_format_t of the low page class, KVC_FORMAT_INT2
+  /// or KVC_FORMAT_INT4 (groups of group_size channels), with `format`
+  /// FULL, INT8 or FP8_E4M3 as the high class; KVC_FORMAT_FULL (0, what a
+  /// zeroed configuration holds) for a context with one class.
+  int32_t low_format;
 } kvc_config_t;
 
 /// Byte layout of one page, relative to the page's first byte. Slot s of a
@@ -186,7 +198,19 @@ typedef struct kvc_config_t {
 ///    {scale, min}, one per group of G channels. Key parameter record of
 ///    block b (slots b*G .. b*G+G-1): head_dim pairs {scale, min}, one per
 ///    channel, at key_param_offset + b * key_param_stride.
+///  - INT2/INT4 (the low class of a mixed-precision context): rows of
+///    head_dim * bits / 8 packed bytes; key and value parameter records of
+///    slot s: head_dim / G pairs {scale, min}.
 /// Parameter strides are 0 where a format has no parameters.
+///
+/// Mixed precision. A context with a low_format has two page classes of
+/// page_size slots each. A high page is one pool page (the layout of
+/// kvc_page_layout); a low page is one of the low_pages_per_page
+/// sub-pages of a pool page (the layout of kvc_low_page_layout, whose
+/// page_bytes is the sub-page stride, a multiple of 256), so an entry of
+/// the low class takes the bytes of its format only. A pool page serves
+/// one class at a time and returns to the pool when all of its sub-pages
+/// are free. All slots of a page-table entry are of its page's class.
 typedef struct kvc_page_layout_t {
   uint64_t page_bytes;         ///< Stride between pages (multiple of 256).
   uint64_t key_offset;         ///< First key row.
@@ -213,6 +237,15 @@ typedef struct kvc_context kvc_context_t;
 /// code generators and engines can size buffers before creating one).
 kvc_status_t kvc_page_layout(const kvc_config_t *config,
                              kvc_page_layout_t *layout);
+
+/// The page layout of the low class of a mixed-precision configuration
+/// (KVC_STATUS_UNSUPPORTED without a low_format): offsets relative to a
+/// low page's first byte, page_bytes its stride inside a pool page;
+/// pages_offset is the pool's. *pages_per_page (may be NULL) receives how
+/// many low pages one pool page holds (>= 1).
+kvc_status_t kvc_low_page_layout(const kvc_config_t *config,
+                                 kvc_page_layout_t *layout,
+                                 int32_t *pages_per_page);
 
 /// Bytes of pool buffer a configuration needs: the KIVI residual region (R
 /// full-precision entries per sequence, layer and head; 0 for other
@@ -273,6 +306,17 @@ kvc_status_t kvc_append(kvc_context_t *context, uint64_t sequence,
                         const float *keys, const float *values,
                         const int32_t *positions, int32_t *slots);
 
+/// kvc_append into the pages of one class of a mixed-precision context:
+/// `format` is the context's format (the high class, what kvc_append
+/// uses) or its low_format. New entries take the lowest free slot of a
+/// page of that class, or a new page of it; the entries are encoded in that
+/// format. KVC_STATUS_INVALID_ARGUMENT for any other format.
+kvc_status_t kvc_append_format(kvc_context_t *context, uint64_t sequence,
+                               int32_t layer, int32_t head, int32_t format,
+                               int32_t count, int32_t dim, const float *keys,
+                               const float *values, const int32_t *positions,
+                               int32_t *slots);
+
 /// Evicts `count` distinct live slots of one head. A page whose slots are
 /// all free is returned to the pool immediately (its page-table entry
 /// becomes -1; slots of other pages keep their numbers).
@@ -288,13 +332,18 @@ typedef struct kvc_move_t {
   /// must, in the order given, before the next kernel reads the cache).
   /// 0 when only the page table changed. For KIVI, moves are whole blocks.
   int32_t copy_data;
-  /// Pool page id and in-page slot of the old and new location.
+  /// Page id and in-page slot of the old and new location. A page id is
+  /// the pool page id, or for a low page of a mixed-precision context
+  /// num_pages + pool page * low_pages_per_page + its index in the pool
+  /// page (kvc_get_page gives its byte offset). Entries move only between
+  /// pages of one class.
   int32_t from_page, from_offset, to_page, to_offset;
 } kvc_move_t;
 
 /// Releases nearly empty pages of one head: every mapped page with at most
 /// max_occupancy * page_size live entries is emptied into free slots of
-/// other pages when they have room, then returned to the pool, and holes in
+/// other pages of its class when they have room, then returned to the pool
+/// (a low page to its pool page's free sub-pages), and holes in
 /// the page table are closed. Every renumbered entry is reported in `moves`
 /// (capacity `max_moves`; may be NULL on host pools when the caller does
 /// not need them). When the array is too small nothing changes and
@@ -323,11 +372,20 @@ kvc_status_t kvc_get_num_pages(const kvc_context_t *context, uint64_t sequence,
 
 /// Pool page id of page-table entry `page` (-1 for a hole), its byte offset
 /// in the pool (UINT64_MAX for a hole) and its address (pool + offset; NULL
-/// for a hole). Any output may be NULL.
+/// for a hole). For a low page of a mixed-precision context, the pool page
+/// that holds it and the offset and address of the low page itself. Any
+/// output may be NULL.
 kvc_status_t kvc_get_page(const kvc_context_t *context, uint64_t sequence,
                           int32_t layer, int32_t head, int32_t page,
                           int32_t *pool_page, uint64_t *byte_offset,
                           void **address);
+
+/// The class of page-table entry `page`: the kvc_format_t its entries are
+/// stored in (config.format, or config.low_format for a low page); -1 for
+/// a hole.
+kvc_status_t kvc_get_page_format(const kvc_context_t *context,
+                                 uint64_t sequence, int32_t layer,
+                                 int32_t head, int32_t page, int32_t *format);
 
 /// Maps a slot to (page-table index, offset in page, pool page id).
 kvc_status_t kvc_get_slot_location(const kvc_context_t *context,
@@ -451,9 +509,15 @@ kvc_status_t kvc_select_candidates(kvc_candidate_t *candidates,
 typedef struct kvc_pool_stats_t {
   int32_t total_pages;  ///< config.num_pages.
   int32_t free_pages;   ///< Pages on the free list.
-  int32_t mapped_pages; ///< Pages referenced by some page table.
+  /// Pool pages referenced by some page table (for mixed precision, pool
+  /// pages with at least one low page in use count once).
+  int32_t mapped_pages;
   int32_t num_sequences;
   int64_t live_entries; ///< Over all sequences, layers and heads.
+  /// Mixed precision: pool pages serving the low class, and the low pages
+  /// of those in use (both 0 for a context with one class).
+  int32_t low_pool_pages;
+  int32_t low_pages_used;
 } kvc_pool_stats_t;
 
 /// Fills pool-wide accounting figures.

@@ -398,8 +398,10 @@ double tolerance(kvc_format_t format, float x) {
   case KVC_FORMAT_FP8_E4M3:
     return std::ldexp(std::fabs(x), -4) + std::ldexp(1.0 / 448, -10) + 1e-7;
   case KVC_FORMAT_KIVI_INT4:
+  case KVC_FORMAT_INT4:
     return 2.0 / 15 / 2 + 1e-5; // range <= 2, 15 steps
   case KVC_FORMAT_KIVI_INT2:
+  case KVC_FORMAT_INT2:
     return 2.0 / 3 / 2 + 1e-5;
   }
   return 0.0;

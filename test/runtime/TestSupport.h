@@ -82,13 +82,15 @@ struct Fixture {
 struct HeadSnapshot {
   int32_t entries = 0;
   std::vector<int32_t> pages;
+  std::vector<uint64_t> pageOffsets;
   std::vector<int32_t> position;
   std::vector<float> score, weight;
   std::vector<uint8_t> keyFormat, valueFormat;
   std::vector<float> data; // keys then values of live slots (host pools)
 
   bool operator==(const HeadSnapshot &o) const {
-    return entries == o.entries && pages == o.pages && position == o.position &&
+    return entries == o.entries && pages == o.pages &&
+           pageOffsets == o.pageOffsets && position == o.position &&
            score == o.score && weight == o.weight && keyFormat == o.keyFormat &&
            valueFormat == o.valueFormat && data == o.data;
   }
@@ -122,10 +124,12 @@ inline Snapshot snapshot(kvc_context_t *ctx,
                   KVC_STATUS_OK);
         for (int32_t p = 0; p < pages; ++p) {
           int32_t id = -2;
+          uint64_t offset = 0;
           EXPECT_EQ(
-              kvc_get_page(ctx, seq, layer, head, p, &id, nullptr, nullptr),
+              kvc_get_page(ctx, seq, layer, head, p, &id, &offset, nullptr),
               KVC_STATUS_OK);
           h.pages.push_back(id);
+          h.pageOffsets.push_back(offset);
         }
         kvc_metadata_t m;
         EXPECT_EQ(kvc_get_metadata(ctx, seq, layer, head, &m), KVC_STATUS_OK);
