@@ -304,22 +304,42 @@ LogicalResult KernelEmitter::emitAttentionPass(AttentionPassOp pass,
 void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
   os << "    " << opComment(gather) << "\n";
   const bool selects = !kernel.getBody().front().getOps<TopKOp>().empty();
+  const bool mixed = static_cast<bool>(gather.getLow());
+  if (mixed)
+    os << "    // Mixed precision: the best-ranked kept entries are gathered "
+          "first and\n    // stay in the storage format, the rest go to the "
+          "low page class.\n"
+          "    const int32_t numHigh = kvc::cpu::markHighPrecision("
+       << values.lookup(gather.getRank()).name << ", positions, n, "
+       << (selects ? "victims, numVictims" : "nullptr, 0") << ", "
+       << doubleLiteral(gather.getFraction()->convertToDouble())
+       << ", order, highPrecision);\n";
   os << "    int32_t kept = 0;\n";
+  std::string indent = "    ";
+  if (mixed) {
+    os << "    for (int32_t pass = 0; pass < 2; ++pass)\n";
+    indent = "      ";
+  }
   if (selects)
-    os << "    for (int32_t i = 0, next = 0; i < n; ++i) {\n"
-          "      if (next < numVictims && victims[next] == i) {\n"
-          "        ++next;\n"
-          "        continue;\n"
-          "      }\n";
+    os << indent << "for (int32_t i = 0, next = 0; i < n; ++i) {\n"
+       << indent << "  if (next < numVictims && victims[next] == i) {\n"
+       << indent << "    ++next;\n"
+       << indent << "    continue;\n"
+       << indent << "  }\n";
   else
-    os << "    for (int32_t i = 0; i < n; ++i) {\n";
-  os << "      std::memcpy(gatherKeys + kept * kHeadDim, kh + i * kKvStride, "
+    os << indent << "for (int32_t i = 0; i < n; ++i) {\n";
+  if (mixed)
+    os << indent << "  if (highPrecision[i] != (pass == 0))\n"
+       << indent << "    continue;\n";
+  os << indent
+     << "  std::memcpy(gatherKeys + kept * kHeadDim, kh + i * kKvStride, "
         "sizeof(float) * kHeadDim);\n"
-        "      std::memcpy(gatherValues + kept * kHeadDim, vh + i * kKvStride, "
+     << indent
+     << "  std::memcpy(gatherValues + kept * kHeadDim, vh + i * kKvStride, "
         "sizeof(float) * kHeadDim);\n"
-        "      keptPositions[kept] = positions[i];\n"
-        "      keptIndex[kept++] = i;\n"
-        "    }\n";
+     << indent << "  keptPositions[kept] = positions[i];\n"
+     << indent << "  keptIndex[kept++] = i;\n"
+     << indent << "}\n";
   if (merge) {
     os << "    " << opComment(merge) << "\n";
     llvm::TypeSwitch<Operation *>(merge)
@@ -352,8 +372,18 @@ void KernelEmitter::emitGather(GatherOp gather, raw_ostream &os) {
              << cam.getSpan() << ");\n";
         });
   }
-  os << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, "
-        "kHeadDim, gatherKeys, gatherValues, keptPositions, slots));\n";
+  if (mixed)
+    os << "    if (numHigh > 0)\n"
+          "      KVC_CPU_TRY(kvc_append(context, sequence, layer, h, numHigh, "
+          "kHeadDim, gatherKeys, gatherValues, keptPositions, slots));\n"
+          "    if (kept > numHigh)\n"
+          "      KVC_CPU_TRY(kvc_append_format(context, sequence, layer, h, "
+          "kLowFormat, kept - numHigh, kHeadDim, gatherKeys + numHigh * "
+          "kHeadDim, gatherValues + numHigh * kHeadDim, keptPositions + "
+          "numHigh, slots + numHigh));\n";
+  else
+    os << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, "
+          "kHeadDim, gatherKeys, gatherValues, keptPositions, slots));\n";
   const bool persist = attention && attention.getPersistence();
   if (hasState || persist || gather.getState())
     os << "    kvc_metadata_t meta;\n"
@@ -866,11 +896,14 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     floats.push_back({"gatherKeys", "kHeadDim"});
     floats.push_back({"gatherValues", "kHeadDim"});
   }
-  bool selects = false, orders = false;
+  bool selects = false, orders = false, mixed = false;
   for (Operation &op : block) {
     selects |= isa<TopKOp>(op);
     orders |= isa<TopKOp, ProtectOp>(op);
+    if (auto g = dyn_cast<GatherOp>(op))
+      mixed |= static_cast<bool>(g.getLow());
   }
+  orders |= mixed;
   if (orders)
     ints.push_back({"order", "1"});
   if (selects)
@@ -880,6 +913,8 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     ints.push_back({"keptIndex", "1"});
     ints.push_back({"slots", "1"});
   }
+  if (mixed)
+    ints.push_back({"highPrecision", "1"});
 
   std::string rowSum;
   for (auto &[bufName, rows] : floats)
@@ -1119,6 +1154,7 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
       if (failed(storage))
         return failure();
     }
+  addLowClass(kernels, *storage);
 
   // Constants of the policy, one per folded parameter.
   std::string constants = policyConstants(kernels, "cpu");
@@ -1176,6 +1212,7 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
       << "  config->format = " << storage->format << ";\n"
       << "  config->group_size = " << storage->groupSize << ";\n"
       << "  config->residual_length = " << storage->residual << ";\n"
+      << "  config->low_format = " << storage->lowFormat << ";\n"
       << "}\n\n";
 
   for (KernelOp kernel : kernels) {

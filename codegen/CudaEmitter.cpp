@@ -1536,12 +1536,16 @@ FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
   Operation *writer = nullptr;
   for (KernelOp kernel : kernels)
     for (Operation &op : kernel.getBody().front()) {
-      if (auto g = dyn_cast<GatherOp>(op))
+      if (auto g = dyn_cast<GatherOp>(op)) {
+        if (g.getLow())
+          return g.emitOpError()
+                 << "mixed precision (a low page class) has no CUDA lowering";
         storage = mapStorage(g, g.getKey(), g.getValue(), g.getResidualAttr());
-      else if (auto a = dyn_cast<AppendOp>(op))
+      } else if (auto a = dyn_cast<AppendOp>(op)) {
         storage = mapStorage(a, a.getKey(), a.getValue(), a.getResidualAttr());
-      else
+      } else {
         continue;
+      }
       if (failed(storage))
         return failure();
       writer = &op;

@@ -30,7 +30,14 @@ struct RuntimeStorage {
   std::string format = "KVC_FORMAT_FULL";
   int64_t groupSize = 0;
   int64_t residual = 0;
+  /// Mixed precision: the kvc_format_t of the low page class (and
+  /// groupSize its channel group).
+  std::string lowFormat = "KVC_FORMAT_FULL";
 };
+
+/// Records the low page class of a kernel's mixed-precision gather (if
+/// any) in `storage`.
+void addLowClass(llvm::ArrayRef<KernelOp> kernels, RuntimeStorage &storage);
 
 /// Maps the storage formats of a kernel's gather/append to the runtime's
 /// per-context format; emits an error on `op` when the runtime has none.
@@ -41,6 +48,9 @@ mlir::FailureOr<RuntimeStorage> mapStorage(mlir::Operation *op,
 /// A float constant that reads back as the same float; infinities name the
 /// building blocks' constants of namespace kvc::<ns>.
 std::string floatLiteral(llvm::StringRef ns, double x);
+
+/// A double constant that reads back as the same double.
+std::string doubleLiteral(double x);
 
 /// Spelling of a reduction and a normalization in the building blocks of
 /// namespace kvc::<ns> (cpu or cuda).

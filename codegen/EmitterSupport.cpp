@@ -203,14 +203,27 @@ LogicalResult kvc::emitSelectKernel(PolicyOp policy, KernelOp kernel,
   return success();
 }
 
+std::string kvc::doubleLiteral(double x) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", x);
+  std::string s = text;
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
 std::string kvc::policyConstants(ArrayRef<KernelOp> kernels, StringRef ns) {
   std::string constants;
   llvm::raw_string_ostream cs(constants);
   std::optional<int64_t> window, period, history;
   std::optional<double> decay, threshold;
+  std::optional<FormatAttr> low;
   for (KernelOp kernel : kernels) {
     if (kernel.getPeriod())
       period = *kernel.getPeriod();
+    for (auto gather : kernel.getBody().front().getOps<GatherOp>())
+      if (gather.getLow())
+        low = *gather.getLow();
     for (auto pass : kernel.getBody().front().getOps<AttentionPassOp>()) {
       if (pass.getWindow())
         window = *pass.getWindow();
@@ -242,5 +255,22 @@ std::string kvc::policyConstants(ArrayRef<KernelOp> kernels, StringRef ns) {
   if (decay)
     cs << "/// Decay of the accumulated attention state.\n"
        << "constexpr float kDecay = " << floatLiteral(ns, *decay) << ";\n";
+  if (low)
+    cs << "/// The runtime format of the low page class (mixed precision).\n"
+       << "constexpr int32_t kLowFormat = "
+       << (low->getKind() == FormatKind::int2 ? "KVC_FORMAT_INT2"
+                                              : "KVC_FORMAT_INT4")
+       << ";\n";
   return constants;
+}
+
+void kvc::addLowClass(ArrayRef<KernelOp> kernels, RuntimeStorage &storage) {
+  for (KernelOp kernel : kernels)
+    for (auto gather : kernel.getBody().front().getOps<GatherOp>())
+      if (std::optional<FormatAttr> low = gather.getLow()) {
+        storage.lowFormat = low->getKind() == FormatKind::int2
+                                ? "KVC_FORMAT_INT2"
+                                : "KVC_FORMAT_INT4";
+        storage.groupSize = low->getGroup();
+      }
 }

@@ -273,6 +273,30 @@ LogicalResult AttnPersistenceOp::verify() {
   return success();
 }
 
+LogicalResult GatherOp::verify() {
+  bool anyMixed = getLow() || getRank() || getFraction();
+  if (!anyMixed)
+    return success();
+  if (!getLow() || !getRank() || !getFraction())
+    return emitOpError() << "mixed precision needs a low format, a rank "
+                            "score and a fraction together";
+  double fraction = getFraction()->convertToDouble();
+  if (!inOpenUnitInterval(fraction))
+    return emitOpError() << "fraction must be in (0, 1), got " << fraction;
+  FormatAttr low = *getLow();
+  if ((low.getKind() != FormatKind::int2 &&
+       low.getKind() != FormatKind::int4) ||
+      low.getAxis() != QuantAxis::per_token || low.getGroup() <= 0)
+    return emitOpError() << "low format " << low
+                         << " is not int2 or int4 per token in groups of "
+                            "channels, the runtime's low page class";
+  if (precisionRank(getKey()) <= precisionRank(low) ||
+      precisionRank(getValue()) <= precisionRank(low))
+    return emitOpError() << "low format must be less precise than the "
+                            "storage formats";
+  return success();
+}
+
 LogicalResult AttentionPassOp::verify() {
   const bool any = getPersistence() || getThreshold() || getPersistenceReduce();
   const bool all = getPersistence() && getThreshold() && getPersistenceReduce();

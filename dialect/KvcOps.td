@@ -761,6 +761,7 @@ def Kvc_AttentionPassOp : Kvc_Op<"attention_pass",
 }
 
 def Kvc_GatherOp : Kvc_Op<"gather", [HasParent<"KernelOp">,
+                                     AttrSizedOperandSegments,
                                      MemoryEffects<[MemWrite]>]> {
   let summary = "Write the kept prompt entries into pages";
   let description = [{
@@ -769,18 +770,31 @@ def Kvc_GatherOp : Kvc_Op<"gather", [HasParent<"KernelOp">,
     formats, with their score state; with `state`, that score is stored as
     each entry's score state for a later kernel (`kvc.score_state`).
 
+    With `low ... by %rank fraction f` (what `kvc-form-kernels` makes of a
+    `kvc.mixed_precision`), the ceil(f * kept) kept entries of each kv-head
+    that rank highest by `%rank` (ties: the more recent) are written in the
+    storage formats, the others in the `low` format, into the runtime's low
+    page class.
+
     ```mlir
     kvc.gather key #kvc.format<int2, per_channel, group = 32>
                value #kvc.format<int2, per_token, group = 32> residual 128
+    kvc.gather key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
+               low #kvc.format<int2, per_token, group = 32> by %s fraction 0.2
     ```
   }];
   let arguments = (ins Kvc_FormatAttr:$key, Kvc_FormatAttr:$value,
                        OptionalAttr<Kvc_I64Attr>:$residual,
-                       Optional<Kvc_KvHeadScore>:$state);
+                       Optional<Kvc_KvHeadScore>:$state,
+                       OptionalAttr<Kvc_FormatAttr>:$low,
+                       Optional<Kvc_KvHeadScore>:$rank,
+                       OptionalAttr<F64Attr>:$fraction);
   let assemblyFormat = [{
     `key` qualified($key) `value` qualified($value)
-    (`residual` $residual^)? (`state` $state^)? attr-dict
+    (`residual` $residual^)? (`state` $state^)?
+    (`low` qualified($low)^ `by` $rank `fraction` $fraction)? attr-dict
   }];
+  let hasVerifier = 1;
 }
 
 def Kvc_ScoreStateOp : Kvc_Op<"score_state", [HasParent<"KernelOp">,

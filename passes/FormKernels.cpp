@@ -156,6 +156,61 @@ struct FormKernelsPass final
     return std::optional<GlobalSplit>(split);
   }
 
+  /// The kvc.mixed_precision of the prefill phase, checked: formats are
+  /// assigned once, when the prompt is gathered, the high format is the
+  /// storage format that every other entry uses, and the low one is the
+  /// runtime's low page class.
+  FailureOr<MixedPrecisionOp> findMixedPrecision(PolicyOp policy,
+                                                 PhaseOp prefill,
+                                                 FormatAttr keyFormat,
+                                                 FormatAttr valueFormat) {
+    MixedPrecisionOp found;
+    WalkResult walk = policy.walk([&](MixedPrecisionOp op) {
+      auto phase = dyn_cast<PhaseOp>(op->getParentOp());
+      if (!phase || phase != prefill ||
+          phase.getTrigger() != Trigger::after_prefill) {
+        op.emitOpError()
+            << "assigns formats when the prompt is gathered; it needs the "
+               "'after_prefill' phase"
+            << (phase ? ", not '" + stringifyTrigger(phase.getTrigger()).str() +
+                            "'"
+                      : std::string())
+            << " (entries are not re-encoded during decode)";
+        return WalkResult::interrupt();
+      }
+      if (found) {
+        op.emitOpError() << "a phase assigns formats once";
+        return WalkResult::interrupt();
+      }
+      found = op;
+      return WalkResult::advance();
+    });
+    if (walk.wasInterrupted())
+      return failure();
+    if (!found)
+      return found;
+    if (found.getHigh() != keyFormat || found.getHigh() != valueFormat)
+      return found.emitOpError()
+             << "high format " << found.getHigh()
+             << " must be the storage format of keys and values ("
+             << keyFormat << " / " << valueFormat
+             << "), which new entries use";
+    FormatAttr low = found.getLow();
+    if ((low.getKind() != FormatKind::int2 &&
+         low.getKind() != FormatKind::int4) ||
+        low.getAxis() != QuantAxis::per_token || low.getGroup() <= 0)
+      return found.emitOpError()
+             << "low format " << low
+             << " has no runtime page class; the low class is int2 or int4 "
+                "per token in groups of channels";
+    if (!isa<ScoreType>(found.getScore().getType()) ||
+        cast<ScoreType>(found.getScore().getType()).getGranularity() !=
+            Granularity::kv_head)
+      return found.emitOpError() << "ranks the entries of each kv-head; it "
+                                    "needs kv_head scores";
+    return found;
+  }
+
   LogicalResult formKernels(PolicyOp policy) {
     if (!policy.getGeometryAttr())
       return policy.emitOpError()
@@ -195,7 +250,8 @@ struct FormKernelsPass final
     Location storageLoc =
         policy.getStorage() ? policy.getStorage().getLoc() : loc;
     auto gather = [&] {
-      GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual, Value());
+      GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual, Value(),
+                       FormatAttr(), Value(), FloatAttr());
     };
     auto append = [&] {
       AppendOp::create(b, storageLoc, keyFormat, valueFormat, residual);
@@ -210,17 +266,35 @@ struct FormKernelsPass final
         return failure();
       split = *found;
     }
+    FailureOr<MixedPrecisionOp> mixed = findMixedPrecision(
+        policy, *prefillPhase, keyFormat, valueFormat);
+    if (failed(mixed))
+      return failure();
+    if (*mixed && split)
+      return mixed->emitOpError()
+             << "cannot be combined with a global budget, whose selection "
+                "runs after the prompt is gathered";
     // The prefill phase's stages, and the gather that ends them.
     auto phaseAndGather = [&] {
+      IRMapping mapping;
+      if (*mixed) {
+        // The formats are assigned where the kept entries are written.
+        clonePhaseBody(b, *prefillPhase, mapping, {mixed->getOperation()});
+        GatherOp::create(b, mixed->getLoc(), keyFormat, valueFormat, residual,
+                         Value(), mixed->getLowAttr(),
+                         mapping.lookup(mixed->getScore()),
+                         mixed->getFractionAttr());
+        return;
+      }
       if (!split) {
         clonePhaseBody(b, *prefillPhase);
         gather();
         return;
       }
-      IRMapping mapping;
       clonePhaseBody(b, *prefillPhase, mapping, split->moved);
       GatherOp::create(b, storageLoc, keyFormat, valueFormat, residual,
-                       mapping.lookup(split->global.getScore()));
+                       mapping.lookup(split->global.getScore()), FormatAttr(),
+                       Value(), FloatAttr());
     };
     if (!*prefillPhase || !unfused) {
       createKernel(b, policy, KernelKind::prefill, *prefillPhase);

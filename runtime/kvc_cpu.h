@@ -663,6 +663,48 @@ inline void selectVictims(const float *scores, const int32_t *positions,
   std::sort(victims, victims + drop);
 }
 
+/// The number of kept entries that mixed precision keeps in the high
+/// format: ceil(fraction * kept), computed so that a product that is an
+/// integer up to rounding (0.2 * 5) is not rounded up past it.
+inline int32_t highPrecisionCount(int32_t kept, double fraction) {
+  const double x = fraction * kept;
+  const double nearest = std::nearbyint(x);
+  const double count =
+      std::fabs(x - nearest) <= 1e-9 * (1.0 + std::fabs(x)) ? nearest
+                                                            : std::ceil(x);
+  return static_cast<int32_t>(std::min<double>(count, kept));
+}
+
+/// Mixed precision of a prefill gather: sets high[i] = 1 for the
+/// highPrecisionCount(kept, fraction) prompt entries that are not among the
+/// `numVictims` (ascending) victims and rank highest by `scores`, ties
+/// going to the more recent position, and 0 for every other entry. Returns
+/// that count. `order` is scratch of n ints.
+inline int32_t markHighPrecision(const float *scores, const int32_t *positions,
+                                 int32_t n, const int32_t *victims,
+                                 int32_t numVictims, double fraction,
+                                 int32_t *order, int32_t *high) {
+  int32_t kept = 0;
+  for (int32_t i = 0, next = 0; i < n; ++i) {
+    high[i] = 0;
+    if (next < numVictims && victims[next] == i) {
+      ++next;
+      continue;
+    }
+    order[kept++] = i;
+  }
+  const int32_t count = highPrecisionCount(kept, fraction);
+  auto better = [&](int32_t a, int32_t b) {
+    if (scores[a] != scores[b])
+      return scores[a] > scores[b];
+    return positions[a] > positions[b];
+  };
+  std::partial_sort(order, order + count, order + kept, better);
+  for (int32_t j = 0; j < count; ++j)
+    high[order[j]] = 1;
+  return count;
+}
+
 //===----------------------------------------------------------------------===//
 // Merges of evicted prompt entries into kept ones
 //

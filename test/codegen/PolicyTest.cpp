@@ -42,6 +42,7 @@
 #include "kvc_rpc_small_cpu.h"
 #include "kvc_scissorhands_cpu.h"
 #include "kvc_snapkv_global_cpu.h"
+#include "kvc_mixed_precision_cpu.h"
 #endif
 #ifdef KVC_TEST_HEAD_CLASSES
 #include "kvc_duo_small_cpu.h"
@@ -202,7 +203,19 @@ struct Model {
   }
   bool evictsAtDecode = false;
   /// Storage format and the analytic error bound of one stored element.
-  enum class Storage { Full, Kivi2, Kivi4, Int8, Fp8 } storage = Storage::Full;
+  enum class Storage {
+    Full,
+    Kivi2,
+    Kivi4,
+    Int8,
+    Fp8,
+    /// Mixed precision: the best `highFraction` of the kept entries by the
+    /// selection's scores in int8, the rest int2 per token in groups of
+    /// `lowGroup` channels.
+    MixedInt8Int2
+  } storage = Storage::Full;
+  double highFraction = 0.0;
+  int lowGroup = 0;
   bool quantized() const { return storage != Storage::Full; }
   /// Scissorhands: weight threshold and the steps counted.
   double threshold = 0.0;
@@ -273,6 +286,11 @@ std::vector<Case> allCases() {
   rpc.count = 1024;
   rpc.period = 2;
   rpc.evictsAtDecode = true;
+  Model mixed{Model::Score::Accumulated, 0, 64};
+  mixed.count = kPrompt; // Nothing is evicted.
+  mixed.storage = Model::Storage::MixedInt8Int2;
+  mixed.highFraction = 0.2;
+  mixed.lowGroup = 32;
   Model duo = streaming;
   duo.count = 4 + 60;
   duo.headClasses = {{0, 1, 0}, {1, 0, 0}};
@@ -306,6 +324,7 @@ std::vector<Case> allCases() {
           {KVC_API(pyramidkv_small_adakv), pyramidAdakv},
           {KVC_API(scissorhands), scissorhands},
           {KVC_API(rpc_small), rpc},
+          {KVC_API(mixed_precision), mixed},
 #ifdef KVC_TEST_HEAD_CLASSES
           {KVC_API(duo_small), duo},
 #endif
@@ -451,6 +470,8 @@ double storageBound(Model::Storage storage, double x, double lo, double hi,
     return (hi - lo) / (2.0 * 15.0) + 1e-2;
   case Model::Storage::Int8:
     return maxAbs / 127.0 / 2.0 + 1e-6;
+  case Model::Storage::MixedInt8Int2:
+    return 0.0; // Per class, in the prefill check.
   case Model::Storage::Fp8:
     // Three mantissa bits: half an ulp is 2^-4 relative; subnormals of the
     // scaled value are spaced 2^-9 apart.
@@ -790,11 +811,60 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
         keyLo = std::min(keyLo, x);
         keyHi = std::max(keyHi, x);
       }
+      // Mixed precision: which kept entries the definition puts in the high
+      // class (the ceil(f * kept) best by score, ties to the more recent),
+      // and which are too close to the cutoff score to tell.
+      std::set<int> high, unclear;
+      if (m.storage == Model::Storage::MixedInt8Int2) {
+        std::vector<int> order(actual.begin(), actual.end());
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+          if (sel.scores[a] != sel.scores[b])
+            return sel.scores[a] > sel.scores[b];
+          return a > b;
+        });
+        const size_t count = static_cast<size_t>(
+            std::ceil(m.highFraction * order.size() - 1e-9));
+        high.insert(order.begin(), order.begin() + count);
+        const double cutoff = sel.scores[order[count - 1]];
+        for (int pos : order)
+          if (std::isfinite(cutoff) &&
+              std::fabs(sel.scores[pos] - cutoff) <= 1e-4 * std::fabs(cutoff))
+            unclear.insert(pos);
+      }
       std::vector<float> key(kDim), value(kDim);
       for (auto &[pos, slot] : live) {
         ASSERT_EQ(kvc_read_entry(context, 0, layer, h, slot, kDim, key.data(),
                                  value.data()),
                   KVC_STATUS_OK);
+        if (m.storage == Model::Storage::MixedInt8Int2) {
+          const bool isHigh = high.count(pos) > 0;
+          if (!unclear.count(pos))
+            EXPECT_EQ(meta.key_format[slot],
+                      isHigh ? KVC_FORMAT_INT8 : KVC_FORMAT_INT2)
+                << where << " class of " << pos;
+          const bool storedHigh = meta.key_format[slot] == KVC_FORMAT_INT8;
+          EXPECT_EQ(meta.value_format[slot], meta.key_format[slot]);
+          // int8: half a step of max|x| / 127; int2: half a step of the
+          // group's range / 3.
+          for (const auto *rows : {&keys, &values}) {
+            const std::vector<float> &stored = rows == &keys ? key : value;
+            for (int first = 0; first < kDim; first += m.lowGroup) {
+              double lo = INFINITY, hi = -INFINITY, amax = 0.0;
+              for (int c = 0; c < kDim; ++c)
+                amax = std::max(amax, std::fabs(rows->at(pos, c)));
+              for (int c = first; c < first + m.lowGroup; ++c) {
+                lo = std::min(lo, rows->at(pos, c));
+                hi = std::max(hi, rows->at(pos, c));
+              }
+              const double bound = storedHigh ? amax / 127.0 / 2.0 + 1e-6
+                                              : (hi - lo) / 6.0 + 1e-5;
+              for (int c = first; c < first + m.lowGroup; ++c)
+                ASSERT_LE(std::fabs(stored[c] - rows->at(pos, c)), bound)
+                    << where << (rows == &keys ? " key " : " value ") << pos
+                    << " channel " << c;
+            }
+          }
+        }
         RefEntry e{pos, ref::Vector(kDim), ref::Vector(kDim)};
         double valueLo = INFINITY, valueHi = -INFINITY, keyAbs = 0.0,
                valueAbs = 0.0;
@@ -816,6 +886,8 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
             ASSERT_NEAR(value[c], ev,
                         1.5 * kStoredUlp * std::max(1.0, std::fabs(ev)) + 1e-6)
                 << where << " merged value " << pos;
+          } else if (m.storage == Model::Storage::MixedInt8Int2) {
+            // Checked above, per class.
           } else if (!m.quantized()) {
             ASSERT_EQ(key[c], roundToStored(keys.at(pos, c)))
                 << where << " key " << pos;

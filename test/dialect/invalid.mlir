@@ -547,3 +547,36 @@ kvc.policy @p {
   ^bb0:
   }) : () -> ()
 }
+
+// -----
+
+kvc.policy @gather_low_per_channel {
+  kvc.kernel prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    // expected-error @below {{low format #kvc.format<int2, per_channel, group = 32> is not int2 or int4 per token in groups of channels, the runtime's low page class}}
+    kvc.gather key #kvc.format<int8, per_token> value #kvc.format<int8, per_token> low #kvc.format<int2, per_channel, group = 32> by %g fraction 0.2
+  }
+}
+
+// -----
+
+kvc.policy @gather_low_fraction {
+  kvc.kernel prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    // expected-error @below {{fraction must be in (0, 1), got 1.5}}
+    kvc.gather key #kvc.format<int8, per_token> value #kvc.format<int8, per_token> low #kvc.format<int2, per_token, group = 32> by %g fraction 1.5
+  }
+}
+
+// -----
+
+kvc.policy @gather_low_not_lower {
+  kvc.kernel prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    // expected-error @below {{low format must be less precise than the storage formats}}
+    kvc.gather key #kvc.format<int4, per_token, group = 32> value #kvc.format<int4, per_token, group = 32> low #kvc.format<int4, per_token, group = 32> by %g fraction 0.2
+  }
+}

@@ -28,6 +28,7 @@
 #include "kvc_kivi4_cpu.h"
 #include "kvc_knorm_cpu.h"
 #include "kvc_merge_nearest_cpu.h"
+#include "kvc_mixed_precision_cpu.h"
 #include "kvc_pyramidkv_adakv_cpu.h"
 #include "kvc_pyramidkv_cpu.h"
 #include "kvc_rpc_cpu.h"
@@ -1479,3 +1480,72 @@ TEST(SnapKVGlobal, OneTopKOverEveryLayerMovesBudgetToTheSpreadLayer) {
 }
 
 } // namespace
+
+// Mixed precision (fidelity/policies/mixed_precision.mlir): 8 entries,
+// d = 8, H2O's accumulated attention averaged over the 2 query heads,
+// entry 7 protected, the best ceil(0.375 * 8) = 3 kept in int8, the rest in
+// int2 per token over one group of 8 channels.
+// Head 1's queries are zero: query t gives 1/(t+1) to each of 0..t. Head
+// 0's queries t >= 4 are (c, 0, ...) with c * 127 / sqrt(8) = 8, and only
+// key 4 has a channel 0 (127): they give entry 4 E/(E+t), E = e^8, and
+// every other visible entry 1/(E+t); queries t < 4 are zero.
+//   s_0 = 1/2 (H_4 + sum_{t=4..7} 1/(E+t) + H_8) = 1/2 (2.0833 + 0.0013 +
+//         2.7179) = 2.4013
+//   s_4 = 1/2 (sum_{t=4..7} E/(E+t) + 1/5 + 1/6 + 1/7 + 1/8)
+//       = 1/2 (3.9926 + 0.6345) = 2.3136
+//   s_1 = 1/2 (H_4 - 1 + 0.0013 + H_8 - 1) = 1.4013, and s_2 < s_1, ...
+// So the high class is {7 (protected), 0, 4}; {1, 2, 3, 5, 6} are int2.
+// int2 per token: min, scale = (max - min) / 3, code = rne((x - min) /
+// scale); the low rows below have min 0 and max 3 (scale 1), so x' =
+// rne(x): 0.4 -> 0, 1.6 -> 2, 2.9 -> 3, 0.1 -> 0. The high rows are
+// integers with max |x| = 127 (int8 scale 1): stored exactly.
+TEST(MixedPrecision, KeepsTheBestRankedInInt8AndTheRestInInt2) {
+  Cache cache(KVC_API(mixed_precision));
+  Rows q(8, 2, 8), k(8, 1, 8), v(8, 1, 8);
+  const float c = static_cast<float>(8.0 * std::sqrt(8.0) / 127.0);
+  for (int t = 4; t < 8; ++t)
+    q.set(t, 0, {c, 0, 0, 0, 0, 0, 0, 0});
+  k.set(4, 0, {127, 0, 0, 0, 0, 0, 0, 0});
+  for (int t : {0, 7})
+    k.set(t, 0, {0, 127, -5, 3, 0, 0, 0, 1});
+  for (int t : {1, 2, 3, 5, 6})
+    k.set(t, 0, {0, 3, 1, 2, 0.4f, 1.6f, 2.9f, 0.1f});
+  const Vec highValue = {127, -3, 5, 0, 1, -127, 2, 9};
+  const Vec lowValue = {0, 0.4f, 1.6f, 3, 2.9f, 1, 2, 0.1f};
+  for (int t = 0; t < 8; ++t)
+    v.set(t, 0, (t == 0 || t == 4 || t == 7) ? highValue : lowValue);
+  ASSERT_EQ(cache.prefill(0, q, k, v), KVC_STATUS_OK) << kvc_last_error();
+  EXPECT_EQ(cache.kept(0, 0), (Kept{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_NEAR(cache.score(0, 0, 0), 2.4013, 0.0005);
+  EXPECT_NEAR(cache.score(0, 0, 4), 2.3136, 0.0005);
+  EXPECT_NEAR(cache.score(0, 0, 1), 1.4013, 0.0005);
+  const Vec lowKey = {0, 3, 1, 2, 0, 2, 3, 0};
+  const Vec lowStored = {0, 0, 2, 3, 3, 1, 2, 0};
+  for (int t = 0; t < 8; ++t) {
+    const bool high = t == 0 || t == 4 || t == 7;
+    EXPECT_EQ(cache.keyFormat(0, 0, t), high ? KVC_FORMAT_INT8 : KVC_FORMAT_INT2)
+        << "key format of " << t;
+    EXPECT_EQ(cache.valueFormat(0, 0, t), cache.keyFormat(0, 0, t));
+    std::vector<double> wantKey, wantValue;
+    for (float x : high ? k.row(t, 0) : lowKey)
+      wantKey.push_back(x);
+    for (float x : high ? highValue : lowStored)
+      wantValue.push_back(x);
+    expectRow(cache.key(0, 0, t), wantKey, 1e-5, "key", t);
+    expectRow(cache.value(0, 0, t), wantValue, 1e-5, "value", t);
+  }
+  // A decode entry is int8 (the storage format); zero queries attend
+  // uniformly, so the output is the mean of the 9 stored values.
+  Rows dq(1, 2, 8), dk(1, 1, 8), dv(1, 1, 8);
+  dv.set(0, 0, {9, 0, 0, 0, 0, 0, 0, -127});
+  Vec out;
+  ASSERT_EQ(cache.decode(0, dq, dk, dv, 8, &out), KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(cache.keyFormat(0, 0, 8), KVC_FORMAT_INT8);
+  for (int ch = 0; ch < 8; ++ch) {
+    const double mean =
+        (3 * highValue[ch] + 5 * lowStored[ch] + dv.row(0, 0)[ch]) / 9.0;
+    EXPECT_NEAR(out[ch], mean, 1e-4) << "head 0 output channel " << ch;
+    EXPECT_NEAR(out[8 + ch], mean, 1e-4) << "head 1 output channel " << ch;
+  }
+}

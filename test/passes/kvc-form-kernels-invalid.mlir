@@ -78,3 +78,52 @@ kvc.policy @periodic_normalized geometry #kvc.geometry<layers = 2, q_heads = 4, 
     kvc.evict %k
   }
 }
+
+// -----
+
+kvc.policy @mixed_at_decode geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.storage key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
+  kvc.phase over_budget {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    // expected-error @below {{assigns formats when the prompt is gathered; it needs the 'after_prefill' phase, not 'over_budget' (entries are not re-encoded during decode)}}
+    kvc.mixed_precision %g high #kvc.format<int8, per_token> low #kvc.format<int2, per_token, group = 32> fraction 0.2 : !kvc.score<kv_head>
+  }
+}
+
+// -----
+
+kvc.policy @mixed_high_not_storage geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.storage key #kvc.format<fp8_e4m3, per_token> value #kvc.format<fp8_e4m3, per_token>
+  kvc.phase after_prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    // expected-error @below {{high format #kvc.format<int8, per_token> must be the storage format of keys and values (#kvc.format<fp8_e4m3, per_token> / #kvc.format<fp8_e4m3, per_token>), which new entries use}}
+    kvc.mixed_precision %g high #kvc.format<int8, per_token> low #kvc.format<int2, per_token, group = 32> fraction 0.2 : !kvc.score<kv_head>
+  }
+}
+
+// -----
+
+kvc.policy @mixed_low_per_channel geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.storage key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
+  kvc.phase after_prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    // expected-error @below {{low format #kvc.format<int2, per_channel, group = 32> has no runtime page class; the low class is int2 or int4 per token in groups of channels}}
+    kvc.mixed_precision %g high #kvc.format<int8, per_token> low #kvc.format<int2, per_channel, group = 32> fraction 0.2 : !kvc.score<kv_head>
+  }
+}
+
+// -----
+
+kvc.policy @mixed_twice geometry #kvc.geometry<layers = 2, q_heads = 4, kv_heads = 2, head_dim = 64, dtype = f16> {
+  kvc.storage key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
+  kvc.phase after_prefill {
+    %a = kvc.attn_accumulate decay 1.0
+    %g = kvc.group_reduce mean %a
+    kvc.mixed_precision %g high #kvc.format<int8, per_token> low #kvc.format<int2, per_token, group = 32> fraction 0.2 : !kvc.score<kv_head>
+    // expected-error @below {{a phase assigns formats once}}
+    kvc.mixed_precision %g high #kvc.format<int8, per_token> low #kvc.format<int4, per_token, group = 32> fraction 0.5 : !kvc.score<kv_head>
+  }
+}

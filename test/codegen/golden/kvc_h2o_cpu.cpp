@@ -35,6 +35,7 @@ void kvc_h2o_cpu_configure(kvc_config_t *config) {
   config->format = KVC_FORMAT_FULL;
   config->group_size = 0;
   config->residual_length = 0;
+  config->low_format = KVC_FORMAT_FULL;
 }
 
 /// Rows of n floats or ints this kernel carves from its workspace.
