@@ -26,7 +26,7 @@ if ! ninja -C "$build" -t query kvc-bench-gpu >/dev/null 2>&1; then
        "found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
   exit 1
 fi
-echo "gpu-bench: building kvc-bench-gpu (24 policy libraries)" >&2
+echo "gpu-bench: building kvc-bench-gpu (36 policy libraries)" >&2
 ninja -C "$build" kvc-bench-gpu >&2
 
 mkdir -p "$(dirname "$out")"
@@ -56,13 +56,13 @@ fi
 
 # Kernel time without the host side of the calls: where Nsight Systems is
 # installed, one profiled cell per decode variant (batch 8, context 16k,
-# head dim 128, group 4) and its per-kernel summary. KVC_GPU_BENCH_NSYS=0
-# skips it.
+# head dim 128, group 4; int2 is KIVI's) and its per-kernel summary.
+# KVC_GPU_BENCH_NSYS=0 skips it.
 if [ "${KVC_GPU_BENCH_NSYS:-1}" != 0 ]; then
   echo | tee -a "$out"
   if nsys=$(command -v nsys); then
     prof=$(mktemp -d)
-    for variant in plain fused unfused; do
+    for variant in plain fused unfused int2; do
       echo "== nsys: per-kernel GPU time, $variant decode, batch 8, context 16k," \
            "head dim 128, group 4 (kernels only; the table's times include the host side) ==" | tee -a "$out"
       if "$nsys" profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite=true \

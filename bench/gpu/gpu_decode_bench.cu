@@ -13,8 +13,12 @@
 //    scoring kernel that recomputes the weights); the fused step's achieved
 //    bandwidth and its ratio to the copy bandwidth; the statistics overhead
 //    (fused / plain) and unfused / fused, each next to its target;
-//  - KIVI int2/int4 decode against 16-bit decode: reported as not
-//    supported (the runtime refuses KIVI on device pools; probed here);
+//  - KIVI int2/int4 decode (policies/kivi2.mlir, kivi4.mlir: packed codes
+//    dequantized in registers, the window read in full precision, the
+//    quantization work of each append done on the device) against the
+//    16-bit decode of the same cell, with the bytes each reads per step
+//    computed from the page layout, next to the target (int2 >= 3x faster
+//    at context >= 16k);
 //  - prefill compression (SnapKV, H2O) as a fraction of a plain prefill
 //    (attention, every entry stored) over the same prompt, batch 1.
 // The ABI is per sequence: batch B is B sequences in one context and B
@@ -29,12 +33,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,10 +60,10 @@ using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
                                    const int32_t *, float *, void *, uint64_t,
                                    void *);
 
-/// The four libraries of one geometry (bench/gpu/CMakeLists.txt).
+/// The six libraries of one geometry (bench/gpu/CMakeLists.txt).
 struct BenchGeometry {
   int dim, group;
-  ConfigureFn configure[4]; // plain, fused, unfused, h2o
+  ConfigureFn configure[4]; // plain, fused, unfused, h2o (one f16 context)
   BytesFn plainBytes;
   DecodeFn plainDecode;
   BytesFn fusedBytes;
@@ -74,6 +80,10 @@ struct BenchGeometry {
   PrefillFn snapkvPrefill;
   BytesFn h2oPrefillBytes;
   PrefillFn h2oPrefill;
+  /// KIVI int2 and int4 (their own pool formats).
+  ConfigureFn kiviConfigure[2];
+  BytesFn kiviBytes[2];
+  DecodeFn kiviDecode[2];
 };
 
 #define KVC_GB(v, d, g, suffix) kvc_gb_##v##_d##d##_g##g##_cuda_##suffix
@@ -93,7 +103,11 @@ struct BenchGeometry {
         KVC_GB(fused, d, g, prefill),                                          \
         KVC_GB(plain, d, g, prefill_workspace_bytes),                          \
         KVC_GB(plain, d, g, prefill), KVC_GB(h2o, d, g, prefill_workspace_bytes), \
-        KVC_GB(h2o, d, g, prefill)                                             \
+        KVC_GB(h2o, d, g, prefill),                                            \
+        {KVC_GB(kivi2, d, g, configure), KVC_GB(kivi4, d, g, configure)},      \
+        {KVC_GB(kivi2, d, g, decode_workspace_bytes),                          \
+         KVC_GB(kivi4, d, g, decode_workspace_bytes)},                         \
+        {KVC_GB(kivi2, d, g, decode), KVC_GB(kivi4, d, g, decode)}             \
   }
 
 } // namespace
@@ -109,6 +123,7 @@ constexpr int kSkip = 77;
 constexpr double kTargetCopyFraction = 0.85; // batch >= 8, context >= 4k
 constexpr double kTargetStatsOverhead = 0.05;
 constexpr double kTargetUnfusedRatio = 1.5;
+constexpr double kTargetInt2Speedup = 3.0; // context >= 16k
 
 struct Options {
   std::vector<int> batches{1, 8, 32};
@@ -118,8 +133,8 @@ struct Options {
   double minMs = 100.0;
   int steps = 8;
   int pageSize = 64;
-  /// Decode variants to time (plain, fused, unfused).
-  bool variants[3] = {true, true, true};
+  /// Decode variants to time (plain, fused, unfused, int2, int4).
+  bool variants[5] = {true, true, true, true, true};
   bool list = false;
   std::string csv;
 };
@@ -298,7 +313,9 @@ CopyBandwidth measureCopyBandwidth(cudaStream_t s, int sms) {
 //===--- Decode -------------------------------------------------------------===//
 
 enum Variant { kPlain = 0, kFused = 1, kUnfused = 2, kNumVariants = 3 };
-const char *kVariantNames[] = {"plain", "fused", "unfused"};
+/// KIVI decode variants; their --variants flags follow the three above.
+enum KiviVariant { kInt2 = 0, kInt4 = 1, kNumKivi = 2 };
+const char *kVariantNames[] = {"plain", "fused", "unfused", "int2", "int4"};
 
 /// Shared device buffers (pool, workspace, inputs), grown as the sweep needs.
 struct Buffers {
@@ -316,21 +333,24 @@ struct Buffers {
 };
 
 /// A context of `batch` sequences holding `n` entries in every kv-head of
-/// layer 0, over the shared pool.
+/// layer 0, over the shared pool, configured by `configure` (a policy's
+/// kvc_<p>_cuda_configure).
 struct Context {
   kvc_context_t *context = nullptr;
-  Context(const BenchGeometry &g, Buffers &buffers, int batch, int n,
+  kvc_config_t config{};
+  uint64_t poolBytes = 0;
+  int pagesPerHead = 0;
+  Context(ConfigureFn configure, int dim, Buffers &buffers, int batch, int n,
           int headroom, int pageSize) {
-    kvc_config_t config{};
-    g.configure[kFused](&config);
+    configure(&config);
     config.page_size = pageSize;
-    const int pagesPerHead = (n + headroom + pageSize - 1) / pageSize + 1;
+    pagesPerHead = (n + headroom + pageSize - 1) / pageSize + 1;
     config.num_pages = batch * kKvHeads * pagesPerHead;
     config.max_sequences = batch;
-    uint64_t bytes = 0;
-    KVC_CHECK(kvc_pool_bytes_required(&config, &bytes));
-    buffers.reservePool(bytes);
-    KVC_CHECK(kvc_context_create(&config, buffers.pool.ptr, bytes, &context));
+    KVC_CHECK(kvc_pool_bytes_required(&config, &poolBytes));
+    buffers.reservePool(poolBytes);
+    KVC_CHECK(
+        kvc_context_create(&config, buffers.pool.ptr, poolBytes, &context));
     std::vector<int32_t> positions(n);
     for (int i = 0; i < n; ++i)
       positions[i] = i;
@@ -338,7 +358,7 @@ struct Context {
       KVC_CHECK(kvc_sequence_add(context, b));
       if (n > 0)
         for (int h = 0; h < kKvHeads; ++h)
-          KVC_CHECK(kvc_append(context, b, 0, h, n, g.dim, nullptr, nullptr,
+          KVC_CHECK(kvc_append(context, b, 0, h, n, dim, nullptr, nullptr,
                                positions.data(), nullptr));
     }
   }
@@ -363,6 +383,33 @@ struct Context {
                               slots.data()));
       }
   }
+
+  /// Evicts the oldest entries of every head down to n (KIVI: the round's
+  /// new tokens stay in the residual window, so that every step quantizes
+  /// the value leaving it, as in a long decode; evicting the new tokens
+  /// instead would empty the window after a few rounds).
+  void restoreOldest(int batch, int n) {
+    std::vector<std::pair<int32_t, int32_t>> live; // (position, slot)
+    std::vector<int32_t> slots;
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < kKvHeads; ++h) {
+        kvc_metadata_t meta{};
+        KVC_CHECK(kvc_get_metadata(context, b, 0, h, &meta));
+        live.clear();
+        for (int s = 0; s < meta.num_slots; ++s)
+          if (meta.position[s] != KVC_POSITION_NONE)
+            live.emplace_back(meta.position[s], s);
+        if (int(live.size()) <= n)
+          continue;
+        const size_t excess = live.size() - size_t(n);
+        std::nth_element(live.begin(), live.begin() + (excess - 1), live.end());
+        slots.clear();
+        for (size_t i = 0; i < excess; ++i)
+          slots.push_back(live[i].second);
+        KVC_CHECK(
+            kvc_evict(context, b, 0, h, int32_t(slots.size()), slots.data()));
+      }
+  }
 };
 
 struct DecodeResult {
@@ -379,7 +426,8 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
   DecodeResult r;
   const int qHeads = kKvHeads * g.group;
   const int steps = o.steps;
-  Context ctx(g, buffers, batch, n, steps + 1, o.pageSize);
+  Context ctx(g.configure[kFused], g.dim, buffers, batch, n, steps + 1,
+              o.pageSize);
   // Decode workspace: slots after the append plus one page, as the
   // generated code checks; one workspace serves the calls of every
   // sequence (they are ordered on one stream).
@@ -476,7 +524,7 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
                            const Options &o, cudaStream_t stream) {
   PrefillResult r;
   const int qHeads = kKvHeads * g.group;
-  Context ctx(g, buffers, 1, 0, n, o.pageSize);
+  Context ctx(g.configure[kFused], g.dim, buffers, 1, 0, n, o.pageSize);
   const uint64_t wsBytes = std::max(
       {g.plainPrefillBytes(n), g.snapkvPrefillBytes(n), g.h2oPrefillBytes(n)});
   buffers.workspace.reserve(wsBytes);
@@ -533,32 +581,131 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
 
 //===--- KIVI ----------------------------------------------------------------===//
 
-/// Whether the runtime accepts a KIVI device pool; the message says why not.
-std::string probeKivi(const BenchGeometry &g, Buffers &buffers, int kiviFormat) {
-  kvc_config_t config{};
-  g.configure[kFused](&config);
-  config.format = kiviFormat;
-  config.group_size = 32;
-  config.residual_length = 128;
-  config.page_size = 64;
-  config.num_pages = kKvHeads * 4;
-  config.max_sequences = 1;
-  uint64_t bytes = 0;
-  kvc_status_t s = kvc_pool_bytes_required(&config, &bytes);
-  if (s != KVC_STATUS_OK)
-    return format("the runtime rejects a KIVI device pool: "
-                  "kvc_pool_bytes_required returns %s (%s)",
-                  kvc_status_string(s), kvc_last_error());
-  buffers.reservePool(bytes);
-  kvc_context_t *context = nullptr;
-  s = kvc_context_create(&config, buffers.pool.ptr, bytes, &context);
-  if (s != KVC_STATUS_OK)
-    return format("the runtime rejects a KIVI device pool: "
-                  "kvc_context_create returns %s (%s)",
-                  kvc_status_string(s), kvc_last_error());
-  kvc_context_destroy(context);
-  return "the runtime accepts a KIVI device pool, but the CUDA emitter has no "
-         "KIVI storage, so no KIVI library is built";
+struct KiviResult {
+  bool ok[kNumKivi] = {};
+  double usPerStep[kNumKivi] = {};
+  /// Mean bytes a step reads (kiviCacheBytes over the timed steps).
+  double bytesPerStep[kNumKivi] = {};
+  std::string error[kNumKivi];
+};
+
+/// Bytes a decode step reads of the KIVI cache `ctx` holds in layer 0,
+/// from the page layout and each slot's formats: per live entry 8 B
+/// (position, per-slot KIVI word), its key (a packed row, or a residual row
+/// of head_dim dtype elements while still in full precision) and its value
+/// (a packed row and its {scale, min} record, or a residual row); per key
+/// block holding a quantized live key, the block's per-channel record.
+double kiviCacheBytes(const Context &ctx, int batch) {
+  kvc_page_layout_t layout{};
+  KVC_CHECK(kvc_page_layout(&ctx.config, &layout));
+  const double fullRow =
+      double(ctx.config.head_dim) * (ctx.config.dtype == KVC_DTYPE_F32 ? 4 : 2);
+  const int32_t group = ctx.config.group_size;
+  double bytes = 0.0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < kKvHeads; ++h) {
+      kvc_metadata_t meta{};
+      KVC_CHECK(kvc_get_metadata(ctx.context, b, 0, h, &meta));
+      int32_t block = -1;
+      for (int32_t s = 0; s < meta.num_slots; ++s) {
+        if (meta.position[s] == KVC_POSITION_NONE)
+          continue;
+        bytes += 8;
+        if (meta.key_format[s] == KVC_FORMAT_FULL) {
+          bytes += fullRow;
+        } else {
+          bytes += double(layout.key_stride);
+          if (s / group != block) {
+            block = s / group;
+            bytes += double(layout.key_param_stride);
+          }
+        }
+        if (meta.value_format[s] == KVC_FORMAT_FULL)
+          bytes += fullRow;
+        else
+          bytes += double(layout.value_stride + layout.value_param_stride);
+      }
+    }
+  return bytes;
+}
+
+/// Times the KIVI decode variants at one (geometry, batch, context). Per
+/// format a KIVI device pool holds B sequences of `n` entries in every
+/// kv-head, appended with null data over random finite f16 bytes (every
+/// {scale, min} record then decodes to finite floats; no data-dependent
+/// branch in the kernels). Each round of steps appends one token per step
+/// with increasing positions; between rounds (untimed) the oldest entries
+/// are evicted down to `n`, so the residual window keeps its R newest
+/// entries and every step quantizes the value that leaves it, as in a long
+/// decode.
+KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
+                     const Options &o, cudaStream_t stream) {
+  KiviResult r;
+  const int qHeads = kKvHeads * g.group;
+  const int steps = o.steps;
+  const size_t qFloats = size_t(qHeads) * g.dim,
+               kvFloats = size_t(kKvHeads) * g.dim;
+  const size_t perSequence = 2 * qFloats + 2 * kvFloats;
+  EventTimer timer;
+  for (int variant = 0; variant < kNumKivi; ++variant) {
+    if (!o.variants[kNumVariants + variant]) {
+      r.error[variant] = "not selected (--variants)";
+      continue;
+    }
+    try {
+      kvc_config_t kivi{};
+      g.kiviConfigure[variant](&kivi);
+      // Headroom: the round's tokens, the open key block and the partly
+      // evicted oldest one.
+      Context ctx(g.kiviConfigure[variant], g.dim, buffers, batch, n,
+                  steps + 1 + 2 * kivi.group_size, o.pageSize);
+      fillRandomHalf(buffers.pool.ptr, ctx.poolBytes, buffers.seed++);
+      // Slots after an append plus one page, as the generated code checks.
+      const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+      buffers.workspace.reserve(g.kiviBytes[variant](stride));
+      buffers.inputs.reserve(perSequence * batch * sizeof(float));
+      float *inputs = buffers.inputs.as<float>();
+      fillRandomFloat(inputs, perSequence * batch, buffers.seed++);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      auto q = [&](int b) { return inputs + b * perSequence; };
+      auto k = [&](int b) { return q(b) + qFloats; };
+      auto v = [&](int b) { return k(b) + kvFloats; };
+      auto out = [&](int b) { return v(b) + kvFloats; };
+      const DecodeFn decode = g.kiviDecode[variant];
+      int32_t position = n;
+      auto round = [&] {
+        for (int i = 0; i < steps; ++i, ++position)
+          for (int b = 0; b < batch; ++b)
+            KVC_CHECK(decode(ctx.context, b, 0, q(b), k(b), v(b), position,
+                             out(b), buffers.workspace.ptr,
+                             buffers.workspace.bytes, stream));
+      };
+      // Warm-up round (first launches, host allocations).
+      timer.time(stream, round);
+      ctx.restoreOldest(batch, n);
+      double ms = 0.0, bytes = 0.0;
+      int rounds = 0;
+      while ((ms < o.minMs || rounds < 2) && rounds < 10000) {
+        // Step i reads the cache after its append: interpolate between the
+        // round's first and last state.
+        const double first = kiviCacheBytes(ctx, batch);
+        ms += timer.time(stream, round);
+        const double last = kiviCacheBytes(ctx, batch);
+        bytes += first + (last - first) * (steps + 1) / (2.0 * steps);
+        ++rounds;
+        ctx.restoreOldest(batch, n);
+      }
+      CUDA_CHECK(cudaGetLastError());
+      r.usPerStep[variant] = 1e3 * ms / (double(rounds) * steps);
+      r.bytesPerStep[variant] = bytes / rounds;
+      r.ok[variant] = true;
+    } catch (const BenchError &e) {
+      r.error[variant] = e.what();
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+    }
+  }
+  return r;
 }
 
 //===--- Output --------------------------------------------------------------===//
@@ -629,8 +776,8 @@ void usage(const char *argv0) {
       "100)\n"
       "  --steps=N               decode steps per timed round (default 8)\n"
       "  --page-size=N           runtime page size in entries (default 64)\n"
-      "  --variants=LIST         decode variants among plain,fused,unfused "
-      "(default all)\n"
+      "  --variants=LIST         decode variants among plain,fused,unfused,"
+      "int2,int4 (default all)\n"
       "  --quick                 batch 1, context 1k, prefill 1k, 20 ms\n"
       "  --csv=FILE              also write the rows as CSV\n"
       "  --list                  print the compiled-in geometries and the "
@@ -692,7 +839,7 @@ int parseOptions(int argc, char **argv, Options &o) {
         const size_t comma = std::min(value.find(',', at), value.size());
         const std::string name = value.substr(at, comma - at);
         int found = -1;
-        for (int v = 0; v < 3; ++v)
+        for (int v = 0; v < kNumVariants + kNumKivi; ++v)
           if (name == kVariantNames[v])
             found = v;
         good = found >= 0;
@@ -740,8 +887,8 @@ void printList(const Options &o) {
               joinList(o.batches).c_str(), joinList(o.contexts).c_str(),
               joinList(o.prefillContexts).c_str(), o.minMs, o.steps,
               o.pageSize);
-  std::printf("KIVI int2/int4 decode: not supported on the CUDA backend "
-              "(docs/codegen-cuda.md, Limits)\n");
+  std::printf("KIVI decode variants: int2 (policies/kivi2.mlir), int4 "
+              "(policies/kivi4.mlir), against plain (16-bit)\n");
 }
 
 } // namespace
@@ -796,106 +943,202 @@ int main(int argc, char **argv) {
                 copy.bytes / 1048576.0, copy.memcpyGBs, copy.kernelGBs,
                 copy.best());
     // decode rows: times in microseconds per step of plain, fused, unfused;
-    // prefill rows: milliseconds per call of plain, snapkv, h2o.
+    // int2 and int4 rows (KIVI): bytes per step of that format, the 16-bit
+    // (plain) time, that format's time, its GB/s; prefill rows:
+    // milliseconds per call of plain, snapkv, h2o.
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
 
     Buffers buffers;
-    std::printf(
-        "\nDecode: one step of one layer (kv_heads=%d, f16 cache, page size "
-        "%d). The ABI is per sequence: batch B = B sequences in one context, "
-        "B decode calls per step on one stream (no batched launch exists).\n"
-        "Times are cudaEvent time per step (all B calls, host bookkeeping "
-        "and synchronizations inside the calls included), %d steps per "
-        "round after a warm-up round, >= %g ms per cell; each round starts "
-        "at `context` entries and appends one per step.\n"
-        "bytes/step = sum over sequences of entries * kv_heads * (2 * "
-        "head_dim * 2 B [f16 keys and values] + 8 B [position, score "
-        "state])\n"
-        "fused GB/s = bytes/step / fused time; %%copy = fused GB/s / copy "
-        "bandwidth; ovh = fused / plain - 1 (cost of the policy's "
-        "statistics and selection); unf/fus = unfused / fused.\n"
-        "Targets: %%copy >= %.0f%% at batch >= 8 and context >= 4k; ovh <= "
-        "%.0f%%; unf/fus >= %.1fx (H2O: accumulated attention statistics). "
-        "'-': target does not apply.\n\n",
-        kKvHeads, o.pageSize, o.steps, o.minMs, 100 * kTargetCopyFraction,
-        100 * kTargetStatsOverhead, kTargetUnfusedRatio);
-    std::printf("%4s %3s %4s %3s %7s %9s | %9s %9s %9s | %8s %8s %6s %4s | "
-                "%7s %4s | %7s %4s\n",
-                "dim", "G", "qh", "B", "context", "MB/step", "plain us",
-                "fused us", "unfus us", "plainGB/s", "fusGB/s", "%copy", "tgt",
-                "ovh", "tgt", "unf/fus", "tgt");
-    for (const BenchGeometry &g : kBenchGeometries) {
-      if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
-        continue;
-      kvc_config_t reference{};
-      g.configure[kFused](&reference);
-      for (int v = 0; v < 4; ++v) {
-        kvc_config_t c{};
-        g.configure[v](&c);
-        if (std::memcmp(&c, &reference, sizeof c) != 0)
-          throw BenchError("the policies of a geometry configure different "
-                           "contexts");
-      }
-      for (int batch : o.batches)
-        for (int n : o.contexts) {
-          DecodeResult r;
-          try {
-            r = benchDecode(g, buffers, batch, n, o, stream);
-          } catch (const BenchError &e) {
-            std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
-                        kKvHeads * g.group, batch, n, e.what());
-            cudaGetLastError();
-            continue;
-          }
-          const double bytes = double(batch) * r.meanEntries * kKvHeads *
-                               (2.0 * g.dim * 2 + 8);
-          auto gbs = [&](int v) { return bytes / (r.usPerStep[v] * 1e-6) / 1e9; };
-          const bool fused = r.ok[kFused], plain = r.ok[kPlain],
-                     unfused = r.ok[kUnfused];
-          const double fraction = fused ? gbs(kFused) / copy.best() : 0.0;
-          const double overhead =
-              fused && plain ? r.usPerStep[kFused] / r.usPerStep[kPlain] - 1 : 0;
-          const double ratio =
-              fused && unfused ? r.usPerStep[kUnfused] / r.usPerStep[kFused] : 0;
-          std::printf(
-              "%4d %3d %4d %3d %7d %9.2f | %9s %9s %9s | %8s %8s %6s %4s | "
-              "%7s %4s | %7s %4s\n",
-              g.dim, g.group, kKvHeads * g.group, batch, n, bytes / 1e6,
-              cell(plain, "%.1f", r.usPerStep[kPlain]).c_str(),
-              cell(fused, "%.1f", r.usPerStep[kFused]).c_str(),
-              cell(unfused, "%.1f", r.usPerStep[kUnfused]).c_str(),
-              cell(plain, "%.0f", plain ? gbs(kPlain) : 0).c_str(),
-              cell(fused, "%.0f", fused ? gbs(kFused) : 0).c_str(),
-              cell(fused, "%.1f%%", 100 * fraction).c_str(),
-              mark(fused && batch >= 8 && n >= 4096,
-                   fraction >= kTargetCopyFraction),
-              cell(fused && plain, "%+.1f%%", 100 * overhead).c_str(),
-              mark(fused && plain, overhead <= kTargetStatsOverhead),
-              cell(fused && unfused, "%.2fx", ratio).c_str(),
-              mark(fused && unfused, ratio >= kTargetUnfusedRatio));
-          for (int v = 0; v < kNumVariants; ++v)
-            if (!r.ok[v] && o.variants[v])
-              std::printf("     %s: %s\n", kVariantNames[v], r.error[v].c_str());
-          csv("decode,%d,%d,%d,%d,%d,%.0f,us,%.3f,%.3f,%.3f,%.1f,%.1f\n", g.dim,
-              g.group, kKvHeads * g.group, batch, n, bytes,
-              plain ? r.usPerStep[kPlain] : NAN,
-              fused ? r.usPerStep[kFused] : NAN,
-              unfused ? r.usPerStep[kUnfused] : NAN,
-              fused ? gbs(kFused) : NAN, copy.best());
-          std::fflush(stdout);
+    // The plain (16-bit) decode time per (dim, group, batch, context), the
+    // reference of the KIVI table.
+    std::map<std::array<int, 4>, double> plainUs;
+    const bool anyDecode =
+        o.variants[kPlain] || o.variants[kFused] || o.variants[kUnfused];
+    if (anyDecode) {
+      std::printf(
+          "\nDecode: one step of one layer (kv_heads=%d, f16 cache, page size "
+          "%d). The ABI is per sequence: batch B = B sequences in one context, "
+          "B decode calls per step on one stream (no batched launch exists).\n"
+          "Times are cudaEvent time per step (all B calls, host bookkeeping "
+          "and synchronizations inside the calls included), %d steps per "
+          "round after a warm-up round, >= %g ms per cell; each round starts "
+          "at `context` entries and appends one per step.\n"
+          "bytes/step = sum over sequences of entries * kv_heads * (2 * "
+          "head_dim * 2 B [f16 keys and values] + 8 B [position, score "
+          "state])\n"
+          "fused GB/s = bytes/step / fused time; %%copy = fused GB/s / copy "
+          "bandwidth; ovh = fused / plain - 1 (cost of the policy's "
+          "statistics and selection); unf/fus = unfused / fused.\n"
+          "Targets: %%copy >= %.0f%% at batch >= 8 and context >= 4k; ovh <= "
+          "%.0f%%; unf/fus >= %.1fx (H2O: accumulated attention statistics). "
+          "'-': target does not apply.\n\n",
+          kKvHeads, o.pageSize, o.steps, o.minMs, 100 * kTargetCopyFraction,
+          100 * kTargetStatsOverhead, kTargetUnfusedRatio);
+      std::printf("%4s %3s %4s %3s %7s %9s | %9s %9s %9s | %8s %8s %6s %4s | "
+                  "%7s %4s | %7s %4s\n",
+                  "dim", "G", "qh", "B", "context", "MB/step", "plain us",
+                  "fused us", "unfus us", "plainGB/s", "fusGB/s", "%copy",
+                  "tgt", "ovh", "tgt", "unf/fus", "tgt");
+      for (const BenchGeometry &g : kBenchGeometries) {
+        if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+          continue;
+        kvc_config_t reference{};
+        g.configure[kFused](&reference);
+        for (int v = 0; v < 4; ++v) {
+          kvc_config_t c{};
+          g.configure[v](&c);
+          if (std::memcmp(&c, &reference, sizeof c) != 0)
+            throw BenchError("the policies of a geometry configure different "
+                             "contexts");
         }
+        for (int batch : o.batches)
+          for (int n : o.contexts) {
+            DecodeResult r;
+            try {
+              r = benchDecode(g, buffers, batch, n, o, stream);
+            } catch (const BenchError &e) {
+              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                          kKvHeads * g.group, batch, n, e.what());
+              cudaGetLastError();
+              continue;
+            }
+            const double bytes = double(batch) * r.meanEntries * kKvHeads *
+                                 (2.0 * g.dim * 2 + 8);
+            auto gbs = [&](int v) {
+              return bytes / (r.usPerStep[v] * 1e-6) / 1e9;
+            };
+            const bool fused = r.ok[kFused], plain = r.ok[kPlain],
+                       unfused = r.ok[kUnfused];
+            const double fraction = fused ? gbs(kFused) / copy.best() : 0.0;
+            const double overhead =
+                fused && plain ? r.usPerStep[kFused] / r.usPerStep[kPlain] - 1
+                               : 0;
+            const double ratio =
+                fused && unfused ? r.usPerStep[kUnfused] / r.usPerStep[kFused]
+                                 : 0;
+            std::printf(
+                "%4d %3d %4d %3d %7d %9.2f | %9s %9s %9s | %8s %8s %6s %4s | "
+                "%7s %4s | %7s %4s\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n, bytes / 1e6,
+                cell(plain, "%.1f", r.usPerStep[kPlain]).c_str(),
+                cell(fused, "%.1f", r.usPerStep[kFused]).c_str(),
+                cell(unfused, "%.1f", r.usPerStep[kUnfused]).c_str(),
+                cell(plain, "%.0f", plain ? gbs(kPlain) : 0).c_str(),
+                cell(fused, "%.0f", fused ? gbs(kFused) : 0).c_str(),
+                cell(fused, "%.1f%%", 100 * fraction).c_str(),
+                mark(fused && batch >= 8 && n >= 4096,
+                     fraction >= kTargetCopyFraction),
+                cell(fused && plain, "%+.1f%%", 100 * overhead).c_str(),
+                mark(fused && plain, overhead <= kTargetStatsOverhead),
+                cell(fused && unfused, "%.2fx", ratio).c_str(),
+                mark(fused && unfused, ratio >= kTargetUnfusedRatio));
+            for (int v = 0; v < kNumVariants; ++v)
+              if (!r.ok[v] && o.variants[v])
+                std::printf("     %s: %s\n", kVariantNames[v],
+                            r.error[v].c_str());
+            if (plain)
+              plainUs[{g.dim, g.group, batch, n}] = r.usPerStep[kPlain];
+            csv("decode,%d,%d,%d,%d,%d,%.0f,us,%.3f,%.3f,%.3f,%.1f,%.1f\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n, bytes,
+                plain ? r.usPerStep[kPlain] : NAN,
+                fused ? r.usPerStep[kFused] : NAN,
+                unfused ? r.usPerStep[kUnfused] : NAN,
+                fused ? gbs(kFused) : NAN, copy.best());
+            std::fflush(stdout);
+          }
+      }
     }
 
-    // KIVI: the runtime decides; probe it rather than assume.
-    const BenchGeometry &first = kBenchGeometries[0];
-    std::printf("\nint2/int4 (KIVI) decode vs 16-bit decode: not supported "
-                "on the CUDA backend.\n  int2: %s\n  int4: %s\n  (KIVI's "
-                "flushes quantize blocks on the host over pool bytes; "
-                "docs/codegen-cuda.md, Limits.)\n",
-                probeKivi(first, buffers, KVC_FORMAT_KIVI_INT2).c_str(),
-                probeKivi(first, buffers, KVC_FORMAT_KIVI_INT4).c_str());
+    if (o.variants[kNumVariants + kInt2] || o.variants[kNumVariants + kInt4]) {
+      std::printf(
+          "\nint2/int4 (KIVI) decode against 16-bit decode, same geometry, "
+          "batch and context: policies/kivi2.mlir and kivi4.mlir (keys per "
+          "channel over blocks of 32 tokens, values per token over groups of "
+          "32 channels, the 128 most recent entries in full precision). A "
+          "step appends the token, quantizes on the device the value leaving "
+          "the window (and every 128 steps a block of keys), and attends "
+          "over packed codes dequantized in registers. A KIVI device pool "
+          "per format over random finite f16 bytes (no prefill); each round "
+          "of %d steps starts at `context` entries (the oldest are evicted "
+          "between rounds, untimed), >= %g ms per cell.\n"
+          "16-bit = the plain decode of the table above (f16 pages, "
+          "attention only; '-' when it was not measured).\n"
+          "int MB/step = sum over sequences and kv-heads, from the page "
+          "layout and each slot's formats, of: per entry 8 B [position, "
+          "per-slot KIVI word] + key: head_dim * bits / 8 B packed, or "
+          "head_dim * 2 B while in full precision + value: head_dim * bits "
+          "/ 8 B packed and head_dim / 32 {scale, min} pairs (8 B each), or "
+          "head_dim * 2 B in the window; + per key block of 32 slots "
+          "head_dim {scale, min} pairs; mean over the timed steps.\n"
+          "x16b = 16-bit time / KIVI time. Target: int2 >= %.0fx at "
+          "context >= 16k ('-': does not apply); int4 has none.\n\n",
+          o.steps, o.minMs, kTargetInt2Speedup);
+      std::printf("%4s %3s %4s %3s %7s | %9s %9s | %9s %9s %8s %6s %4s | %9s "
+                  "%9s %8s %6s\n",
+                  "dim", "G", "qh", "B", "context", "16b MB", "16b us",
+                  "int2 MB", "int2 us", "GB/s", "x16b", "tgt", "int4 MB",
+                  "int4 us", "GB/s", "x16b");
+      for (const BenchGeometry &g : kBenchGeometries) {
+        if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+          continue;
+        for (int batch : o.batches)
+          for (int n : o.contexts) {
+            KiviResult r;
+            try {
+              r = benchKivi(g, buffers, batch, n, o, stream);
+            } catch (const BenchError &e) {
+              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                          kKvHeads * g.group, batch, n, e.what());
+              cudaGetLastError();
+              continue;
+            }
+            auto found = plainUs.find({g.dim, g.group, batch, n});
+            const bool reference = found != plainUs.end();
+            const double t16 = reference ? found->second : 0.0;
+            // The plain decode's bytes (the table above): f16 keys and
+            // values of n + (steps + 1) / 2 entries on average.
+            const double bytes16 = double(batch) * (n + (o.steps + 1) / 2.0) *
+                                   kKvHeads * (2.0 * g.dim * 2 + 8);
+            auto gbs = [&](int v) {
+              return r.bytesPerStep[v] / (r.usPerStep[v] * 1e-6) / 1e9;
+            };
+            auto speedup = [&](int v) { return t16 / r.usPerStep[v]; };
+            const bool int2 = r.ok[kInt2], int4 = r.ok[kInt4];
+            std::printf(
+                "%4d %3d %4d %3d %7d | %9.2f %9s | %9s %9s %8s %6s %4s | %9s "
+                "%9s %8s %6s\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n, bytes16 / 1e6,
+                cell(reference, "%.1f", t16).c_str(),
+                cell(int2, "%.2f", r.bytesPerStep[kInt2] / 1e6).c_str(),
+                cell(int2, "%.1f", r.usPerStep[kInt2]).c_str(),
+                cell(int2, "%.0f", int2 ? gbs(kInt2) : 0).c_str(),
+                cell(int2 && reference, "%.2fx",
+                     int2 && reference ? speedup(kInt2) : 0)
+                    .c_str(),
+                mark(int2 && reference && n >= 16384,
+                     int2 && reference && speedup(kInt2) >= kTargetInt2Speedup),
+                cell(int4, "%.2f", r.bytesPerStep[kInt4] / 1e6).c_str(),
+                cell(int4, "%.1f", r.usPerStep[kInt4]).c_str(),
+                cell(int4, "%.0f", int4 ? gbs(kInt4) : 0).c_str(),
+                cell(int4 && reference, "%.2fx",
+                     int4 && reference ? speedup(kInt4) : 0)
+                    .c_str());
+            for (int v = 0; v < kNumKivi; ++v) {
+              if (!r.ok[v] && o.variants[kNumVariants + v])
+                std::printf("     %s: %s\n", kVariantNames[kNumVariants + v],
+                            r.error[v].c_str());
+              if (r.ok[v])
+                csv("%s,%d,%d,%d,%d,%d,%.0f,us,%.3f,%.3f,,%.1f,%.1f\n",
+                    kVariantNames[kNumVariants + v], g.dim, g.group,
+                    kKvHeads * g.group, batch, n, r.bytesPerStep[v],
+                    reference ? t16 : NAN, r.usPerStep[v], gbs(v), copy.best());
+            }
+            std::fflush(stdout);
+          }
+      }
+    }
 
     if (!o.prefillContexts.empty()) {
       std::printf(

@@ -10,7 +10,7 @@
 //  - kept positions identical, except at most kMaxBoundarySwaps entries per
 //    head whose scores tie with the selection boundary up to float order;
 //  - score state within 1e-3 relative (H2O's accumulated attention, RPC's
-//    window sum);
+//    window sum, the global budget's stored SnapKV scores);
 //  - importance bits (Scissorhands) identical, except for at most
 //    kMaxHistoryMismatches entries per head whose words differ in at most
 //    kMaxHistoryBits bits: a step's bit compares a float weight with the
@@ -21,6 +21,23 @@
 //    merged rows come from sums in a different order (CaM's weights from
 //    float attention statistics), so they agree within kMergeTolerance
 //    relative, two units of bf16 precision.
+// KIVI policies (kivi2, kivi4, snapkv_kivi2) run on a KIVI device pool,
+// where the generated CUDA performs the quantization work the runtime
+// records for each append, against the CPU backend on a host KIVI pool.
+// They run residual + 2 decode steps, so that values leave the window at
+// every step and a block of keys is quantized during decode. Per kept
+// position both sides must report the same key and value formats, and the
+// bytes must be equal: residual rows (keys and values still in full
+// precision), quantized value rows and their {scale, min} records, and
+// quantized key rows with their block's record wherever the block holds
+// the same positions on both sides (a boundary swap of snapkv_kivi2 moves
+// the later entries of a head to other blocks, whose per-channel ranges
+// then differ legitimately).
+// The global budget (snapkv_global) prefills every layer, then calls the
+// select kernel once on each side (host code over the scores each prefill
+// stored); heads keep different counts, so a boundary swap may move an
+// entry between heads: per-head counts may differ by kMaxBoundarySwaps,
+// the total kept must be equal.
 // Exits 77 (skipped) when no CUDA device is usable.
 //
 //===----------------------------------------------------------------------===//
@@ -35,6 +52,10 @@
 #include "kvc_h2o_cuda.h"
 #include "kvc_h2o_merge_cpu.h"
 #include "kvc_h2o_merge_cuda.h"
+#include "kvc_kivi2_cpu.h"
+#include "kvc_kivi2_cuda.h"
+#include "kvc_kivi4_cpu.h"
+#include "kvc_kivi4_cuda.h"
 #include "kvc_merge_nearest_cpu.h"
 #include "kvc_merge_nearest_cuda.h"
 #include "kvc_pyramidkv_cpu.h"
@@ -49,6 +70,10 @@
 #include "kvc_scissorhands_cuda.h"
 #include "kvc_snapkv_cpu.h"
 #include "kvc_snapkv_cuda.h"
+#include "kvc_snapkv_global_cpu.h"
+#include "kvc_snapkv_global_cuda.h"
+#include "kvc_snapkv_kivi2_cpu.h"
+#include "kvc_snapkv_kivi2_cuda.h"
 #include "kvc_streaming_llm_cpu.h"
 #include "kvc_streaming_llm_cuda.h"
 #include "kvc_tova_cpu.h"
@@ -103,6 +128,17 @@ using CudaDecodeFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
                                       const float *, const float *,
                                       const float *, int32_t, float *, void *,
                                       uint64_t, void *);
+using SelectFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, void *,
+                                  uint64_t);
+
+/// The select kernel of a global budget on both backends (host code, with a
+/// host workspace on both): called once after the prefill of every layer.
+struct SelectApi {
+  uint64_t (*cpuBytes)(int32_t);
+  SelectFn cpu;
+  uint64_t (*cudaBytes)(int32_t);
+  SelectFn cuda;
+};
 
 /// Both backends of one policy.
 struct Api {
@@ -122,6 +158,8 @@ struct Api {
   CudaPrefillFn cudaPrefill;
   uint64_t (*cudaDecodeBytes)(int32_t);
   CudaDecodeFn cudaDecode;
+  /// Null members for policies without a global budget.
+  SelectApi select;
 };
 
 #define KVC_API(p, state, merges)                                              \
@@ -130,7 +168,22 @@ struct Api {
         kvc_##p##_cpu_prefill, kvc_##p##_cpu_decode_workspace_bytes,           \
         kvc_##p##_cpu_decode, kvc_##p##_cuda_configure,                        \
         kvc_##p##_cuda_prefill_workspace_bytes, kvc_##p##_cuda_prefill,        \
-        kvc_##p##_cuda_decode_workspace_bytes, kvc_##p##_cuda_decode           \
+        kvc_##p##_cuda_decode_workspace_bytes, kvc_##p##_cuda_decode,          \
+        SelectApi {}                                                           \
+  }
+
+/// A policy with a global budget: KVC_API plus its select kernel.
+#define KVC_API_GLOBAL(p, state, merges)                                       \
+  Api {                                                                        \
+    #p, state, merges, kvc_##p##_cpu_configure, kvc_##p##_cpu_prefill_workspace_bytes,        \
+        kvc_##p##_cpu_prefill, kvc_##p##_cpu_decode_workspace_bytes,           \
+        kvc_##p##_cpu_decode, kvc_##p##_cuda_configure,                        \
+        kvc_##p##_cuda_prefill_workspace_bytes, kvc_##p##_cuda_prefill,        \
+        kvc_##p##_cuda_decode_workspace_bytes, kvc_##p##_cuda_decode,          \
+        SelectApi {                                                            \
+      kvc_##p##_cpu_select_workspace_bytes, kvc_##p##_cpu_select,              \
+          kvc_##p##_cuda_select_workspace_bytes, kvc_##p##_cuda_select         \
+    }                                                                          \
   }
 
 int failures = 0;
@@ -214,6 +267,13 @@ std::map<int, int> liveSlots(kvc_context_t *context, int layer, int head) {
   return live;
 }
 
+/// Bytes of one full-precision element.
+#if defined(KVC_TEST_DTYPE_f16) || defined(KVC_TEST_DTYPE_bf16)
+constexpr uint64_t kElementBytes = 2;
+#else
+constexpr uint64_t kElementBytes = 4;
+#endif
+
 /// Element c of a stored full-precision row.
 float decodeElement(const uint8_t *row, int c) {
 #if defined(KVC_TEST_DTYPE_f16) || defined(KVC_TEST_DTYPE_bf16)
@@ -231,12 +291,177 @@ float decodeElement(const uint8_t *row, int c) {
 #endif
 }
 
+bool isKivi(const kvc_config_t &config) {
+  return config.format == KVC_FORMAT_KIVI_INT2 ||
+         config.format == KVC_FORMAT_KIVI_INT4;
+}
+
+/// The pool bytes of one side as the host reads them: a host pool in place
+/// (`copy` null), or `copy`, the host copy of a device pool at `base`.
+struct PoolView {
+  kvc_context_t *context;
+  const uint8_t *copy;
+  const uint8_t *base;
+
+  /// First byte of the page holding `slot`, or null.
+  const uint8_t *page(int layer, int head, int slot) const {
+    void *address = nullptr;
+    if (kvc_get_page(context, 0, layer, head, slot / kPageSize, nullptr,
+                     nullptr, &address) != KVC_STATUS_OK ||
+        !address)
+      return nullptr;
+    const auto *p = static_cast<const uint8_t *>(address);
+    return copy ? copy + (p - base) : p;
+  }
+};
+
+/// The KIVI state of one head on one side: the metadata, the residual
+/// region and which slot each residual row holds.
+struct KiviHeadView {
+  explicit KiviHeadView(const PoolView &pool) : pool(pool) {}
+
+  PoolView pool;
+  kvc_metadata_t meta{};
+  const uint8_t *residual = nullptr;
+  int32_t residualLength = 0;
+  /// slot -> residual row.
+  std::map<int, int> rows;
+
+  bool load(int layer, int head) {
+    kvc_kivi_work_t work{};
+    if (kvc_get_metadata(pool.context, 0, layer, head, &meta) !=
+            KVC_STATUS_OK ||
+        kvc_kivi_pending_work(pool.context, 0, layer, head, &work) !=
+            KVC_STATUS_OK)
+      return false;
+    residual = pool.copy ? pool.copy + work.residual_offset
+                         : static_cast<const uint8_t *>(work.residual);
+    residualLength = work.residual_length;
+    for (int32_t r = 0; r < work.residual_length; ++r)
+      if (work.residual_slot[r] >= 0)
+        rows[work.residual_slot[r]] = r;
+    return true;
+  }
+  /// Residual key (value: `value`) row of the entry in `slot`, or null.
+  const uint8_t *residualRow(int slot, bool value) const {
+    auto it = rows.find(slot);
+    if (it == rows.end())
+      return nullptr;
+    const uint64_t row =
+        static_cast<uint64_t>(it->second) + (value ? residualLength : 0);
+    return residual + row * kDim * kElementBytes;
+  }
+  /// Positions of the slots of the key block holding `slot`
+  /// (KVC_POSITION_NONE for free ones).
+  std::vector<int32_t> blockPositions(int slot, int group) const {
+    std::vector<int32_t> positions(group, KVC_POSITION_NONE);
+    const int first = slot / group * group;
+    for (int i = 0; i < group && first + i < meta.num_slots; ++i)
+      positions[i] = meta.position[first + i];
+    return positions;
+  }
+};
+
+/// Compares the stored bytes of the KIVI entries that both backends kept in
+/// one (layer, head) (a, b: position -> slot): formats, residual rows,
+/// quantized value rows and records, and quantized key rows and block
+/// records where the block holds the same positions on both sides. Both
+/// backends append kept entries in ascending position order, so blocks
+/// differ only when the kept sets do.
+void compareKiviEntries(const std::string &where, const PoolView &cpuPool,
+                        const PoolView &gpuPool,
+                        const kvc_page_layout_t &layout,
+                        const kvc_config_t &config, int layer, int head,
+                        const std::map<int, int> &a,
+                        const std::map<int, int> &b) {
+  KiviHeadView c(cpuPool), g(gpuPool);
+  if (!c.load(layer, head) || !g.load(layer, head)) {
+    fail(where + ": KIVI state: " + kvc_last_error());
+    return;
+  }
+  const int group = config.group_size;
+  const uint64_t rowBytes = kDim * kElementBytes;
+  bool sameKept = a.size() == b.size();
+  for (auto &[pos, slot] : a)
+    sameKept = sameKept && b.count(pos);
+  int mismatches = 0;
+  std::string first;
+  auto check = [&](const uint8_t *x, const uint8_t *y, uint64_t bytes, int pos,
+                   const char *what) {
+    if (x && y && std::memcmp(x, y, bytes) == 0)
+      return;
+    if (mismatches++ == 0)
+      first = std::string(what) + " of position " + std::to_string(pos) +
+              (x && y ? "" : " (not found)");
+  };
+  for (auto &[pos, sa] : a) {
+    auto it = b.find(pos);
+    if (it == b.end())
+      continue;
+    const int sb = it->second;
+    const int keyFormat = c.meta.key_format[sa];
+    const int valueFormat = c.meta.value_format[sa];
+    if (keyFormat != g.meta.key_format[sb] ||
+        valueFormat != g.meta.value_format[sb]) {
+      if (mismatches++ == 0)
+        first = "formats of position " + std::to_string(pos) + ": gpu key " +
+                std::to_string(g.meta.key_format[sb]) + " value " +
+                std::to_string(g.meta.value_format[sb]) + ", cpu key " +
+                std::to_string(keyFormat) + " value " +
+                std::to_string(valueFormat);
+      continue;
+    }
+    const uint8_t *pa = c.pool.page(layer, head, sa);
+    const uint8_t *pb = g.pool.page(layer, head, sb);
+    const uint64_t oa = sa % kPageSize, ob = sb % kPageSize;
+    if (keyFormat == KVC_FORMAT_FULL) {
+      check(c.residualRow(sa, false), g.residualRow(sb, false), rowBytes, pos,
+            "residual key row");
+    } else if (c.blockPositions(sa, group) != g.blockPositions(sb, group)) {
+      if (sameKept && mismatches++ == 0)
+        first = "positions of the key block of position " +
+                std::to_string(pos);
+    } else {
+      check(pa ? pa + layout.key_offset + oa * layout.key_stride : nullptr,
+            pb ? pb + layout.key_offset + ob * layout.key_stride : nullptr,
+            layout.key_stride, pos, "key row");
+      check(pa ? pa + layout.key_param_offset +
+                     oa / group * layout.key_param_stride
+               : nullptr,
+            pb ? pb + layout.key_param_offset +
+                     ob / group * layout.key_param_stride
+               : nullptr,
+            layout.key_param_stride, pos, "key block record");
+    }
+    if (valueFormat == KVC_FORMAT_FULL) {
+      check(c.residualRow(sa, true), g.residualRow(sb, true), rowBytes, pos,
+            "residual value row");
+    } else {
+      check(pa ? pa + layout.value_offset + oa * layout.value_stride : nullptr,
+            pb ? pb + layout.value_offset + ob * layout.value_stride : nullptr,
+            layout.value_stride, pos, "value row");
+      check(pa ? pa + layout.value_param_offset + oa * layout.value_param_stride
+               : nullptr,
+            pb ? pb + layout.value_param_offset + ob * layout.value_param_stride
+               : nullptr,
+            layout.value_param_stride, pos, "value record");
+    }
+  }
+  if (mismatches)
+    fail(where + ": " + std::to_string(mismatches) +
+         " KIVI rows, records or formats differ from the cpu backend's "
+         "(first: " + first + ")");
+}
+
 /// Compares the two caches of one (layer, head): kept positions, score
-/// state and stored rows.
+/// state and stored rows. `countSlack`: by how many entries the kept counts
+/// may differ (a global budget's boundary swaps move entries between
+/// heads).
 void compareHeads(const std::string &where, kvc_context_t *cpu,
                   kvc_context_t *gpu, const std::vector<uint8_t> &gpuPool,
                   const uint8_t *gpuPoolBase, const kvc_page_layout_t &layout,
-                  int layer, int head, bool compareState, bool merged) {
+                  const kvc_config_t &config, int layer, int head,
+                  bool compareState, bool merged, size_t countSlack) {
   std::map<int, int> a = liveSlots(cpu, layer, head);
   std::map<int, int> b = liveSlots(gpu, layer, head);
   std::vector<int> onlyCpu, onlyGpu;
@@ -246,13 +471,19 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
   for (auto &[pos, slot] : b)
     if (!a.count(pos))
       onlyGpu.push_back(pos);
-  if (a.size() != b.size())
+  const size_t countDifference =
+      a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+  if (countDifference > countSlack)
     fail(where + ": kept " + std::to_string(b.size()) + " entries, cpu " +
          std::to_string(a.size()));
-  else if (onlyCpu.size() > static_cast<size_t>(kMaxBoundarySwaps))
-    fail(where + ": " + std::to_string(onlyCpu.size()) +
+  else if (std::max(onlyCpu.size(), onlyGpu.size()) >
+           static_cast<size_t>(kMaxBoundarySwaps))
+    fail(where + ": " +
+         std::to_string(std::max(onlyCpu.size(), onlyGpu.size())) +
          " kept entries differ from the cpu backend (first: cpu " +
-         std::to_string(onlyCpu[0]) + ", gpu " + std::to_string(onlyGpu[0]) +
+         (onlyCpu.empty() ? std::string("-") : std::to_string(onlyCpu[0])) +
+         ", gpu " +
+         (onlyGpu.empty() ? std::string("-") : std::to_string(onlyGpu[0])) +
          ")");
   kvc_metadata_t ma{}, mb{};
   if (kvc_get_metadata(cpu, 0, layer, head, &ma) != KVC_STATUS_OK ||
@@ -260,6 +491,7 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
     fail(where + ": metadata");
     return;
   }
+  const bool kivi = isKivi(config);
   std::vector<float> key(kDim), value(kDim);
   int historyMismatches = 0;
   for (auto &[pos, slot] : b) {
@@ -285,6 +517,8 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
         fail(where + ": state of position " + std::to_string(pos) + " is " +
              std::to_string(y) + ", cpu " + std::to_string(x));
     }
+    if (kivi)
+      continue;
     if (kvc_read_entry(cpu, 0, layer, head, it->second, kDim, key.data(),
                        value.data()) != KVC_STATUS_OK) {
       fail(where + ": read cpu entry");
@@ -316,6 +550,10 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
         break;
       }
   }
+  if (kivi)
+    compareKiviEntries(where, PoolView{cpu, nullptr, nullptr},
+                       PoolView{gpu, gpuPool.data(), gpuPoolBase}, layout,
+                       config, layer, head, a, b);
 }
 
 double maxDifference(const std::vector<float> &a, const std::vector<float> &b) {
@@ -345,9 +583,14 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
   kvc_config_t cpuConfig{}, gpuConfig{};
   api.cpuConfigure(&cpuConfig);
   api.cudaConfigure(&gpuConfig);
+  // KIVI: enough steps for every decode step to quantize the value leaving
+  // the window and for one step to quantize a block of keys.
+  const bool kivi = isKivi(gpuConfig);
+  const int decodeSteps = kivi ? gpuConfig.residual_length + 2 : kDecodeSteps;
   for (kvc_config_t *c : {&cpuConfig, &gpuConfig}) {
     c->page_size = kPageSize;
-    c->num_pages = kLayers * kKvHeads * ((kPrompt + 64) / kPageSize + 2);
+    c->num_pages =
+        kLayers * kKvHeads * ((kPrompt + decodeSteps + 64) / kPageSize + 2);
     c->max_sequences = 1;
   }
   cpuConfig.memory = KVC_MEMORY_HOST;
@@ -394,13 +637,15 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
   CUDA_OK(out.allocate(qFloats * 4));
   std::vector<uint8_t> gpuPool(poolBytes);
 
+  const bool global = api.select.cpu != nullptr;
+  const size_t countSlack = global ? kMaxBoundarySwaps : 0;
   auto compareLayer = [&](const std::string &where, int layer) {
     CUDA_OK(cudaMemcpy(gpuPool.data(), devicePool.ptr, poolBytes,
                        cudaMemcpyDeviceToHost));
     for (int h = 0; h < kKvHeads; ++h)
       compareHeads(where + " head " + std::to_string(h), cpu, gpu, gpuPool,
-                   devicePool.as<uint8_t>(), layout, layer, h, api.state,
-                   api.merges);
+                   devicePool.as<uint8_t>(), layout, gpuConfig, layer, h,
+                   api.state, api.merges, countSlack);
   };
 
   for (int layer = 0; layer < kLayers; ++layer) {
@@ -426,7 +671,33 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
     compareLayer(where, layer);
   }
 
-  for (int step = 0; step < kDecodeSteps; ++step) {
+  if (global) {
+    // One selection over the scores every layer's prefill stored; the CUDA
+    // backend's select is host code over the runtime's metadata as well.
+    std::vector<char> cpuSelect(api.select.cpuBytes(kPrompt)),
+        gpuSelect(api.select.cudaBytes(kPrompt));
+    KVC_OK(api.select.cpu(cpu, 0, kPrompt, cpuSelect.data(), cpuSelect.size()));
+    KVC_OK(
+        api.select.cuda(gpu, 0, kPrompt, gpuSelect.data(), gpuSelect.size()));
+    int64_t keptCpu = 0, keptGpu = 0;
+    for (int layer = 0; layer < kLayers; ++layer)
+      for (int h = 0; h < kKvHeads; ++h) {
+        int32_t x = 0, y = 0;
+        KVC_OK(kvc_get_num_entries(cpu, 0, layer, h, &x));
+        KVC_OK(kvc_get_num_entries(gpu, 0, layer, h, &y));
+        keptCpu += x;
+        keptGpu += y;
+      }
+    if (keptCpu != keptGpu)
+      fail(name + " select: kept " + std::to_string(keptGpu) +
+           " entries in all, cpu " + std::to_string(keptCpu));
+    if (keptGpu >= int64_t{kPrompt} * kLayers * kKvHeads)
+      fail(name + " select: evicted nothing");
+    for (int layer = 0; layer < kLayers; ++layer)
+      compareLayer(name + " select layer " + std::to_string(layer), layer);
+  }
+
+  for (int step = 0; step < decodeSteps; ++step) {
     const int32_t position = kPrompt + step;
     for (int layer = 0; layer < kLayers; ++layer) {
       Inputs in = makeInputs(rng, 1, structured, position);
@@ -467,6 +738,23 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
       compareLayer(where, layer);
     }
   }
+  if (kivi) {
+    // The steps quantized the values leaving the window and, in one of
+    // them, a block of keys appended during decode.
+    for (int layer = 0; layer < kLayers; ++layer)
+      for (int h = 0; h < kKvHeads; ++h) {
+        kvc_metadata_t meta{};
+        KVC_OK(kvc_get_metadata(gpu, 0, layer, h, &meta));
+        bool decodeKey = false;
+        for (int s = 0; s < meta.num_slots; ++s)
+          decodeKey |= meta.position[s] >= kPrompt &&
+                       meta.key_format[s] != KVC_FORMAT_FULL;
+        if (!decodeKey)
+          fail(name + " layer " + std::to_string(layer) + " head " +
+               std::to_string(h) +
+               ": no key appended during decode was quantized");
+      }
+  }
   std::printf("    %s\n", failures == before ? "ok" : "FAILED");
 }
 
@@ -492,22 +780,26 @@ int main() {
     return 1;
   }
   const Api apis[] = {
-      KVC_API(streaming_llm, false, false),
-      KVC_API(h2o, true, false),
-      KVC_API(snapkv, false, false),
-      KVC_API(pyramidkv, false, false),
-      KVC_API(pyramidkv_small, false, false),
-      KVC_API(tova, false, false),
-      KVC_API(adakv, false, false),
-      KVC_API(pyramidkv_small_adakv, false, false),
-      KVC_API(merge_nearest, false, true),
-      KVC_API(h2o_merge, true, true),
-      KVC_API(d2o, true, true),
-      KVC_API(cam, false, true),
-      KVC_API(scissorhands, false, false),
-      KVC_API(rpc_small, true, false),
+    KVC_API(streaming_llm, false, false),
+    KVC_API(h2o, true, false),
+    KVC_API(snapkv, false, false),
+    KVC_API(pyramidkv, false, false),
+    KVC_API(pyramidkv_small, false, false),
+    KVC_API(tova, false, false),
+    KVC_API(adakv, false, false),
+    KVC_API(pyramidkv_small_adakv, false, false),
+    KVC_API(merge_nearest, false, true),
+    KVC_API(h2o_merge, true, true),
+    KVC_API(d2o, true, true),
+    KVC_API(cam, false, true),
+    KVC_API(scissorhands, false, false),
+    KVC_API(rpc_small, true, false),
+    KVC_API(kivi2, false, false),
+    KVC_API(kivi4, false, false),
+    KVC_API(snapkv_kivi2, false, false),
+    KVC_API_GLOBAL(snapkv_global, true, false),
 #if KVC_TEST_HEAD_CLASSES
-      KVC_API(duo_small, false, false),
+    KVC_API(duo_small, false, false),
 #endif
   };
   for (const Api &api : apis)
