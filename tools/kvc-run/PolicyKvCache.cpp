@@ -75,6 +75,15 @@ PolicyKvCache::PolicyKvCache(const KvGeometry &geometry,
         double(layout_.key_param_stride) / double(config_.group_size);
   else
     bytesPerEntry_ += double(layout_.key_param_stride);
+  if (config_.low_format != KVC_FORMAT_FULL) {
+    // Mixed precision: entries of the low page class take its row and
+    // parameter bytes.
+    kvc_page_layout_t low;
+    check(kvc_low_page_layout(&config_, &low, nullptr),
+          "kvc_low_page_layout");
+    lowBytesPerEntry_ = double(low.key_stride + low.value_stride +
+                               low.key_param_stride + low.value_param_stride);
+  }
 
   uint64_t poolBytes = 0;
   check(kvc_pool_bytes_required(&config_, &poolBytes),
@@ -209,14 +218,32 @@ size_t PolicyKvCache::totalEntries() const {
   return total;
 }
 
+double PolicyKvCache::bytesPerEntry() const {
+  if (config_.low_format == KVC_FORMAT_FULL)
+    return bytesPerEntry_;
+  size_t entries = totalEntries();
+  return entries ? double(bytes()) / double(entries) : bytesPerEntry_;
+}
+
 size_t PolicyKvCache::bytes() const {
   bool kivi = config_.format == KVC_FORMAT_KIVI_INT2 ||
               config_.format == KVC_FORMAT_KIVI_INT4;
   double total = 0.0;
   for (int l = 0; l < geometry().numLayers; ++l) {
     for (int h = 0; h < geometry().numKvHeads; ++h) {
-      if (!kivi) {
+      if (!kivi && config_.low_format == KVC_FORMAT_FULL) {
         total += double(numEntries(l, h)) * bytesPerEntry_;
+        continue;
+      }
+      if (!kivi) {
+        kvc_metadata_t meta;
+        check(kvc_get_metadata(context_, kSequence, l, h, &meta),
+              "kvc_get_metadata");
+        for (int32_t s = 0; s < meta.num_slots; ++s)
+          if (meta.position[s] != KVC_POSITION_NONE)
+            total += meta.key_format[s] == config_.low_format
+                         ? lowBytesPerEntry_
+                         : bytesPerEntry_;
         continue;
       }
       // KIVI entries in the residual window are still full precision (the

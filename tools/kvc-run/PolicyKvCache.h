@@ -75,7 +75,9 @@ public:
   size_t totalEntries() const;
   /// Bytes one entry takes in this cache's page format, once quantized
   /// (see bytes()).
-  double bytesPerEntry() const { return bytesPerEntry_; }
+  /// Bytes of one cached entry; for mixed precision, the mean over the
+  /// entries cached now.
+  double bytesPerEntry() const;
 
 private:
   /// Throws PolicyError describing `what` with the runtime's last error
@@ -88,6 +90,8 @@ private:
   kvc_config_t config_{};
   kvc_page_layout_t layout_{};
   double bytesPerEntry_ = 0.0;
+  /// Mixed precision: bytes of an entry of the low page class.
+  double lowBytesPerEntry_ = 0.0;
   /// Bytes of one full-precision key or value row.
   double fullRowBytes_ = 0.0;
   /// The pool, over-allocated by KVC_POOL_ALIGNMENT to align its start.

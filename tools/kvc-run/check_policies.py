@@ -124,7 +124,7 @@ def eviction():
     prompt = write_prompt("long.txt", text_prefix(1560))
     small = ["streaming_llm_10pct", "h2o_10pct", "snapkv_10pct",
              "pyramidkv_10pct", "snapkv_kivi2_10pct"]
-    policies = ["full_f16"] + small + ["kivi2"]
+    policies = ["full_f16"] + small + ["kivi2", "int8", "mixed_precision"]
     runs = compare(prompt, policies, 24)
     ref, full16 = runs["none"], runs["full_f16"]
     check(ref["prompt_tokens"] > 300,
@@ -149,6 +149,18 @@ def eviction():
           "kivi2 keeps every entry, %g bytes each once quantized, %d bytes "
           "in all (the 128 most recent at f16) vs %d" %
           (kivi["bytes_per_entry"], kivi["kv_bytes"], full16["kv_bytes"]))
+    # Mixed precision keeps every entry: per head the ceil(0.2 n) best in
+    # int8 (64 + 64 code bytes + two float scales = 136 bytes), the rest
+    # in int2 (16 + 16 code bytes + two groups of {scale, min} for the key
+    # and the value = 64 bytes).
+    n = ref["prompt_tokens"]
+    high = -(-n // 5)
+    mixed, int8 = runs["mixed_precision"], runs["int8"]
+    want = LAYERS * KV_HEADS * (136 * high + 64 * (n - high))
+    check(mixed["entries"] == ref["entries"] and mixed["kv_bytes"] == want and
+          int8["kv_bytes"] == LAYERS * KV_HEADS * 136 * n,
+          "mixed_precision keeps every entry in %d bytes (want %d; int8 %d)"
+          % (mixed["kv_bytes"], want, int8["kv_bytes"]))
     check(all(runs[p]["replayed"] for p in policies[1:]),
           "the later policies replayed the recorded prompt pass")
     direct = compare(prompt, policies, 24, replay=False)
