@@ -197,6 +197,25 @@ int main(int argc, char **argv) {
         perEntry += double(layout.key_param_stride) / config.group_size;
       else
         perEntry += double(layout.key_param_stride);
+      // Mixed precision: entries of the low page class take its bytes; the
+      // figure is the mean over the entries kept.
+      if (config.low_format != KVC_FORMAT_FULL && entries > 0) {
+        kvc_page_layout_t low{};
+        check(kvc_low_page_layout(&config, &low, nullptr), "low layout");
+        const double lowEntry =
+            double(low.key_stride + low.value_stride + low.key_param_stride +
+                   low.value_param_stride);
+        double total = 0.0;
+        for (int h = 0; h < kHeads; ++h) {
+          kvc_metadata_t meta{};
+          check(kvc_get_metadata(context, 0, 0, h, &meta), "metadata");
+          for (int32_t slot = 0; slot < meta.num_slots; ++slot)
+            if (meta.position[slot] != KVC_POSITION_NONE)
+              total += meta.key_format[slot] == config.low_format ? lowEntry
+                                                                  : perEntry;
+        }
+        perEntry = total / double(entries);
+      }
       const double fullBytes = double(n + kSteps) * kHeads * 2 * kDim * 2;
       std::printf("{\"policy\": \"%s\", \"prompt\": %d, \"kept\": %.4f, "
                   "\"bytes_per_entry\": %.1f, \"memory\": %.4f, "
