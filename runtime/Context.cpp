@@ -410,6 +410,20 @@ kvc_status_t lookupHead(const char *name, const kvc_context *ctx,
   return KVC_STATUS_OK;
 }
 
+/// The page id of page-table entry `page` of a head (-1 for a hole).
+kvc_status_t lookupPage(const char *name, const kvc_context *ctx,
+                        uint64_t sequence, int32_t layer, int32_t head,
+                        int32_t page, int32_t &id) {
+  HeadRef ref;
+  KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+  int32_t size = static_cast<int32_t>(ref.head->pages.size());
+  if (page < 0 || page >= size)
+    return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
+                name, page, size);
+  id = ref.head->pages[page];
+  return KVC_STATUS_OK;
+}
+
 kvc_status_t checkLiveSlot(const char *name, const kvc_context *ctx,
                            const HeadState &h, int32_t slot) {
   int64_t slots = static_cast<int64_t>(h.pages.size()) * ctx->config.page_size;
@@ -1537,13 +1551,8 @@ extern "C" kvc_status_t kvc_get_page(const kvc_context_t *ctx,
                                      void **address) {
   const char *name = "kvc_get_page";
   return guarded(name, [&] {
-    HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    int32_t size = static_cast<int32_t>(ref.head->pages.size());
-    if (page < 0 || page >= size)
-      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
-                  name, page, size);
-    int32_t id = ref.head->pages[page];
+    int32_t id = -1;
+    KVC_CHECK(lookupPage(name, ctx, sequence, layer, head, page, id));
     if (pool_page)
       *pool_page = id < 0 ? -1 : ctx->poolPageOf(id);
     if (byte_offset)
@@ -1587,15 +1596,10 @@ extern "C" kvc_status_t kvc_get_page_format(const kvc_context_t *ctx,
                                             int32_t *format) {
   const char *name = "kvc_get_page_format";
   return guarded(name, [&] {
-    HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    int32_t size = static_cast<int32_t>(ref.head->pages.size());
-    if (page < 0 || page >= size)
-      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
-                  name, page, size);
+    int32_t id = -1;
+    KVC_CHECK(lookupPage(name, ctx, sequence, layer, head, page, id));
     if (!format)
       return fail(KVC_STATUS_NULL_POINTER, "%s: format is NULL", name);
-    int32_t id = ref.head->pages[page];
     *format = id < 0 ? -1 : ctx->formatOf(id);
     return KVC_STATUS_OK;
   });
