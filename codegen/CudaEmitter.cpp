@@ -51,6 +51,10 @@ public:
   /// KIVI storage: the runtime records the quantization work of appends
   /// (kvc_kivi_pending_work) and the kernels perform it.
   bool kivi = false;
+  /// Mixed precision: the context has a low page class (kLowBits-bit codes
+  /// in groups of kLowGroup channels) that decode reads beside the storage
+  /// format.
+  bool mixed = false;
 
   CudaKernelEmitter(PolicyOp policy, KernelOp kernel, AsmState &asmState)
       : policy(policy), kernel(kernel), asmState(asmState),
@@ -299,7 +303,7 @@ void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
 }
 
 void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
-  if (!selects && !state)
+  if (!selects && !state && !gather.getLow())
     return; // The host keeps every entry.
   os << "  " << opComment(gather) << "\n";
   if (selects) {
@@ -326,6 +330,15 @@ void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
           "  kvc::cuda::compactIndices<kStageThreads>(\n"
           "      n, [&](int32_t i) { return victim[i] != 0; }, w.victimList "
           "+ h * stride, &w.numVictims[h]);\n";
+  if (gather.getLow())
+    os << "  // Mixed precision: the best-ranked kept entries stay in the "
+          "storage format,\n  // the others go to the low page class.\n"
+          "  kvc::cuda::markHighPrecision<kStageThreads>("
+       << values.lookup(gather.getRank()).name << ", positions, n, "
+       << (selects ? "victim" : "nullptr") << ", "
+       << doubleLiteral(gather.getFraction()->convertToDouble())
+       << ",\n                                              w.high + h * "
+          "stride);\n";
 }
 
 LogicalResult CudaKernelEmitter::emitCrossStage(raw_ostream &os) {
@@ -760,6 +773,10 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                       "Kept prompt indices per head, ascending."});
     fields.push_back({"int32_t", "numKept", "kKvHeads", "Kept per head."});
   }
+  if (gather && gather.getLow())
+    fields.push_back({"uint8_t", "high", "kKvHeads * stride",
+                      "Mixed precision: 1 for the kept entries stored in the "
+                      "storage format."});
   if (append && kivi) {
     fields.push_back({"char", "kivi",
                       "kvc::cuda::kiviWorkBytes(kKvHeads, 1, kResidual, "
@@ -1035,11 +1052,20 @@ void CudaKernelEmitter::emitValidation(raw_ostream &out) {
          "kHeadDim)\n"
       << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
       << ": the context's geometry is not the policy's\");\n";
-  out << "  if (config.memory != KVC_MEMORY_DEVICE || config.dtype != kDtype "
-         "||\n"
-         "      config.format != kFormat)\n"
-      << "    return kvc_report_error(KVC_STATUS_UNSUPPORTED, \"" << name
-      << ": needs a device pool of the policy's dtype and format\");\n";
+  if (mixed)
+    out << "  if (config.memory != KVC_MEMORY_DEVICE || config.dtype != kDtype "
+           "||\n"
+           "      config.format != kFormat || config.low_format != kLowFormat "
+           "||\n"
+           "      config.group_size != kLowGroup)\n"
+        << "    return kvc_report_error(KVC_STATUS_UNSUPPORTED, \"" << name
+        << ": needs a device pool of the policy's dtype and formats\");\n";
+  else
+    out << "  if (config.memory != KVC_MEMORY_DEVICE || config.dtype != kDtype "
+           "||\n"
+           "      config.format != kFormat)\n"
+        << "    return kvc_report_error(KVC_STATUS_UNSUPPORTED, \"" << name
+        << ": needs a device pool of the policy's dtype and format\");\n";
   out << "  kvc_page_layout_t layout;\n"
          "  KVC_CUDA_TRY(kvc_page_layout(&config, &layout));\n"
          "  if (layout.key_stride != kRowBytes || layout.value_stride != "
@@ -1047,6 +1073,17 @@ void CudaKernelEmitter::emitValidation(raw_ostream &out) {
          "      layout.value_offset % 16 != 0)\n"
       << "    return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
       << ": unexpected page layout\");\n";
+  if (mixed)
+    out << "  // The low page class of mixed precision.\n"
+           "  kvc_page_layout_t lowLayout;\n"
+           "  KVC_CUDA_TRY(kvc_low_page_layout(&config, &lowLayout, "
+           "nullptr));\n"
+           "  if (lowLayout.key_stride != kLowRowBytes || "
+           "lowLayout.value_stride != kLowRowBytes ||\n"
+           "      lowLayout.key_param_stride != kLowRecordBytes ||\n"
+           "      lowLayout.value_param_stride != kLowRecordBytes)\n"
+        << "    return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
+        << ": unexpected low page layout\");\n";
   out << "  cudaStream_t s = static_cast<cudaStream_t>(stream);\n";
 }
 
@@ -1113,12 +1150,20 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   if (!gather)
     return;
   out << "  " << opComment(gather) << "\n";
+  const bool low = static_cast<bool>(gather.getLow());
   if (kivi)
     out << "  // The runtime allocates the slots of the kept entries on the "
            "host and\n"
            "  // records the KIVI work their append implies; kiviQuantize and "
            "kiviStageRows\n"
            "  // perform it.\n";
+  else if (low)
+    out << "  // The runtime allocates the slots of the kept entries on the "
+           "host, those\n"
+           "  // ranked best in the storage format and the others in the low "
+           "page class;\n"
+           "  // storeEntries and storeLowEntries then write them into their "
+           "pages.\n";
   else
     out << "  // The runtime allocates the slots of the kept entries on the "
            "host;\n"
@@ -1159,15 +1204,23 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
         << "\", cudaMemcpyAsync(storedScore.data(), w." << stored
         << ", sizeof(float) * storedScore.size(),\n"
            "                                     cudaMemcpyDeviceToHost, s));\n";
-  if (selects || state || history || !stored.empty())
+  if (low)
+    out << "    std::vector<uint8_t> high(static_cast<size_t>(kKvHeads) * n);\n"
+        << "    KVC_CUDA_CHECK(\"" << name
+        << "\", cudaMemcpyAsync(high.data(), w.high, high.size(),\n"
+           "                                     cudaMemcpyDeviceToHost, s));\n";
+  if (selects || state || history || !stored.empty() || low)
     out << "    KVC_CUDA_CHECK(\"" << name
         << "\", cudaStreamSynchronize(s));\n";
   out << "    std::vector<int32_t> keptPositions(n), slots(n);\n";
+  if (low)
+    out << "    std::vector<int32_t> order(n);\n";
   if (kivi)
     out << "    kvc::cuda::KiviWorkPlan kivi;\n";
   else
-    out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
-           "    stores.reserve(static_cast<size_t>(kKvHeads) * n);\n";
+    out << "    std::vector<kvc::cuda::StoreEntry> stores"
+        << (low ? ", lowStores" : "") << ";\n"
+        << "    stores.reserve(static_cast<size_t>(kKvHeads) * n);\n";
   out << "    for (int32_t h = 0; h < kKvHeads; ++h) {\n";
   if (selects)
     out << "      const int32_t count = numKept[h];\n"
@@ -1176,12 +1229,41 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   else
     out << "      const int32_t count = n;\n";
   std::string index = selects ? "index[j]" : "j";
-  out << "      if (count == 0)\n        continue;\n"
-      << "      for (int32_t j = 0; j < count; ++j)\n"
-      << "        keptPositions[j] = positions[" << index << "];\n"
-      << "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, "
-         "kHeadDim, nullptr, nullptr,\n"
-         "                              keptPositions.data(), slots.data()));\n";
+  out << "      if (count == 0)\n        continue;\n";
+  if (low) {
+    out << "      // Mixed precision: the high entries, then the low ones, "
+           "each in prompt\n"
+           "      // order (the order of the cpu backend's appends).\n"
+           "      const uint8_t *isHigh = high.data() + static_cast<size_t>(h) "
+           "* n;\n"
+           "      int32_t numHigh = 0;\n"
+           "      for (int32_t j = 0; j < count; ++j)\n"
+        << "        numHigh += isHigh[" << index << "];\n"
+        << "      for (int32_t j = 0, hi = 0, lo = numHigh; j < count; ++j)\n"
+        << "        order[isHigh[" << index << "] ? hi++ : lo++] = " << index
+        << ";\n";
+    index = "order[j]";
+  }
+  out << "      for (int32_t j = 0; j < count; ++j)\n"
+      << "        keptPositions[j] = positions[" << index << "];\n";
+  if (low)
+    out << "      if (numHigh > 0)\n"
+           "        KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, "
+           "numHigh, kHeadDim, nullptr, nullptr,\n"
+           "                                keptPositions.data(), "
+           "slots.data()));\n"
+           "      if (count > numHigh)\n"
+           "        KVC_CUDA_TRY(kvc_append_format(context, sequence, layer, "
+           "h, kLowFormat, count - numHigh,\n"
+           "                                       kHeadDim, nullptr, nullptr, "
+           "keptPositions.data() + numHigh,\n"
+           "                                       slots.data() + "
+           "numHigh));\n";
+  else
+    out << "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, "
+           "kHeadDim, nullptr, nullptr,\n"
+           "                              keptPositions.data(), "
+           "slots.data()));\n";
   if (state || history || !stored.empty())
     out << "      kvc_metadata_t meta;\n"
            "      KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, "
@@ -1228,23 +1310,45 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
          "          page = slots[j] / config.page_size;\n"
          "          KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, h, "
          "page, nullptr, nullptr, &address));\n"
-         "        }\n"
-         "        stores.push_back(kvc::cuda::storeEntry(layout, "
-         "config.page_size,\n"
-         "                                               "
-         "reinterpret_cast<uint64_t>(address), slots[j], h,\n"
-      << "                                               "
-      << (merge ? std::string("j") : index)
-      << ", kRowBytes));\n"
-         "      }\n"
+         "        }\n";
+  if (low)
+    out << "        if (j < numHigh)\n"
+           "          stores.push_back(kvc::cuda::storeEntry(layout, "
+           "config.page_size,\n"
+           "                                                 "
+           "reinterpret_cast<uint64_t>(address), slots[j], h,\n"
+        << "                                                 " << index
+        << ", kRowBytes));\n"
+           "        else\n"
+           "          lowStores.push_back(kvc::cuda::lowStoreEntry(lowLayout, "
+           "config.page_size,\n"
+           "                                                       "
+           "reinterpret_cast<uint64_t>(address), slots[j], h,\n"
+        << "                                                       " << index
+        << "));\n";
+  else
+    out << "        stores.push_back(kvc::cuda::storeEntry(layout, "
+           "config.page_size,\n"
+           "                                               "
+           "reinterpret_cast<uint64_t>(address), slots[j], h,\n"
+        << "                                               "
+        << (merge ? std::string("j") : index) << ", kRowBytes));\n";
+  out << "      }\n"
          "    }\n"
       << (merge ? "    // The merged rows, in kept-list order.\n" : "")
       << "    KVC_CUDA_TRY(kvc::cuda::launchStores<kHeadDim, kStorage>(stores, "
       << (merge ? "w.stores, w.mergedKeys, w.mergedValues, kKvStride, s,\n"
                 : "w.stores, k, v, kKvStride, s,\n")
       << "                                                           \"" << name
-      << "\"));\n"
-      << "  } catch (const std::bad_alloc &) {\n"
+      << "\"));\n";
+  if (low)
+    out << "    // The low entries' destinations follow the high ones' in the "
+           "workspace.\n"
+           "    KVC_CUDA_TRY((kvc::cuda::launchLowStores<kHeadDim, kLowBits, "
+           "kLowGroup>(\n"
+           "        lowStores, w.stores + stores.size(), k, v, kKvStride, s, \""
+        << name << "\")));\n";
+  out << "  } catch (const std::bad_alloc &) {\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
       << name << ": host allocation failed\");\n  }\n";
 }
@@ -1392,7 +1496,9 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "        kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, "
          "kMinSlotsPerSplit);\n"
          "    kvc::cuda::DecodeSplitArgs args{w.heads, "
-         "kvc::cuda::devicePageLayout(config, layout), q,\n"
+         "kvc::cuda::devicePageLayout(config, layout"
+      << (mixed ? ", lowLayout" : "")
+      << "), q,\n"
          "                                    kSoftmaxScale, "
          "plan.slotsPerSplit, plan.splits, stride,\n"
          "                                    w.logits, w.partials};\n";
@@ -1413,6 +1519,15 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "0, s>>>(args, kiviHeads,\n"
            "                                                                  "
            "     kResidual);\n";
+  else if (mixed)
+    out << "    // Mixed precision: the low pages (tagged by TableStager) hold "
+           "grouped int\n"
+           "    // codes, dequantized in registers.\n"
+           "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
+           "kvc::cuda::kDecodeThreads,\n"
+           "                                    kLowBits, kLowGroup>\n"
+           "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+           "0, s>>>(args);\n";
   else
     out << "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
            "kvc::cuda::kDecodeThreads>\n"
@@ -1527,7 +1642,36 @@ struct DeviceStorage {
   int64_t elementBytes = 0;
   /// KIVI: bits per code, group G and residual window R (0 otherwise).
   int64_t kiviBits = 0, kiviGroup = 0, residual = 0;
+  /// Mixed precision: bits per code and channel group of the low page
+  /// class (0 for one class).
+  int64_t lowBits = 0, lowGroup = 0;
 };
+
+/// The combinations of mixed precision (a gather with a low page class)
+/// that the CUDA backend lowers: a storage format of one row per token
+/// (FULL, INT8, FP8), kept entries gathered as they are (no merge of
+/// evicted ones), and low-class groups that divide head_dim.
+LogicalResult checkMixedPrecision(GatherOp gather, KernelOp kernel,
+                                  const RuntimeStorage &storage,
+                                  GeometryAttr geometry) {
+  if (storage.format == "KVC_FORMAT_KIVI_INT2" ||
+      storage.format == "KVC_FORMAT_KIVI_INT4")
+    return gather.emitOpError()
+           << "mixed precision (a low page class) over KIVI storage has no "
+              "CUDA lowering";
+  for (Operation &op : kernel.getBody().front())
+    if (isa<MergeNearestOp, MergeD2OOp, MergeCamOp>(op))
+      return gather.emitOpError()
+             << "mixed precision (a low page class) with a merge of evicted "
+                "entries ('"
+             << op.getName() << "') has no CUDA lowering";
+  const int64_t group = gather.getLow()->getGroup();
+  if (group <= 0 || geometry.getHeadDim() % group != 0)
+    return gather.emitOpError()
+           << "the low page class needs a channel group dividing head_dim "
+           << geometry.getHeadDim() << " (got " << group << ")";
+  return success();
+}
 
 FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
                                        ArrayRef<KernelOp> kernels) {
@@ -1537,10 +1681,10 @@ FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
   for (KernelOp kernel : kernels)
     for (Operation &op : kernel.getBody().front()) {
       if (auto g = dyn_cast<GatherOp>(op)) {
-        if (g.getLow())
-          return g.emitOpError()
-                 << "mixed precision (a low page class) has no CUDA lowering";
         storage = mapStorage(g, g.getKey(), g.getValue(), g.getResidualAttr());
+        if (succeeded(storage) && g.getLow() &&
+            failed(checkMixedPrecision(g, kernel, *storage, geometry)))
+          return failure();
       } else if (auto a = dyn_cast<AppendOp>(op)) {
         storage = mapStorage(a, a.getKey(), a.getValue(), a.getResidualAttr());
       } else {
@@ -1552,6 +1696,11 @@ FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
     }
   DeviceStorage d;
   d.format = storage->format;
+  addLowClass(kernels, *storage);
+  if (storage->lowFormat != "KVC_FORMAT_FULL") {
+    d.lowBits = storage->lowFormat == "KVC_FORMAT_INT2" ? 2 : 4;
+    d.lowGroup = storage->groupSize;
+  }
   if (d.format == "KVC_FORMAT_FULL") {
     Type t = geometry.getDtype();
     d.storage = t.isF16()    ? "kvc::cuda::Storage::F16"
@@ -1674,6 +1823,19 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
                     ";\n/// Bytes of one stored key or value row.\n"
                     "constexpr uint64_t kRowBytes = " +
                     std::to_string(storage->elementBytes) + " * kHeadDim;\n")
+      << (storage->lowBits
+              ? "/// Mixed precision: bits per code and channel group of the "
+                "low page class,\n/// the bytes of one of its packed rows "
+                "and of a slot's {scale, min} pairs.\n"
+                "constexpr int kLowBits = " +
+                    std::to_string(storage->lowBits) +
+                    ";\nconstexpr int kLowGroup = " +
+                    std::to_string(storage->lowGroup) +
+                    ";\nconstexpr uint64_t kLowRowBytes = kHeadDim * "
+                    "kLowBits / 8;\n"
+                    "constexpr uint64_t kLowRecordBytes = 2 * sizeof(float) * "
+                    "(kHeadDim / kLowGroup);\n"
+              : "")
 
       << "/// Decode splits: at most kMaxSplits per kv-head, each of at least\n"
       << "/// kMinSlotsPerSplit slots.\n"
@@ -1701,6 +1863,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
     }
     CudaKernelEmitter emitter(policy, kernel, asmState);
     emitter.kivi = storage->kiviBits != 0;
+    emitter.mixed = storage->lowBits != 0;
     if (failed(emitter.emit(src, host)))
       return failure();
     hdr << "/// Device workspace bytes of the entry point below.\n"
@@ -1720,11 +1883,14 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "  config->head_dim = kHeadDim;\n"
       << "  config->dtype = kDtype;\n"
       << "  config->format = kFormat;\n"
-      << (storage->kiviBits
-              ? "  config->group_size = kKiviGroup;\n"
-                "  config->residual_length = kResidual;\n"
-              : "  config->group_size = 0;\n"
-                "  config->residual_length = 0;\n")
+      << (storage->kiviBits ? "  config->group_size = kKiviGroup;\n"
+                              "  config->residual_length = kResidual;\n"
+          : storage->lowBits  ? "  config->group_size = kLowGroup;\n"
+                                "  config->residual_length = 0;\n"
+                              : "  config->group_size = 0;\n"
+                                "  config->residual_length = 0;\n")
+      << "  config->low_format = "
+      << (storage->lowBits ? "kLowFormat" : "KVC_FORMAT_FULL") << ";\n"
 
       << "  config->memory = KVC_MEMORY_DEVICE;\n"
       << "}\n\n"

@@ -17,6 +17,12 @@
 //    int8 or fp8 in registers), decodeAttentionSplit reads them once per
 //    step. Merges of evicted prompt entries (mergeTargets, mergeRows,
 //    mergeCamRows) run on the device too, with kvc_cpu.h's arithmetic.
+//  - Mixed precision (a context with a low_format): the prefill gather
+//    ranks the kept entries on the device (markHighPrecision), the host
+//    appends each class through the runtime, storeEntries and
+//    storeLowEntries write the two classes, and decodeAttentionSplit's
+//    mixed instantiation reads a low page's grouped int2/int4 rows where
+//    TableStager tagged its address (kLowPageTag).
 //
 // Layouts: prompt tensors are float32, row-major [token][head][channel];
 // a score buffer of a kv-head holds one float per entry (prompt index in
@@ -44,6 +50,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 namespace kvc::cuda {
@@ -233,6 +240,88 @@ template <int D, Storage S> struct RowShape {
 };
 
 //===----------------------------------------------------------------------===//
+// Asymmetric codes: KIVI and the low class of mixed precision
+//===----------------------------------------------------------------------===//
+
+/// kvc_quantize_asym's scale for the range [lo, hi], with IEEE operations
+/// (no contraction) so that the bytes equal the host's.
+template <int kBits> __device__ float kiviScale(float lo, float hi) {
+  return __fdiv_rn(__fsub_rn(hi, lo), static_cast<float>((1 << kBits) - 1));
+}
+
+/// code = rne((x - min) / scale) clamped to [0, 2^bits - 1]; 0 when scale
+/// is 0 (kvc_quantize_asym).
+template <int kBits>
+__device__ uint32_t kiviCode(float x, float scale, float lo) {
+  if (!(scale > 0.0f))
+    return 0;
+  const float code = rintf(fmaxf(__fdiv_rn(__fsub_rn(x, lo), scale), 0.0f));
+  return static_cast<uint32_t>(
+      fminf(code, static_cast<float>((1 << kBits) - 1)));
+}
+
+/// x = code * scale + min, rounded twice like the host's dequantization.
+__device__ inline float kiviDequant(uint32_t code, float scale, float lo) {
+  return __fadd_rn(__fmul_rn(static_cast<float>(code), scale), lo);
+}
+
+/// Mixed precision: a low-class row (KVC_FORMAT_INT2/INT4: kBits-bit codes
+/// per token, packed LSB-first, one {scale, min} pair per group of KG
+/// channels) read in the lane layout of RowShape<D, S>, the high class's, so
+/// that both classes share the query and accumulator registers of
+/// decodeAttentionSplit. Vector j of a lane covers kElemsPerVec consecutive
+/// channels, whose codes are kRunBytes consecutive bytes of the packed row.
+template <int D, Storage S, int kBits, int KG> struct LowRow {
+  using Shape = RowShape<D, S>;
+  static constexpr int kRowBytes = D * kBits / 8;
+  static constexpr int kRunBytes = Shape::kElemsPerVec * kBits / 8;
+  /// Bytes of the parameter record of one slot.
+  static constexpr uint64_t kRecordBytes = 2 * sizeof(float) * (D / KG);
+  static_assert(kBits == 2 || kBits == 4, "the low class is int2 or int4");
+  static_assert(KG > 0 && D % KG == 0, "groups must divide head_dim");
+  static_assert(kRunBytes == 1 || kRunBytes == 2 || kRunBytes == 4 ||
+                    kRunBytes == 8,
+                "a lane's codes are one aligned load");
+  using Word = std::conditional_t<
+      kRunBytes == 1, unsigned char,
+      std::conditional_t<
+          kRunBytes == 2, unsigned short,
+          std::conditional_t<kRunBytes == 4, unsigned int,
+                             unsigned long long>>>;
+
+  /// The codes of vector j of `lane` (aligned: rows and runs are multiples
+  /// of kRunBytes from a 16-byte aligned region).
+  __device__ static uint64_t load(const uint8_t *row, int j, int lane) {
+    return __ldg(reinterpret_cast<const Word *>(
+        row + Shape::channel(j, lane, 0) * kBits / 8));
+  }
+
+  /// Dequantizes the kElemsPerVec channels of vector j of `lane` from their
+  /// codes and the slot's record `params`.
+  __device__ static void decode(uint64_t codes, const float *params, int j,
+                                int lane, float *out) {
+    constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+    if constexpr (KG % Shape::kElemsPerVec == 0) {
+      // The vector lies in one group.
+      const int g = Shape::channel(j, lane, 0) / KG;
+      const float scale = __ldg(params + 2 * g), lo = __ldg(params + 2 * g + 1);
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e)
+        out[e] = kiviDequant(
+            static_cast<uint32_t>((codes >> (e * kBits)) & kMask), scale, lo);
+    } else {
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+        const int g = Shape::channel(j, lane, e) / KG;
+        out[e] = kiviDequant(
+            static_cast<uint32_t>((codes >> (e * kBits)) & kMask),
+            __ldg(params + 2 * g), __ldg(params + 2 * g + 1));
+      }
+    }
+  }
+};
+
+//===----------------------------------------------------------------------===//
 // Device views of the runtime's pages
 //===----------------------------------------------------------------------===//
 
@@ -240,18 +329,45 @@ template <int D, Storage S> struct RowShape {
 struct PageLayout {
   int32_t pageSize;
   uint64_t keyOffset, valueOffset, keyParamOffset, valueParamOffset;
+  /// Mixed precision: the same offsets in a low page (kvc_low_page_layout);
+  /// 0 for a context with one class.
+  uint64_t lowKeyOffset, lowValueOffset, lowKeyParamOffset,
+      lowValueParamOffset;
 };
 
 /// Converts the runtime's page layout.
 inline PageLayout devicePageLayout(const kvc_config_t &config,
                                    const kvc_page_layout_t &layout) {
-  return PageLayout{config.page_size, layout.key_offset, layout.value_offset,
-                    layout.key_param_offset, layout.value_param_offset};
+  return PageLayout{config.page_size,         layout.key_offset,
+                    layout.value_offset,      layout.key_param_offset,
+                    layout.value_param_offset, 0, 0, 0, 0};
 }
+
+/// Converts the page layouts of both classes of a mixed-precision context.
+inline PageLayout devicePageLayout(const kvc_config_t &config,
+                                   const kvc_page_layout_t &layout,
+                                   const kvc_page_layout_t &low) {
+  PageLayout l = devicePageLayout(config, layout);
+  l.lowKeyOffset = low.key_offset;
+  l.lowValueOffset = low.value_offset;
+  l.lowKeyParamOffset = low.key_param_offset;
+  l.lowValueParamOffset = low.value_param_offset;
+  return l;
+}
+
+/// Mixed precision: bit 0 of a page address in a HeadTable marks a page of
+/// the low class (kvc_get_page_format names the context's low_format). The
+/// bit is free: the pool is KVC_POOL_ALIGNMENT-aligned and so are the
+/// strides of pool pages and of low pages, so every page address is a
+/// multiple of 256. TableStager sets it; kernels that read a context with
+/// one class never see it.
+constexpr uint64_t kLowPageTag = 1;
 
 /// Snapshot of one (sequence, layer, kv-head) in device memory.
 struct HeadTable {
-  const uint64_t *pages;    ///< Device address of each page (0: a hole).
+  /// Device address of each page (0: a hole), with kLowPageTag set for a
+  /// low page of a mixed-precision context.
+  const uint64_t *pages;
   const int32_t *positions; ///< Per slot; KVC_POSITION_NONE when free.
   float *state;             ///< Score state per slot (null when unused).
   uint64_t *history;        ///< Importance bits per slot (null when unused).
@@ -434,6 +550,69 @@ __global__ void storeEntries(const StoreEntry *entries, int32_t count,
 /// Threads per block of storeEntries (one warp per entry).
 constexpr int kStoreThreads = 128;
 
+/// Encodes one float row of D channels into a low-class row (mixed
+/// precision) and its record of D / KG {scale, min} pairs: called by the 32
+/// lanes of a warp, with `row` and `pairs` the warp's shared scratch. The
+/// bytes of kvc_kivi_quantize_value, which a host pool's kvc_append_format
+/// writes: each group's minimum and maximum taken in the host's order
+/// (first element, then strict comparisons), scale = (max - min) /
+/// (2^bits - 1), codes kiviCode, packed as kvc_pack_bits (code c at bit
+/// (c * bits) % 8 of byte c * bits / 8).
+template <int D, int kBits, int KG>
+__device__ void storeLowRow(const float *src, uint8_t *dst, float *record,
+                            float *row, float *pairs) {
+  constexpr int kGroups = D / KG, kPerByte = 8 / kBits;
+  const int lane = threadIdx.x % kWarpSize;
+  for (int c = lane; c < D; c += kWarpSize)
+    row[c] = src[c];
+  __syncwarp();
+  for (int g = lane; g < kGroups; g += kWarpSize) {
+    float lo = row[g * KG], hi = lo;
+    for (int i = g * KG + 1; i < (g + 1) * KG; ++i) {
+      lo = row[i] < lo ? row[i] : lo;
+      hi = hi < row[i] ? row[i] : hi;
+    }
+    const float scale = kiviScale<kBits>(lo, hi);
+    pairs[2 * g] = record[2 * g] = scale;
+    pairs[2 * g + 1] = record[2 * g + 1] = lo;
+  }
+  __syncwarp();
+  for (int b = lane; b < D * kBits / 8; b += kWarpSize) {
+    uint32_t byte = 0;
+#pragma unroll
+    for (int e = 0; e < kPerByte; ++e) {
+      const int c = b * kPerByte + e, g = c / KG;
+      byte |= kiviCode<kBits>(row[c], pairs[2 * g], pairs[2 * g + 1])
+              << (e * kBits);
+    }
+    dst[b] = static_cast<uint8_t>(byte);
+  }
+  __syncwarp();
+}
+
+/// storeEntries for the low class of a mixed-precision context: writes
+/// `count` entries, one warp each, into low-page rows (StoreEntry's scale
+/// addresses are the entries' {scale, min} records; lowStoreEntry).
+template <int D, int kBits, int KG>
+__global__ void __launch_bounds__(kStoreThreads)
+    storeLowEntries(const StoreEntry *entries, int32_t count, const float *k,
+                    const float *v, int64_t kvStride) {
+  constexpr int kWarps = kStoreThreads / kWarpSize;
+  __shared__ float rows[kWarps][D], pairs[kWarps][2 * (D / KG)];
+  const int warp = threadIdx.x / kWarpSize;
+  const int32_t e = blockIdx.x * kWarps + warp;
+  if (e >= count)
+    return;
+  const StoreEntry s = entries[e];
+  const int64_t offset = s.row * kvStride + static_cast<int64_t>(s.head) * D;
+  storeLowRow<D, kBits, KG>(k + offset, reinterpret_cast<uint8_t *>(s.key),
+                            reinterpret_cast<float *>(s.keyScale), rows[warp],
+                            pairs[warp]);
+  storeLowRow<D, kBits, KG>(v + offset, reinterpret_cast<uint8_t *>(s.value),
+                            reinterpret_cast<float *>(s.valueScale),
+                            rows[warp], pairs[warp]);
+}
+
 //===----------------------------------------------------------------------===//
 // Decode attention: split-KV with exact statistics
 //===----------------------------------------------------------------------===//
@@ -518,10 +697,19 @@ __device__ void combineRowGroups(const DecodeSplitArgs &a, int32_t h,
 /// registers. kLanes lanes share a row; the block's rows run an online
 /// softmax each, combined at the end into the split's partial record. Every
 /// slot's logit is stored so that the merge can form exact probabilities.
-template <int G, int D, Storage S, int kThreads>
+///
+/// Mixed precision (kLowBits != 0): a slot of a page tagged kLowPageTag is
+/// a low-class row (LowRow: kLowBits-bit codes per token in groups of
+/// kLowGroup channels) that each lane dequantizes in registers into the
+/// same channels as a high row; the cache is read as stored, never
+/// expanded. With kLowBits == 0 (one class) none of it is compiled in.
+template <int G, int D, Storage S, int kThreads, int kLowBits = 0,
+          int kLowGroup = 0>
 __global__ void __launch_bounds__(kThreads)
     decodeAttentionSplit(DecodeSplitArgs a) {
   using Shape = RowShape<D, S>;
+  constexpr bool kMixed = kLowBits != 0;
+  using Low = LowRow<D, S, kLowBits, kLowGroup>;
   constexpr int kRowGroups = kThreads / Shape::kLanes;
   constexpr int kChunk = Shape::kChunk;
   const int32_t h = blockIdx.y, split = blockIdx.x;
@@ -555,26 +743,54 @@ __global__ void __launch_bounds__(kThreads)
     const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
     uint4 kRaw[Shape::kVecsPerLane], vRaw[Shape::kVecsPerLane];
     float kScale = 1.0f, vScale = 1.0f;
+    // Mixed precision: the codes and records of a low slot.
+    bool low = false;
+    [[maybe_unused]] uint64_t kCodes[Shape::kVecsPerLane],
+        vCodes[Shape::kVecsPerLane];
+    [[maybe_unused]] const float *kRecord = nullptr, *vRecord = nullptr;
     if (live) {
       const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
       const int32_t o = slot % a.layout.pageSize;
-      const uint4 *kRow = reinterpret_cast<const uint4 *>(
-          page + a.layout.keyOffset + static_cast<uint64_t>(o) * Shape::kRowBytes);
-      const uint4 *vRow = reinterpret_cast<const uint4 *>(
-          page + a.layout.valueOffset +
-          static_cast<uint64_t>(o) * Shape::kRowBytes);
+      if constexpr (kMixed) {
+        const uint64_t address = reinterpret_cast<uint64_t>(page);
+        low = (address & kLowPageTag) != 0;
+        page = reinterpret_cast<const uint8_t *>(address & ~kLowPageTag);
+        if (low) {
+          const uint8_t *kRow = page + a.layout.lowKeyOffset +
+                                static_cast<uint64_t>(o) * Low::kRowBytes;
+          const uint8_t *vRow = page + a.layout.lowValueOffset +
+                                static_cast<uint64_t>(o) * Low::kRowBytes;
 #pragma unroll
-      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-        kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
-        vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
+          for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+            kCodes[j] = Low::load(kRow, j, lane);
+            vCodes[j] = Low::load(vRow, j, lane);
+          }
+          kRecord = reinterpret_cast<const float *>(
+              page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
+          vRecord = reinterpret_cast<const float *>(
+              page + a.layout.lowValueParamOffset + o * Low::kRecordBytes);
+        }
       }
-      if constexpr (Codec<S>::kScaled) {
-        kScale = __ldg(reinterpret_cast<const float *>(
-                           page + a.layout.keyParamOffset) +
-                       o);
-        vScale = __ldg(reinterpret_cast<const float *>(
-                           page + a.layout.valueParamOffset) +
-                       o);
+      if (!low) {
+        const uint4 *kRow = reinterpret_cast<const uint4 *>(
+            page + a.layout.keyOffset +
+            static_cast<uint64_t>(o) * Shape::kRowBytes);
+        const uint4 *vRow = reinterpret_cast<const uint4 *>(
+            page + a.layout.valueOffset +
+            static_cast<uint64_t>(o) * Shape::kRowBytes);
+#pragma unroll
+        for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+          kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
+          vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
+        }
+        if constexpr (Codec<S>::kScaled) {
+          kScale = __ldg(reinterpret_cast<const float *>(
+                             page + a.layout.keyParamOffset) +
+                         o);
+          vScale = __ldg(reinterpret_cast<const float *>(
+                             page + a.layout.valueParamOffset) +
+                         o);
+        }
       }
     }
     float dot[G];
@@ -585,7 +801,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < Shape::kVecsPerLane; ++j) {
         float kf[Shape::kElemsPerVec];
-        Codec<S>::decode(kRaw[j], kScale, kf);
+        if constexpr (kMixed) {
+          if (low)
+            Low::decode(kCodes[j], kRecord, j, lane, kf);
+          else
+            Codec<S>::decode(kRaw[j], kScale, kf);
+        } else {
+          Codec<S>::decode(kRaw[j], kScale, kf);
+        }
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -607,8 +830,16 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     float vf[Shape::kVecsPerLane][Shape::kElemsPerVec];
 #pragma unroll
-    for (int j = 0; j < Shape::kVecsPerLane; ++j)
-      Codec<S>::decode(vRaw[j], vScale, vf[j]);
+    for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+      if constexpr (kMixed) {
+        if (low)
+          Low::decode(vCodes[j], vRecord, j, lane, vf[j]);
+        else
+          Codec<S>::decode(vRaw[j], vScale, vf[j]);
+      } else {
+        Codec<S>::decode(vRaw[j], vScale, vf[j]);
+      }
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const float l = dot[g] * a.scale;
@@ -721,28 +952,6 @@ __device__ float kiviSourceElement(const KiviSource &s, int c) {
   if (s.isInput)
     return Element<T>::round(reinterpret_cast<const float *>(s.address)[c]);
   return Element<T>::load(reinterpret_cast<const uint8_t *>(s.address), c);
-}
-
-/// kvc_quantize_asym's scale for the range [lo, hi], with IEEE operations
-/// (no contraction) so that the bytes equal the host's.
-template <int kBits> __device__ float kiviScale(float lo, float hi) {
-  return __fdiv_rn(__fsub_rn(hi, lo), static_cast<float>((1 << kBits) - 1));
-}
-
-/// code = rne((x - min) / scale) clamped to [0, 2^bits - 1]; 0 when scale
-/// is 0 (kvc_quantize_asym).
-template <int kBits>
-__device__ uint32_t kiviCode(float x, float scale, float lo) {
-  if (!(scale > 0.0f))
-    return 0;
-  const float code = rintf(fmaxf(__fdiv_rn(__fsub_rn(x, lo), scale), 0.0f));
-  return static_cast<uint32_t>(
-      fminf(code, static_cast<float>((1 << kBits) - 1)));
-}
-
-/// x = code * scale + min, rounded twice like the host's dequantization.
-__device__ inline float kiviDequant(uint32_t code, float scale, float lo) {
-  return __fadd_rn(__fmul_rn(static_cast<float>(code), scale), lo);
 }
 
 /// Runs the quantization jobs, one block of D threads each (thread c owns
@@ -1522,6 +1731,73 @@ __device__ int32_t selectVictims(const float *scores, const int32_t *positions,
   return static_cast<int32_t>(drop);
 }
 
+/// The number of kept entries that mixed precision keeps in the high
+/// format: ceil(fraction * kept), where a product that is an integer up to
+/// rounding (0.2 * 5) is not rounded up past it; kvc_cpu.h's
+/// highPrecisionCount, in the same double operations.
+__host__ __device__ inline int32_t highPrecisionCount(int32_t kept,
+                                                      double fraction) {
+  const double x = fraction * kept;
+  const double nearest = nearbyint(x);
+  const double count =
+      fabs(x - nearest) <= 1e-9 * (1.0 + fabs(x)) ? nearest : ceil(x);
+  return static_cast<int32_t>(count < kept ? count : kept);
+}
+
+/// Mixed precision of a prefill gather, the rule of kvc_cpu.h's
+/// markHighPrecision: sets high[i] = 1 for the highPrecisionCount(kept,
+/// fraction) kept entries (victim[i] == 0; every i < n when `victim` is
+/// null) that rank highest by score, ties going to the more recent
+/// position, and 0 for every other entry; returns that count. The cut is a
+/// radix selection over the keys (score, position); entries equal to it
+/// (only possible with repeated positions) are taken in index order, so
+/// exactly that many are flagged.
+template <int kThreads>
+__device__ int32_t markHighPrecision(const float *scores,
+                                     const int32_t *positions, int32_t n,
+                                     const uint8_t *victim, double fraction,
+                                     uint8_t *high) {
+  auto keyOf = [&](int32_t i, uint64_t *key) {
+    *key = static_cast<uint64_t>(orderedBits(scores[i])) << 32 |
+           static_cast<uint32_t>(positions[i]);
+    return !victim || !victim[i];
+  };
+  int32_t kept = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    kept += !victim || !victim[i];
+    high[i] = 0;
+  }
+  kept = blockReduce<kThreads>(kept);
+  const int32_t count = highPrecisionCount(kept, fraction);
+  if (count == 0)
+    return 0;
+  // The count-th largest key.
+  const uint64_t threshold =
+      blockSelectKth<kThreads, 64>(n, kept - count + 1, keyOf);
+  int32_t greater = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    uint64_t key;
+    if (keyOf(i, &key) && key > threshold) {
+      high[i] = 1;
+      ++greater;
+    }
+  }
+  greater = blockReduce<kThreads>(greater);
+  int32_t taken = 0;
+  for (int32_t base = 0; base < n; base += kThreads) {
+    const int32_t i = base + threadIdx.x;
+    uint64_t key = 0;
+    const bool equal = i < n && keyOf(i, &key) && key == threshold;
+    int32_t total = 0;
+    const int32_t rank = blockExclusiveScan<kThreads>(equal, &total);
+    if (equal && greater + taken + rank < count)
+      high[i] = 1;
+    taken += total;
+  }
+  __syncthreads();
+  return count;
+}
+
 /// Writes, in ascending order, the indices i < n with keep(i) to `list`
 /// and their count to *count (thread 0). Block-wide prefix sums.
 template <int kThreads, typename Keep>
@@ -1949,7 +2225,8 @@ inline uint64_t tableBytes(int32_t heads, int64_t slots,
 }
 
 /// Snapshot of the runtime's host bookkeeping of one (sequence, layer) for
-/// the device: per kv-head, the device address of every page, the position
+/// the device: per kv-head, the device address of every page (with
+/// kLowPageTag on the low pages of a mixed-precision context), the position
 /// of every slot and (optionally) the score state and the importance bits,
 /// packed into one host image that a single cudaMemcpyAsync uploads.
 class TableStager {
@@ -1958,6 +2235,9 @@ public:
   kvc_status_t gather(kvc_context_t *context, uint64_t sequence,
                       int32_t layer, int32_t heads, bool withState,
                       bool withHistory = false) {
+    kvc_config_t config;
+    KVC_CUDA_TRY(kvc_context_config(context, &config));
+    const bool mixed = config.low_format != KVC_FORMAT_FULL;
     try {
       heads_ = heads;
       withState_ = withState;
@@ -1975,6 +2255,13 @@ public:
           KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, h, p, nullptr,
                                     nullptr, &address));
           pages_[h][p] = reinterpret_cast<uint64_t>(address);
+          if (!mixed || !address)
+            continue;
+          int32_t format = 0;
+          KVC_CUDA_TRY(
+              kvc_get_page_format(context, sequence, layer, h, p, &format));
+          if (format == config.low_format)
+            pages_[h][p] |= kLowPageTag;
         }
         maxSlots_ = maxSlots_ > meta_[h].num_slots ? maxSlots_
                                                    : meta_[h].num_slots;
@@ -2077,7 +2364,10 @@ public:
 
   int32_t maxSlots() const { return maxSlots_; }
   const kvc_metadata_t &metadata(int32_t h) const { return meta_[h]; }
-  uint64_t pageAddress(int32_t h, int32_t page) const { return pages_[h][page]; }
+  /// The address of a page, without kLowPageTag.
+  uint64_t pageAddress(int32_t h, int32_t page) const {
+    return pages_[h][page] & ~kLowPageTag;
+  }
 
 private:
   static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
@@ -2100,6 +2390,25 @@ inline StoreEntry storeEntry(const kvc_page_layout_t &layout, int32_t pageSize,
   e.value = pageAddress + layout.value_offset + o * keyRowBytes;
   e.keyScale = pageAddress + layout.key_param_offset + o * sizeof(float);
   e.valueScale = pageAddress + layout.value_param_offset + o * sizeof(float);
+  e.head = head;
+  e.row = row;
+  return e;
+}
+
+/// The StoreEntry of slot `slot` of a low page at `pageAddress` (mixed
+/// precision; kvc_get_page's address of the low page), with `low` the low
+/// class's layout (kvc_low_page_layout): packed rows and {scale, min}
+/// records of its strides.
+inline StoreEntry lowStoreEntry(const kvc_page_layout_t &low, int32_t pageSize,
+                                uint64_t pageAddress, int32_t slot,
+                                int32_t head, int32_t row) {
+  const uint64_t o = static_cast<uint64_t>(slot % pageSize);
+  StoreEntry e;
+  e.key = pageAddress + low.key_offset + o * low.key_stride;
+  e.value = pageAddress + low.value_offset + o * low.value_stride;
+  e.keyScale = pageAddress + low.key_param_offset + o * low.key_param_stride;
+  e.valueScale =
+      pageAddress + low.value_param_offset + o * low.value_param_stride;
   e.head = head;
   e.row = row;
   return e;
@@ -2137,6 +2446,27 @@ kvc_status_t launchStores(const std::vector<StoreEntry> &entries,
   const int32_t count = static_cast<int32_t>(entries.size());
   storeEntries<D, S><<<(count + kWarps - 1) / kWarps, kStoreThreads, 0,
                        stream>>>(region, count, k, v, kvStride);
+  KVC_CUDA_CHECK(name, cudaGetLastError());
+  return KVC_STATUS_OK;
+}
+
+/// launchStores for the low class of a mixed-precision context
+/// (storeLowEntries; entries from lowStoreEntry).
+template <int D, int kBits, int KG>
+kvc_status_t launchLowStores(const std::vector<StoreEntry> &entries,
+                             StoreEntry *region, const float *k,
+                             const float *v, int64_t kvStride,
+                             cudaStream_t stream, const char *name) {
+  if (entries.empty())
+    return KVC_STATUS_OK;
+  KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, entries.data(),
+                                       sizeof(StoreEntry) * entries.size(),
+                                       cudaMemcpyHostToDevice, stream));
+  constexpr int kWarps = kStoreThreads / kWarpSize;
+  const int32_t count = static_cast<int32_t>(entries.size());
+  storeLowEntries<D, kBits, KG><<<(count + kWarps - 1) / kWarps,
+                                  kStoreThreads, 0, stream>>>(
+      region, count, k, v, kvStride);
   KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }

@@ -33,6 +33,18 @@
 // the same positions on both sides (a boundary swap of snapkv_kivi2 moves
 // the later entries of a head to other blocks, whose per-channel ranges
 // then differ legitimately).
+// Mixed precision (mixed_precision: int8 high, int2 low in groups of 32)
+// runs on a device pool with a low page class against the CPU backend on a
+// host pool with the same classes: every head must hold as many entries of
+// each class on both sides, the formats of a position may differ only for
+// at most kMaxBoundarySwaps entries per head whose ranks tie with the
+// boundary up to float order (their decode outputs then agree within
+// kClassSwapTolerance only: one entry is read in int8 on one side and in
+// int2 on the other), and the bytes of every position stored in the same
+// class on both sides must be equal: rows and parameter records of the
+// high pages (int8 with its scale) and of the low pages (packed codes and
+// {scale, min} pairs), each page read with its class's layout. The page
+// class the runtime reports must be the entries' format.
 // The global budget (snapkv_global) prefills every layer, then calls the
 // select kernel once on each side (host code over the scores each prefill
 // stored); heads keep different counts, so a boundary swap may move an
@@ -58,6 +70,8 @@
 #include "kvc_kivi4_cuda.h"
 #include "kvc_merge_nearest_cpu.h"
 #include "kvc_merge_nearest_cuda.h"
+#include "kvc_mixed_precision_cpu.h"
+#include "kvc_mixed_precision_cuda.h"
 #include "kvc_pyramidkv_cpu.h"
 #include "kvc_pyramidkv_cuda.h"
 #include "kvc_pyramidkv_small_adakv_cpu.h"
@@ -113,6 +127,7 @@ constexpr int kMaxBoundarySwaps = 2;
 constexpr double kMergeTolerance = 8e-3;
 constexpr int kMaxHistoryMismatches = 4;
 constexpr int kMaxHistoryBits = 2;
+constexpr double kClassSwapTolerance = 5e-2;
 
 using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
                                    const float *, const float *, const float *,
@@ -453,15 +468,108 @@ void compareKiviEntries(const std::string &where, const PoolView &cpuPool,
          "(first: " + first + ")");
 }
 
+/// Mixed precision: the entries of one (layer, head) that both backends
+/// kept (a, b: position -> slot), with `high` and `low` the layouts of the
+/// two page classes. Counts of each class must be equal, formats may differ
+/// for at most kMaxBoundarySwaps positions (returned through *swaps), and
+/// the rows and parameter records of positions stored in the same class
+/// must be byte-identical.
+void compareMixedEntries(const std::string &where, const PoolView &cpuPool,
+                         const PoolView &gpuPool,
+                         const kvc_page_layout_t &high,
+                         const kvc_page_layout_t &low,
+                         const kvc_config_t &config, int layer, int head,
+                         const std::map<int, int> &a,
+                         const std::map<int, int> &b, int *swaps) {
+  kvc_metadata_t ma{}, mb{};
+  if (kvc_get_metadata(cpuPool.context, 0, layer, head, &ma) !=
+          KVC_STATUS_OK ||
+      kvc_get_metadata(gpuPool.context, 0, layer, head, &mb) !=
+          KVC_STATUS_OK) {
+    fail(where + ": metadata");
+    return;
+  }
+  auto lowCount = [&](const kvc_metadata_t &m, const std::map<int, int> &x) {
+    int count = 0;
+    for (auto &[pos, slot] : x)
+      count += m.key_format[slot] == config.low_format;
+    return count;
+  };
+  const int lowCpu = lowCount(ma, a), lowGpu = lowCount(mb, b);
+  if (lowCpu != lowGpu)
+    fail(where + ": " + std::to_string(lowGpu) + " low-class entries, cpu " +
+         std::to_string(lowCpu));
+  int mismatches = 0, swapped = 0;
+  std::string first;
+  auto check = [&](const uint8_t *x, const uint8_t *y, uint64_t bytes, int pos,
+                   const char *what) {
+    if (bytes == 0 || (x && y && std::memcmp(x, y, bytes) == 0))
+      return;
+    if (mismatches++ == 0)
+      first = std::string(what) + " of position " + std::to_string(pos) +
+              (x && y ? "" : " (not found)");
+  };
+  for (auto &[pos, sa] : a) {
+    auto it = b.find(pos);
+    if (it == b.end())
+      continue;
+    const int sb = it->second;
+    const int format = ma.key_format[sa];
+    int32_t pageFormat = -1;
+    if (kvc_get_page_format(gpuPool.context, 0, layer, head, sb / kPageSize,
+                            &pageFormat) != KVC_STATUS_OK ||
+        pageFormat != mb.key_format[sb] ||
+        mb.value_format[sb] != mb.key_format[sb] ||
+        ma.value_format[sa] != format) {
+      if (mismatches++ == 0)
+        first = "page class of position " + std::to_string(pos);
+      continue;
+    }
+    if (format != mb.key_format[sb]) {
+      ++swapped;
+      continue;
+    }
+    const kvc_page_layout_t &l = format == config.low_format ? low : high;
+    const uint8_t *pa = cpuPool.page(layer, head, sa);
+    const uint8_t *pb = gpuPool.page(layer, head, sb);
+    const uint64_t oa = sa % kPageSize, ob = sb % kPageSize;
+    check(pa ? pa + l.key_offset + oa * l.key_stride : nullptr,
+          pb ? pb + l.key_offset + ob * l.key_stride : nullptr, l.key_stride,
+          pos, "key row");
+    check(pa ? pa + l.value_offset + oa * l.value_stride : nullptr,
+          pb ? pb + l.value_offset + ob * l.value_stride : nullptr,
+          l.value_stride, pos, "value row");
+    check(pa ? pa + l.key_param_offset + oa * l.key_param_stride : nullptr,
+          pb ? pb + l.key_param_offset + ob * l.key_param_stride : nullptr,
+          l.key_param_stride, pos, "key record");
+    check(pa ? pa + l.value_param_offset + oa * l.value_param_stride
+             : nullptr,
+          pb ? pb + l.value_param_offset + ob * l.value_param_stride
+             : nullptr,
+          l.value_param_stride, pos, "value record");
+  }
+  if (swapped > kMaxBoundarySwaps)
+    fail(where + ": " + std::to_string(swapped) +
+         " positions are stored in another class than on the cpu backend");
+  if (mismatches)
+    fail(where + ": " + std::to_string(mismatches) +
+         " rows, records or page classes differ from the cpu backend's "
+         "(first: " + first + ")");
+  *swaps += swapped;
+}
+
 /// Compares the two caches of one (layer, head): kept positions, score
 /// state and stored rows. `countSlack`: by how many entries the kept counts
 /// may differ (a global budget's boundary swaps move entries between
-/// heads).
+/// heads). `lowLayout`: the low page class of a mixed-precision context,
+/// whose entries that changed class are added to *classSwaps.
 void compareHeads(const std::string &where, kvc_context_t *cpu,
                   kvc_context_t *gpu, const std::vector<uint8_t> &gpuPool,
                   const uint8_t *gpuPoolBase, const kvc_page_layout_t &layout,
+                  const kvc_page_layout_t &lowLayout,
                   const kvc_config_t &config, int layer, int head,
-                  bool compareState, bool merged, size_t countSlack) {
+                  bool compareState, bool merged, size_t countSlack,
+                  int *classSwaps) {
   std::map<int, int> a = liveSlots(cpu, layer, head);
   std::map<int, int> b = liveSlots(gpu, layer, head);
   std::vector<int> onlyCpu, onlyGpu;
@@ -492,6 +600,7 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
     return;
   }
   const bool kivi = isKivi(config);
+  const bool mixed = config.low_format != KVC_FORMAT_FULL;
   std::vector<float> key(kDim), value(kDim);
   int historyMismatches = 0;
   for (auto &[pos, slot] : b) {
@@ -517,7 +626,7 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
         fail(where + ": state of position " + std::to_string(pos) + " is " +
              std::to_string(y) + ", cpu " + std::to_string(x));
     }
-    if (kivi)
+    if (kivi || mixed)
       continue;
     if (kvc_read_entry(cpu, 0, layer, head, it->second, kDim, key.data(),
                        value.data()) != KVC_STATUS_OK) {
@@ -554,6 +663,10 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
     compareKiviEntries(where, PoolView{cpu, nullptr, nullptr},
                        PoolView{gpu, gpuPool.data(), gpuPoolBase}, layout,
                        config, layer, head, a, b);
+  if (mixed)
+    compareMixedEntries(where, PoolView{cpu, nullptr, nullptr},
+                        PoolView{gpu, gpuPool.data(), gpuPoolBase}, layout,
+                        lowLayout, config, layer, head, a, b, classSwaps);
 }
 
 double maxDifference(const std::vector<float> &a, const std::vector<float> &b) {
@@ -596,8 +709,11 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
   cpuConfig.memory = KVC_MEMORY_HOST;
   uint64_t poolBytes = 0;
   KVC_OK(kvc_pool_bytes_required(&gpuConfig, &poolBytes));
-  kvc_page_layout_t layout{};
+  kvc_page_layout_t layout{}, lowLayout{};
   KVC_OK(kvc_page_layout(&gpuConfig, &layout));
+  const bool mixed = gpuConfig.low_format != KVC_FORMAT_FULL;
+  if (mixed)
+    KVC_OK(kvc_low_page_layout(&gpuConfig, &lowLayout, nullptr));
   std::vector<uint8_t> hostPoolStorage(poolBytes + KVC_POOL_ALIGNMENT);
   void *hostPool = hostPoolStorage.data() +
                    (KVC_POOL_ALIGNMENT -
@@ -639,14 +755,24 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
 
   const bool global = api.select.cpu != nullptr;
   const size_t countSlack = global ? kMaxBoundarySwaps : 0;
+  // Returns the entries of the layer that the backends stored in different
+  // classes (mixed precision).
   auto compareLayer = [&](const std::string &where, int layer) {
-    CUDA_OK(cudaMemcpy(gpuPool.data(), devicePool.ptr, poolBytes,
-                       cudaMemcpyDeviceToHost));
+    int classSwaps = 0;
+    if (cudaMemcpy(gpuPool.data(), devicePool.ptr, poolBytes,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+      fail(where + ": pool download");
+      return classSwaps;
+    }
     for (int h = 0; h < kKvHeads; ++h)
       compareHeads(where + " head " + std::to_string(h), cpu, gpu, gpuPool,
-                   devicePool.as<uint8_t>(), layout, gpuConfig, layer, h,
-                   api.state, api.merges, countSlack);
+                   devicePool.as<uint8_t>(), layout, lowLayout, gpuConfig,
+                   layer, h, api.state, api.merges, countSlack, &classSwaps);
+    return classSwaps;
   };
+  // Layers whose entries changed class since the prefill (their decode
+  // outputs agree within kClassSwapTolerance).
+  std::vector<bool> swappedLayers(kLayers, false);
 
   for (int layer = 0; layer < kLayers; ++layer) {
     Inputs in = makeInputs(rng, kPrompt, structured, 0);
@@ -668,7 +794,7 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
     const double worst = maxDifference(cpuOut, gpuOut);
     if (!(worst < kOutputTolerance))
       fail(where + ": output differs by " + std::to_string(worst));
-    compareLayer(where, layer);
+    swappedLayers[layer] = compareLayer(where, layer) > 0;
   }
 
   if (global) {
@@ -733,7 +859,9 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
       const std::string where = name + " decode step " + std::to_string(step) +
                                 " layer " + std::to_string(layer);
       const double worst = maxDifference(cpuOut, gpuOut);
-      if (!(worst < kOutputTolerance))
+      const double tolerance =
+          swappedLayers[layer] ? kClassSwapTolerance : kOutputTolerance;
+      if (!(worst < tolerance))
         fail(where + ": output differs by " + std::to_string(worst));
       compareLayer(where, layer);
     }
@@ -797,6 +925,7 @@ int main() {
     KVC_API(kivi2, false, false),
     KVC_API(kivi4, false, false),
     KVC_API(snapkv_kivi2, false, false),
+    KVC_API(mixed_precision, true, false),
     KVC_API_GLOBAL(snapkv_global, true, false),
 #if KVC_TEST_HEAD_CLASSES
     KVC_API(duo_small, false, false),
