@@ -17,6 +17,7 @@
 #ifndef KVC_RUNTIME_KVC_CPU_H
 #define KVC_RUNTIME_KVC_CPU_H
 
+#include "runtime/kvc_rules.h"
 #include "runtime/kvc_runtime.h"
 
 #include <algorithm>
@@ -663,20 +664,8 @@ inline void selectVictims(const float *scores, const int32_t *positions,
   std::sort(victims, victims + drop);
 }
 
-/// The number of kept entries that mixed precision keeps in the high
-/// format: ceil(fraction * kept), computed so that a product that is an
-/// integer up to rounding (0.2 * 5) is not rounded up past it.
-inline int32_t highPrecisionCount(int32_t kept, double fraction) {
-  const double x = fraction * kept;
-  const double nearest = std::nearbyint(x);
-  const double count =
-      std::fabs(x - nearest) <= 1e-9 * (1.0 + std::fabs(x)) ? nearest
-                                                            : std::ceil(x);
-  return static_cast<int32_t>(std::min<double>(count, kept));
-}
-
 /// Mixed precision of a prefill gather: sets high[i] = 1 for the
-/// highPrecisionCount(kept, fraction) prompt entries that are not among the
+/// rules::highPrecisionCount(kept, fraction) prompt entries that are not among the
 /// `numVictims` (ascending) victims and rank highest by `scores`, ties
 /// going to the more recent position, and 0 for every other entry. Returns
 /// that count. `order` is scratch of n ints.
@@ -693,7 +682,7 @@ inline int32_t markHighPrecision(const float *scores, const int32_t *positions,
     }
     order[kept++] = i;
   }
-  const int32_t count = highPrecisionCount(kept, fraction);
+  const int32_t count = rules::highPrecisionCount(kept, fraction);
   auto better = [&](int32_t a, int32_t b) {
     if (scores[a] != scores[b])
       return scores[a] > scores[b];

@@ -40,6 +40,7 @@
 #ifndef KVC_RUNTIME_KVC_CUDA_CUH
 #define KVC_RUNTIME_KVC_CUDA_CUH
 
+#include "runtime/kvc_rules.h"
 #include "runtime/kvc_runtime.h"
 
 #include <cuda_bf16.h>
@@ -1683,6 +1684,38 @@ __host__ __device__ inline int64_t pyramidBudget(int64_t capacity,
   return hi - layer * step + window;
 }
 
+/// Sets flag[i] = 1 for the `want` entries of the block's selection whose
+/// keys come first: every key strictly beyond `threshold` (above it with
+/// kAbove, below it otherwise), then keys equal to it in index order until
+/// `want` are flagged. `threshold` is the want-th key in that order
+/// (blockSelectKth), so exactly `want` entries are flagged; keyOf(i, &key)
+/// is false for entries outside the selection.
+template <int kThreads, bool kAbove, typename KeyOf>
+__device__ void flagThrough(int32_t n, KeyOf keyOf, uint64_t threshold,
+                            int32_t want, uint8_t *flag) {
+  int32_t beyond = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    uint64_t key;
+    if (keyOf(i, &key) && (kAbove ? key > threshold : key < threshold)) {
+      flag[i] = 1;
+      ++beyond;
+    }
+  }
+  beyond = blockReduce<kThreads>(beyond);
+  int32_t taken = 0;
+  for (int32_t base = 0; base < n; base += kThreads) {
+    const int32_t i = base + threadIdx.x;
+    uint64_t key = 0;
+    const bool equal = i < n && keyOf(i, &key) && key == threshold;
+    int32_t total = 0;
+    const int32_t rank = blockExclusiveScan<kThreads>(equal, &total);
+    if (equal && beyond + taken + rank < want)
+      flag[i] = 1;
+    taken += total;
+  }
+  __syncthreads();
+}
+
 /// Flags in `victim` the live entries outside the top `budget` by score and
 /// returns their count: the `drop` smallest of the keys (score, position),
 /// positions ordered so that ties evict the older entry when `tieRecent`
@@ -1707,45 +1740,13 @@ __device__ int32_t selectVictims(const float *scores, const int32_t *positions,
   if (drop == 0)
     return 0;
   const uint64_t threshold = blockSelectKth<kThreads, 64>(n, drop, keyOf);
-  int32_t less = 0;
-  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
-    uint64_t key;
-    if (keyOf(i, &key) && key < threshold) {
-      victim[i] = 1;
-      ++less;
-    }
-  }
-  less = blockReduce<kThreads>(less);
-  int32_t taken = 0;
-  for (int32_t base = 0; base < n; base += kThreads) {
-    const int32_t i = base + threadIdx.x;
-    uint64_t key = 0;
-    const bool equal = i < n && keyOf(i, &key) && key == threshold;
-    int32_t total = 0;
-    const int32_t rank = blockExclusiveScan<kThreads>(equal, &total);
-    if (equal && less + taken + rank < drop)
-      victim[i] = 1;
-    taken += total;
-  }
-  __syncthreads();
+  flagThrough<kThreads, false>(n, keyOf, threshold,
+                               static_cast<int32_t>(drop), victim);
   return static_cast<int32_t>(drop);
 }
 
-/// The number of kept entries that mixed precision keeps in the high
-/// format: ceil(fraction * kept), where a product that is an integer up to
-/// rounding (0.2 * 5) is not rounded up past it; kvc_cpu.h's
-/// highPrecisionCount, in the same double operations.
-__host__ __device__ inline int32_t highPrecisionCount(int32_t kept,
-                                                      double fraction) {
-  const double x = fraction * kept;
-  const double nearest = nearbyint(x);
-  const double count =
-      fabs(x - nearest) <= 1e-9 * (1.0 + fabs(x)) ? nearest : ceil(x);
-  return static_cast<int32_t>(count < kept ? count : kept);
-}
-
 /// Mixed precision of a prefill gather, the rule of kvc_cpu.h's
-/// markHighPrecision: sets high[i] = 1 for the highPrecisionCount(kept,
+/// markHighPrecision: sets high[i] = 1 for the rules::highPrecisionCount(kept,
 /// fraction) kept entries (victim[i] == 0; every i < n when `victim` is
 /// null) that rank highest by score, ties going to the more recent
 /// position, and 0 for every other entry; returns that count. The cut is a
@@ -1768,33 +1769,13 @@ __device__ int32_t markHighPrecision(const float *scores,
     high[i] = 0;
   }
   kept = blockReduce<kThreads>(kept);
-  const int32_t count = highPrecisionCount(kept, fraction);
+  const int32_t count = rules::highPrecisionCount(kept, fraction);
   if (count == 0)
     return 0;
   // The count-th largest key.
   const uint64_t threshold =
       blockSelectKth<kThreads, 64>(n, kept - count + 1, keyOf);
-  int32_t greater = 0;
-  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
-    uint64_t key;
-    if (keyOf(i, &key) && key > threshold) {
-      high[i] = 1;
-      ++greater;
-    }
-  }
-  greater = blockReduce<kThreads>(greater);
-  int32_t taken = 0;
-  for (int32_t base = 0; base < n; base += kThreads) {
-    const int32_t i = base + threadIdx.x;
-    uint64_t key = 0;
-    const bool equal = i < n && keyOf(i, &key) && key == threshold;
-    int32_t total = 0;
-    const int32_t rank = blockExclusiveScan<kThreads>(equal, &total);
-    if (equal && greater + taken + rank < count)
-      high[i] = 1;
-    taken += total;
-  }
-  __syncthreads();
+  flagThrough<kThreads, true>(n, keyOf, threshold, count, high);
   return count;
 }
 
