@@ -118,8 +118,30 @@ public:
            (decode ? "num_slots" : "n") + ")";
   }
 
+  /// Decode: the entry point of a batch of sequences, one step each (the
+  /// same arguments as the CUDA backend's, less the stream).
+  std::string batchDeclaration() {
+    return batchDecodeDeclaration(name, kernel, /*stream=*/false);
+  }
+
+  std::string batchWorkspaceDeclaration() {
+    return kvc::batchWorkspaceDeclaration(name);
+  }
+
   /// A one-paragraph description for the header.
   std::string documentation();
+  std::string batchDocumentation() {
+    return "The step of " + name +
+           " for `batch` distinct sequences of any lengths, sequence "
+           "sequences[b] at positions[b] with row b of q" +
+           (kernel.getKind() != KernelKind::decode_scoring ? ", k, v" : "") +
+           (writesOutput(kernel) ? " and out" : "") +
+           ", one after another in one workspace. Every sequence, the "
+           "workspace and the arguments are checked before the first step.";
+  }
+  /// Emits the batch entry point of a decode kernel: checks, then the
+  /// single-sequence entry once per sequence.
+  void emitBatch(raw_ostream &os);
 
   LogicalResult emit(raw_ostream &os);
 
@@ -233,6 +255,53 @@ std::string KernelEmitter::documentation() {
     break; // Emitted by emitSelectKernel.
   }
   llvm_unreachable("unknown kernel kind");
+}
+
+void KernelEmitter::emitBatch(raw_ostream &out) {
+  const bool hasKv = kernel.getKind() != KernelKind::decode_scoring;
+  const std::string batchName = name + "_batch";
+  out << "/// Workspace bytes of " << batchName
+      << ": the steps share one workspace.\n"
+      << batchWorkspaceDeclaration() << " {\n"
+      << "  (void)batch;\n"
+      << "  return " << name << "_workspace_bytes(num_slots);\n}\n\n";
+  out << "/// " << batchDocumentation() << "\n";
+  out << batchDeclaration() << " {\n";
+  out << "  if (!context || !sequences || !q" << (hasKv ? " || !k || !v" : "")
+      << " || !positions" << (writesOutput(kernel) ? " || !out" : "")
+      << " || !workspace)\n"
+      << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << batchName
+      << ": null argument\");\n";
+  out << "  if (layer < 0 || layer >= kLayers)\n"
+      << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << batchName
+      << ": layer out of range\");\n";
+  out << batchSequenceChecks(batchName);
+  out << "  kvc_config_t config;\n"
+         "  KVC_CPU_TRY(kvc_context_config(context, &config));\n"
+         "  if (config.num_kv_heads != kKvHeads)\n"
+      << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \""
+      << batchName << ": the context's geometry is not the policy's\");\n";
+  out << "  // Every sequence exists and fits the workspace before the first "
+         "step.\n"
+         "  for (int32_t b = 0; b < batch; ++b)\n"
+         "    for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+         "      int32_t slots = 0;\n"
+         "      KVC_CPU_TRY(kvc_get_num_slots(context, sequences[b], layer, h, "
+         "&slots));\n"
+         "      if (workspace_bytes < "
+      << name << "_workspace_bytes(slots + config.page_size))\n"
+      << "        return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+      << batchName << ": workspace smaller than " << name
+      << "_workspace_bytes(slots + page_size)\");\n"
+      << "    }\n";
+  out << "  for (int32_t b = 0; b < batch; ++b)\n"
+      << "    KVC_CPU_TRY(" << name
+      << "(context, sequences[b], layer, q + b * kQStride, "
+      << (hasKv ? "k + b * kKvStride, v + b * kKvStride, " : "")
+      << "positions[b],\n"
+      << "                " << (writesOutput(kernel) ? "out + b * kQStride, " : "")
+      << "workspace, workspace_bytes));\n";
+  out << "  return KVC_STATUS_OK;\n}\n\n";
 }
 
 void KernelEmitter::forRows(raw_ostream &os, bool perQuery,
@@ -1231,6 +1300,14 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
         << emitter.workspaceDeclaration() << ";\n";
     hdr << "/// " << emitter.documentation() << "\n"
         << emitter.declaration() << ";\n\n";
+    if (isDecodeKernel(kernel)) {
+      emitter.emitBatch(src);
+      hdr << "/// Workspace bytes of the batch entry point below, for "
+             "sequences of at most\n/// `num_slots` slots per kv-head.\n"
+          << emitter.batchWorkspaceDeclaration() << ";\n"
+          << "/// " << emitter.batchDocumentation() << "\n"
+          << emitter.batchDeclaration() << ";\n\n";
+    }
   }
   src << "} // extern \"C\"\n";
   hdr << "#ifdef __cplusplus\n} /* extern \"C\" */\n#endif\n\n#endif /* "

@@ -87,7 +87,18 @@ public:
            (decode ? "num_slots" : "n") + ")";
   }
 
+  /// Decode: the entry point of a batch of sequences, one step each, in one
+  /// launch per kernel (the single-sequence entry is a batch of one).
+  std::string batchDeclaration() {
+    return batchDecodeDeclaration(name, kernel, /*stream=*/true);
+  }
+
+  std::string batchWorkspaceDeclaration() {
+    return kvc::batchWorkspaceDeclaration(name);
+  }
+
   std::string documentation();
+  std::string batchDocumentation();
 
   /// Emits the device part (workspace, stages kernel) into `dev` and the
   /// extern "C" part (workspace query, entry point) into `host`.
@@ -244,6 +255,20 @@ std::string CudaKernelEmitter::documentation() {
   llvm_unreachable("unknown kernel kind");
 }
 
+std::string CudaKernelEmitter::batchDocumentation() {
+  const bool hasKv = kernel.getKind() != KernelKind::decode_scoring;
+  return "The step of " + name +
+         " for `batch` distinct sequences of any lengths, each at its "
+         "positions[b], in one launch per kernel (grid: splits x batch x "
+         "kv_heads) and at most one stream synchronization for the batch. "
+         "q: batch x q_heads x head_dim" +
+         (hasKv ? std::string("; k, v: batch x kv_heads x head_dim") : "") +
+         (writesOutput(kernel) ? "; out: batch x q_heads x head_dim" : "") +
+         ". sequences and positions are host arrays of `batch` entries; q, " +
+         (hasKv ? "k, v, " : "") + (writesOutput(kernel) ? "out, " : "") +
+         "workspace are device pointers.";
+}
+
 void CudaKernelEmitter::forRows(raw_ostream &os, bool perQuery,
                                 const std::string &call) {
   std::string text;
@@ -345,9 +370,14 @@ LogicalResult CudaKernelEmitter::emitCrossStage(raw_ostream &os) {
   os << "  " << opComment(crossOp) << "\n";
   if (auto reduce = dyn_cast<LayerReduceOp>(crossOp)) {
     Buffer in = values.lookup(reduce.getInput());
+    // Decode: the heads of sequence b of the batch.
     os << "  kvc::cuda::layerReduce<kStageThreads>(w." << in.name
+       << (decode ? in.perQuery ? " + b * kKvHeads * kGroup * stride"
+                                : " + b * kKvHeads * stride"
+                  : "")
        << ", kKvHeads, " << (in.perQuery ? "kGroup" : "1") << ", stride, n, "
-       << reduceEnumerator("cuda", reduce.getKind()) << ", w.layerScore);\n";
+       << reduceEnumerator("cuda", reduce.getKind()) << ", w.layerScore"
+       << (decode ? " + b * stride" : "") << ");\n";
     bind(reduce, "layerScore", false);
     return success();
   }
@@ -359,15 +389,16 @@ LogicalResult CudaKernelEmitter::emitCrossStage(raw_ostream &os) {
     return unsupported(crossOp, "per-query-head scores");
   std::string isLive =
       decode ? "[&](int32_t hd, int32_t i) {\n"
-               "        return i < w.heads[hd].numSlots && "
-               "w.heads[hd].positions[i] != KVC_POSITION_NONE;\n      }"
+               "        return i < heads[hd].numSlots && "
+               "heads[hd].positions[i] != KVC_POSITION_NONE;\n      }"
              : "[&](int32_t, int32_t i) { return w.positions[i] != "
                "KVC_POSITION_NONE; }";
   os << "  kvc::cuda::adaptiveBudgets<kStageThreads, kKvHeads>(\n      w."
-     << score.name << ", " << isLive << ", n, stride,\n      "
+     << score.name << (decode ? " + b * kKvHeads * stride" : "") << ", "
+     << isLive << ", n, stride,\n      "
      << budgetExprs.lookup(adaptive.getBase()) << ", "
      << floatLiteral("cuda", adaptive.getAlpha().convertToDouble())
-     << ", w.adaptiveBudgets);\n";
+     << ", w.adaptiveBudgets" << (decode ? " + b * kKvHeads" : "") << ");\n";
   budgets[adaptive] = "w.adaptiveBudgets[h]";
   return success();
 }
@@ -609,7 +640,8 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         ds << "};\n\n";
         declareBudget(
             os, classes,
-            table + "[layer][h] ? INT64_MAX : " +
+            table + (decode ? "[layer][head]" : "[layer][h]") +
+                " ? INT64_MAX : " +
                 std::to_string(classes.getSinks() + classes.getRecent()),
             false);
         return success();
@@ -729,8 +761,12 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                           (b.perQuery ? "kGroup * " : "") + "stride",
                       "Score buffer of a policy stage."});
   if (isa_and_nonnull<LayerReduceOp>(crossOp))
-    fields.push_back({"float", "layerScore", "stride",
-                      "The layer-wide score, the same for every head."});
+    fields.push_back({"float", "layerScore",
+                      decode ? "heads / kKvHeads * stride" : "stride",
+                      decode ? "Per sequence, the layer-wide score, the same "
+                               "for every head."
+                             : "The layer-wide score, the same for every "
+                               "head."});
   if (isa_and_nonnull<BudgetAdaptiveOp>(crossOp))
     fields.push_back({"int64_t", "adaptiveBudgets", "kKvHeads",
                       "AdaKV's budget of every head."});
@@ -798,19 +834,37 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads * stride",
                       "Destinations of the kept entries."});
 
+  // Decode carves per head of the batch: `heads` = batch x kv_heads, head
+  // b * kKvHeads + h being kv-head h of sequence b.
+  if (decode)
+    for (Field &f : fields) {
+      if (f.name == "layerScore")
+        continue;
+      for (size_t at = f.count.find("kKvHeads"); at != std::string::npos;
+           at = f.count.find("kKvHeads", at))
+        f.count.replace(at, sizeof("kKvHeads") - 1, "heads");
+    }
   os << "/// Device workspace of " << name << ", carved in this order.\n";
   os << "struct " << camel << "Workspace {\n";
   if (decode)
-    os << "  /// Device copy of the HeadTable of every kv-head (in tables).\n"
+    os << "  /// Device copy of the HeadTable of every head of the batch (in "
+          "tables).\n"
           "  const kvc::cuda::HeadTable *heads;\n";
   for (const Field &f : fields)
     os << "  /// " << f.doc << "\n  " << f.type << " *" << f.name << ";\n";
   os << "};\n\n";
-  os << "/// Carves the workspace for `stride` entries per kv-head (null "
-        "base: sizing only).\n";
-  os << "void carve" << camel << "Workspace(kvc::cuda::Carver &c, int64_t "
-        "stride, "
-     << camel << "Workspace &w) {\n";
+  if (decode)
+    os << "/// Carves the workspace for `heads` heads (batch x kv_heads) of "
+          "`stride` entries\n/// each (null base: sizing only).\n"
+       << "void carve" << camel << "Workspace(kvc::cuda::Carver &c, int32_t "
+          "heads, int64_t stride, "
+       << camel << "Workspace &w) {\n";
+  else
+    os << "/// Carves the workspace for `stride` entries per kv-head (null "
+          "base: sizing only).\n"
+       << "void carve" << camel << "Workspace(kvc::cuda::Carver &c, int64_t "
+          "stride, "
+       << camel << "Workspace &w) {\n";
   for (const Field &f : fields)
     os << "  w." << f.name << " = c.take<" << f.type << ">(" << f.count
        << ");\n";
@@ -903,6 +957,11 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
           again += budgetDecls.lookup(operand);
         }
     afterBody = again + afterBody;
+    // A batch launches the rest of a periodic phase when any of its
+    // sequences ends a period; each block checks its own.
+    if (decode && periodic)
+      afterBody = "  if ((position + 1) % kPeriod != 0)\n    return;\n" +
+                  afterBody;
   }
 
   std::string fn = camel;
@@ -927,18 +986,24 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   // reads.
   auto prologue = [&](const std::string &text) {
     SmallVector<std::pair<std::string, std::string>> decls;
-    decls.push_back({"h", "  const int32_t h = blockIdx.x;\n"});
     if (decode) {
+      decls.push_back({"h", "  // Head h of the batch: kv-head h % kKvHeads of "
+                            "sequence h / kKvHeads.\n"
+                            "  const int32_t h = blockIdx.x;\n"});
+      decls.push_back({"head", "  const int32_t head = h % kKvHeads;\n"});
       decls.push_back({"t", "  const kvc::cuda::HeadTable t = w.heads[h];\n"});
       decls.push_back({"n", "  const int32_t n = t.numSlots;\n"});
       decls.push_back(
           {"positions", "  const int32_t *positions = t.positions;\n"});
+      decls.push_back(
+          {"position", "  const int32_t position = t.queryPosition;\n"});
       decls.push_back(
           {"logits",
            "  const float *logits = w.logits + h * kGroup * stride;\n"});
       decls.push_back(
           {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
     } else {
+      decls.push_back({"h", "  const int32_t h = blockIdx.x;\n"});
       decls.push_back({"stride", "  const int64_t stride = n;\n"});
       decls.push_back(
           {"positions", "  const int32_t *positions = w.positions;\n"});
@@ -957,7 +1022,10 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
     }
     if (isa_and_nonnull<LayerReduceOp>(crossOp))
       decls.push_back(
-          {"layerScore", "  const float *layerScore = w.layerScore;\n"});
+          {"layerScore",
+           decode ? "  const float *layerScore = w.layerScore + h / kKvHeads "
+                    "* stride;\n"
+                  : "  const float *layerScore = w.layerScore;\n"});
     for (const Buffer &b : floatBuffers)
       decls.push_back({b.name, "  float *" + b.name + " = w." + b.name +
                                    " + h * " + (b.perQuery ? "kGroup * " : "") +
@@ -971,14 +1039,15 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
     out << "__global__ void __launch_bounds__(kStageThreads)\n    "
         << kernelName << "(" << camel << "Workspace w, ";
     if (decode)
-      out << "int64_t stride, int32_t numSplits, int32_t layer, "
-             "int32_t position, float *out) {\n";
+      out << "int64_t stride, int32_t numSplits, int32_t layer, float *out) "
+             "{\n";
     else
       out << "int32_t n, int32_t layer, const float *k, const float *v) {\n";
   };
 
   if (stagesKernel) {
-    out << "/// The stages of " << name << ", one block per kv-head, in the "
+    out << "/// The stages of " << name << ", one block per "
+        << (decode ? "head of the batch" : "kv-head") << ", in the "
         << "order of the policy" << (crossOp ? ", up to the cross-head op" : "")
         << ".\n";
     signature(fn);
@@ -986,55 +1055,93 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   }
   if (crossOp) {
     out << "/// The cross-head op of " << name
-        << ": one block for every head of the layer.\n"
+        << (decode ? ": one block for every head of the layer of a sequence "
+                     "of the batch.\n"
+                   : ": one block for every head of the layer.\n")
         << "__global__ void __launch_bounds__(kStageThreads)\n    " << fn
         << "AcrossHeads(" << camel << "Workspace w, ";
-    if (decode)
+    if (decode) {
       out << "int64_t stride, int32_t layer) {\n"
+          << "  // The kv-heads of sequence b of the batch.\n"
+             "  const int32_t b = blockIdx.x;\n"
+             "  const kvc::cuda::HeadTable *heads = w.heads + b * kKvHeads;\n"
           << (isa<LayerReduceOp>(crossOp)
                   ? "  // Every head holds the same entries (checked on the "
-                    "host).\n  const int32_t n = w.heads[0].numSlots;\n"
+                    "host).\n  const int32_t n = heads[0].numSlots;\n"
                   : "  const int32_t n = static_cast<int32_t>(stride);\n");
-    else
+      if (periodic)
+        out << "  if ((heads[0].queryPosition + 1) % kPeriod != 0)\n"
+               "    return;\n";
+    } else
       out << "int32_t n, int32_t layer) {\n"
           << "  const int64_t stride = n;\n";
     out << crossBody << "}\n\n";
     out << "/// The stages of " << name
-        << " after the cross-head op, one block per kv-head.\n";
+        << " after the cross-head op, one block per "
+        << (decode ? "head of the batch" : "kv-head") << ".\n";
     signature(fn + "AfterHeads");
     out << prologue(afterBody) << afterBody << "}\n\n";
   }
 
   // Workspace query and entry point.
+  if (!decode) {
+    host << "/// Device workspace bytes of " << name << ".\n";
+    host << workspaceDeclaration() << " {\n"
+         << "  kvc::cuda::Carver c(nullptr);\n"
+         << "  " << camel << "Workspace w;\n"
+         << "  carve" << camel << "Workspace(c, n, w);\n"
+         << "  return c.bytes();\n}\n\n";
+    host << "/// " << documentation() << "\n";
+    host << declaration() << " {\n";
+    emitValidation(host);
+    emitPrefillEntry(host);
+    host << "  return KVC_STATUS_OK;\n}\n\n";
+    return success();
+  }
+
+  // Decode: the batch entry does the work; its messages name it.
+  const std::string single = name;
+  host << "/// Device workspace bytes of " << single << "_batch.\n";
+  host << batchWorkspaceDeclaration() << " {\n"
+       << "  kvc::cuda::Carver c(nullptr);\n"
+       << "  " << camel << "Workspace w;\n"
+       << "  carve" << camel << "Workspace(c, batch * kKvHeads, num_slots, "
+       << "w);\n"
+       << "  return c.bytes();\n}\n\n";
+  host << "/// " << batchDocumentation() << "\n";
+  host << batchDeclaration() << " {\n";
+  name = single + "_batch";
+  emitValidation(host);
+  emitDecodeEntry(host);
+  name = single;
+  host << "  return KVC_STATUS_OK;\n}\n\n";
+
   host << "/// Device workspace bytes of " << name << ".\n";
   host << workspaceDeclaration() << " {\n"
-      << "  kvc::cuda::Carver c(nullptr);\n"
-      << "  " << camel << "Workspace w;\n"
-      << "  carve" << camel << "Workspace(c, " << (decode ? "num_slots" : "n")
-      << ", w);\n"
-      << "  return c.bytes();\n}\n\n";
-
+       << "  return " << name << "_batch_workspace_bytes(1, num_slots);\n}\n\n";
   host << "/// " << documentation() << "\n";
-  host << declaration() << " {\n";
-  emitValidation(host);
-  if (decode)
-    emitDecodeEntry(host);
-  else
-    emitPrefillEntry(host);
-  host << "  return KVC_STATUS_OK;\n}\n\n";
+  host << declaration() << " {\n"
+       << "  // A batch of one.\n"
+       << "  return " << name << "_batch(context, 1, &sequence, layer, q, "
+       << (kernel.getKind() != KernelKind::decode_scoring ? "k, v, " : "")
+       << "&position, " << (writesOutput(kernel) ? "out, " : "")
+       << "workspace,\n"
+       << "      workspace_bytes, stream);\n}\n\n";
   return success();
 }
 
 void CudaKernelEmitter::emitValidation(raw_ostream &out) {
   const bool hasKv = kernel.getKind() != KernelKind::decode_scoring;
-  out << "  if (!context || !q" << (hasKv ? " || !k || !v" : "")
-      << (decode ? "" : " || !positions")
+  out << "  if (!context" << (decode ? " || !sequences" : "") << " || !q"
+      << (hasKv ? " || !k || !v" : "") << " || !positions"
       << (writesOutput(kernel) ? " || !out" : "") << " || !workspace)\n"
       << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
       << ": null argument\");\n";
   out << "  if (layer < 0 || layer >= kLayers)\n"
       << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
       << ": layer out of range\");\n";
+  if (decode)
+    out << batchSequenceChecks(name);
   if (!decode) {
     out << "  if (n <= 0)\n"
         << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
@@ -1414,84 +1521,94 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   std::string fn = camel;
   fn[0] = static_cast<char>(std::tolower(fn[0]));
   fn += "Stages";
-  out << "  int32_t maxSlots = 0;\n"
-         "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+  const std::string outArg = attention.getOutput() ? "out" : "w.scratchOut";
+  out << "  // Head i of the batch is kv-head i % kKvHeads of sequence i / "
+         "kKvHeads.\n"
+         "  const int32_t heads = batch * kKvHeads;\n"
+         "  int32_t maxSlots = 0;\n"
+         "  for (int32_t i = 0; i < heads; ++i) {\n"
          "    int32_t slots = 0;\n"
-         "    KVC_CUDA_TRY(kvc_get_num_slots(context, sequence, layer, h, "
-         "&slots));\n"
+         "    KVC_CUDA_TRY(kvc_get_num_slots(context, sequences[i / kKvHeads], "
+         "layer, i % kKvHeads, &slots));\n"
          "    maxSlots = slots > maxSlots ? slots : maxSlots;\n"
          "  }\n";
   out << "  // Slots after the append: at most one more page per head.\n"
          "  const int64_t stride = static_cast<int64_t>(maxSlots) + "
          "config.page_size;\n";
   out << "  if (workspace_bytes < " << name
-      << "_workspace_bytes(static_cast<int32_t>(stride)))\n"
+      << "_workspace_bytes(batch, static_cast<int32_t>(stride)))\n"
       << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
       << ": workspace smaller than " << name
-      << "_workspace_bytes(slots + page_size)\");\n";
+      << "_workspace_bytes(batch, slots + page_size)\");\n";
   out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
-      << "Workspace w;\n  carve" << camel << "Workspace(carver, stride, w);\n";
+      << "Workspace w;\n  carve" << camel
+      << "Workspace(carver, heads, stride, w);\n";
   out << "  try {\n";
   if (append) {
     out << "    " << opComment(append) << "\n"
         << "    // The runtime takes the lowest free slot of each head (a "
            "victim's slot\n"
            "    // after an eviction); storeEntries writes the row there.\n"
-           "    int32_t newSlots[kKvHeads];\n"
-           "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
-           "      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, 1, "
-           "kHeadDim, nullptr, nullptr, &position,\n"
-           "                              &newSlots[h]));\n";
+           "    std::vector<int32_t> newSlots(heads);\n"
+           "    for (int32_t i = 0; i < heads; ++i)\n"
+           "      KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], "
+           "layer, i % kKvHeads, 1, kHeadDim,\n"
+           "                              nullptr, nullptr, &positions[i / "
+           "kKvHeads], &newSlots[i]));\n";
     if (kivi)
       out << "    // KIVI: the new row goes to the residual window; the value "
              "that leaves it\n"
              "    // and, every R appends, a block of keys are quantized "
              "(kvc_kivi_pending_work).\n"
              "    kvc::cuda::KiviWorkPlan kivi;\n"
-             "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+             "    for (int32_t i = 0; i < heads; ++i) {\n"
+             "      const int32_t row = i / kKvHeads;\n"
              "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, "
-             "sequence, layer, h, layout, config.page_size,\n"
-             "                                               kKiviGroup, "
-             "nullptr, k, v, kKvStride)));\n"
+             "sequences[row], layer, i % kKvHeads, layout,\n"
+             "                                               "
+             "config.page_size, kKiviGroup, &row, k, v, kKvStride)));\n"
+             "    }\n"
              "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
              "kDtype>(\n"
-             "        w.kivi, kvc::cuda::kiviWorkBytes(kKvHeads, 1, "
+             "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
              "kResidual, kKiviGroup), s, \""
           << name << "\")));\n";
   }
   out << "    kvc::cuda::TableStager tables;\n"
-         "    KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, "
-         "/*withState=*/"
+         "    KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, "
+         "layer, kKvHeads,\n"
+         "                               /*withState=*/"
       << (state ? "true" : "false")
       << (history ? ", /*withHistory=*/true" : "") << "));\n"
       << "    KVC_CUDA_TRY(tables.upload(w.tables, s, \"" << name
       << "\", &w.heads));\n";
   if (isa_and_nonnull<LayerReduceOp>(crossOp))
-    out << "    // Layer-wide scores index slots: every head must hold the "
-           "same entries.\n"
-           "    for (int32_t h = 1; h < kKvHeads; ++h)\n"
-           "      if (tables.metadata(h).num_slots != "
-           "tables.metadata(0).num_slots ||\n"
-           "          std::memcmp(tables.metadata(h).position, "
-           "tables.metadata(0).position,\n"
-           "                      sizeof(int32_t) * "
-           "tables.metadata(0).num_slots) != 0)\n"
+    out << "    // Layer-wide scores index slots: every head of a sequence "
+           "must hold the\n    // same entries.\n"
+           "    for (int32_t i = 0; i < heads; ++i) {\n"
+           "      const kvc_metadata_t &first = tables.metadata(i - i % "
+           "kKvHeads);\n"
+           "      if (tables.metadata(i).num_slots != first.num_slots ||\n"
+           "          std::memcmp(tables.metadata(i).position, "
+           "first.position,\n"
+           "                      sizeof(int32_t) * first.num_slots) != 0)\n"
         << "        return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
-        << ": the heads of a layer-wide policy hold different entries\");\n";
+        << ": the heads of a layer-wide policy hold different entries\");\n"
+        << "    }\n";
   if (append && !kivi)
     out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
-           "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
+           "    for (int32_t i = 0; i < heads; ++i)\n"
            "      stores.push_back(kvc::cuda::storeEntry(\n"
-           "          layout, config.page_size, tables.pageAddress(h, "
-           "newSlots[h] / config.page_size),\n"
-           "          newSlots[h], h, 0, kRowBytes));\n"
+           "          layout, config.page_size, tables.pageAddress(i, "
+           "newSlots[i] / config.page_size),\n"
+           "          newSlots[i], i % kKvHeads, i / kKvHeads, kRowBytes));\n"
         << "    KVC_CUDA_TRY(kvc::cuda::launchStores<kHeadDim, kStorage>("
            "stores, w.stores, k, v, kKvStride, s,\n"
            "                                                           \""
         << name << "\"));\n";
   out << "    " << opComment(attention) << "\n"
-      << "    // Split-KV: one block per (split, kv-head) reads every key "
-         "and value once.\n"
+      << "    // Split-KV: one block per (split, head of the batch) reads "
+         "every key and value\n    // once.\n"
          "    const kvc::cuda::SplitPlan plan =\n"
          "        kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, "
          "kMinSlotsPerSplit);\n"
@@ -1508,17 +1625,17 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "    // the residual rows (KiviStager: per slot, row and formats).\n"
            "    kvc::cuda::KiviStager kiviTables;\n"
            "    const kvc::cuda::KiviHead *kiviHeads = nullptr;\n"
-           "    KVC_CUDA_TRY(kiviTables.upload(context, sequence, layer, "
-           "tables, kKvHeads, w.kiviTables, s,\n"
-           "                                   \""
+           "    KVC_CUDA_TRY(kiviTables.upload(context, batch, sequences, "
+           "layer, tables, kKvHeads,\n"
+           "                                   w.kiviTables, s, \""
         << name << "\", &kiviHeads));\n"
         << "    kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
            "kKiviGroup, kDtype,\n"
            "                                   kvc::cuda::kDecodeThreads>\n"
-           "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+           "        <<<dim3(plan.splits, heads), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args, kiviHeads,\n"
-           "                                                                  "
-           "     kResidual);\n";
+           "                                                               "
+           "kResidual);\n";
   else if (mixed)
     out << "    // Mixed precision: the low pages (tagged by TableStager) hold "
            "grouped int\n"
@@ -1526,18 +1643,17 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
            "kvc::cuda::kDecodeThreads,\n"
            "                                    kLowBits, kLowGroup>\n"
-           "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+           "        <<<dim3(plan.splits, heads), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
   else
     out << "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
            "kvc::cuda::kDecodeThreads>\n"
-           "        <<<dim3(plan.splits, kKvHeads), kvc::cuda::kDecodeThreads, "
+           "        <<<dim3(plan.splits, heads), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
   out << "    // Exact merge of the splits, then the policy's stages, one "
-         "block per kv-head.\n"
-      << "    " << fn << "<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, "
-      << "plan.splits, layer, position, "
-      << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
+         "block per head of\n    // the batch.\n"
+      << "    " << fn << "<<<heads, kStageThreads, 0, s>>>(w, stride, "
+      << "plan.splits, layer, " << outArg << ");\n";
   // Indents every line of `text` by two more spaces.
   auto nested = [](const std::string &text) {
     std::string r;
@@ -1545,20 +1661,33 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       r += (line.empty() ? "" : "  ") + line.str() + "\n";
     return r;
   };
+  // "Some sequence of the batch is at a step where `condition` (of
+  // `position`) holds."
+  auto anySequence = [](const std::string &var, const std::string &cond) {
+    return "    bool " + var +
+           " = false;\n"
+           "    for (int32_t b = 0; b < batch; ++b) {\n"
+           "      const int32_t position = positions[b];\n"
+           "      " +
+           var + " = " + var + " || " + cond +
+           ";\n"
+           "    }\n";
+  };
+  const bool periodEnds = periodic && (crossOp || selects);
+  if (periodEnds)
+    out << "    // The rest of the phase runs once every kPeriod positions: "
+           "in the blocks of\n    // the sequences that end a period.\n"
+        << anySequence("periodEnds", "(position + 1) % kPeriod == 0");
   if (crossOp) {
     std::string launches;
     llvm::raw_string_ostream ls(launches);
     ls << "    " << opComment(crossOp) << "\n"
-       << "    " << fn << "AcrossHeads<<<1, kStageThreads, 0, s>>>(w, stride, "
-       << "layer);\n"
-       << "    " << fn << "AfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, "
-       << "stride, plan.splits, layer, position, "
-       << (attention.getOutput() ? "out" : "w.scratchOut") << ");\n";
+       << "    " << fn << "AcrossHeads<<<batch, kStageThreads, 0, s>>>(w, "
+       << "stride, layer);\n"
+       << "    " << fn << "AfterHeads<<<heads, kStageThreads, 0, s>>>(w, "
+       << "stride, plan.splits, layer, " << outArg << ");\n";
     if (periodic)
-      out << "    // The rest of the phase runs once every kPeriod "
-             "positions.\n"
-             "    if ((position + 1) % kPeriod == 0) {\n"
-          << nested(launches) << "    }\n";
+      out << "    if (periodEnds) {\n" << nested(launches) << "    }\n";
     else
       out << launches;
   }
@@ -1574,26 +1703,12 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     const bool guardSelects = periodic && !phaseSteps;
     std::string block;
     llvm::raw_string_ostream bs(block);
-    if (guardSelects && selects)
-      bs << "    const bool compresses = (position + 1) % kPeriod == 0;\n";
     if (selects) {
-      bs << "    std::vector<int32_t> numVictims(kKvHeads), "
-            "victims(static_cast<size_t>(kKvHeads * stride));\n";
-      if (guardSelects)
-        bs << "    if (compresses) {\n";
-      std::string copies;
-      llvm::raw_string_ostream cs(copies);
-      cs << "    KVC_CUDA_CHECK(\"" << name
-         << "\", cudaMemcpyAsync(numVictims.data(), w.numVictims, "
-            "sizeof(int32_t) * kKvHeads,\n"
-            "                                     cudaMemcpyDeviceToHost, "
-            "s));\n"
-         << "    KVC_CUDA_CHECK(\"" << name
-         << "\", cudaMemcpyAsync(victims.data(), w.victims, sizeof(int32_t) "
-            "* victims.size(),\n"
-            "                                     cudaMemcpyDeviceToHost, "
-            "s));\n";
-      bs << (guardSelects ? nested(copies) + "    }\n" : copies);
+      bs << "    kvc::cuda::VictimDownload victims;\n";
+      std::string queue = "    KVC_CUDA_TRY(victims.queue(w.numVictims, "
+                          "w.victims, heads, stride, s, \"" +
+                          name + "\"));\n";
+      bs << (guardSelects ? "    if (periodEnds)\n  " + queue : queue);
     }
     bs << "    KVC_CUDA_CHECK(\"" << name
        << "\", cudaStreamSynchronize(s));\n";
@@ -1601,15 +1716,18 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       bs << "    KVC_CUDA_TRY(tables.downloadState(w.tables, \"" << name
          << "\"));\n";
     if (selects) {
-      std::string evictions =
-          "    for (int32_t h = 0; h < kKvHeads; ++h)\n"
-          "      if (numVictims[h] > 0)\n"
-          "        KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, "
-          "numVictims[h],\n"
-          "                               victims.data() + h * stride));\n";
-      bs << (guardSelects ? "    if (compresses) {\n" + nested(evictions) +
-                                "    }\n"
-                          : evictions);
+      // A periodic phase writes victims only in the blocks of the
+      // sequences that end a period.
+      bs << "    KVC_CUDA_TRY(victims.fetchRest(\"" << name << "\"));\n"
+         << "    for (int32_t i = 0; i < heads; ++i)\n"
+            "      if ("
+         << (periodic ? "(positions[i / kKvHeads] + 1) % kPeriod == 0 && "
+                      : "")
+         << "victims.count(i) > 0)\n"
+            "        KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], "
+            "layer, i % kKvHeads,\n"
+            "                               victims.count(i), "
+            "victims.slots(i)));\n";
     }
     if (everyStep) {
       out << "    // Hand the policy's decisions to the runtime's host "
@@ -1618,15 +1736,17 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     } else if (windowSteps) {
       out << "    // Hand the window sum and, after the last position of a "
              "period, the\n"
-             "    // victims to the runtime's host bookkeeping; other steps do "
-             "not\n    // synchronize.\n"
-             "    if (position % kPeriod >= kPeriod - kWindow) {\n"
+             "    // victims to the runtime's host bookkeeping; steps where "
+             "no sequence of the\n    // batch is in a window do not "
+             "synchronize.\n"
+          << anySequence("inWindow", "position % kPeriod >= kPeriod - kWindow")
+          << "    if (inWindow) {\n"
           << nested(block) << "    }\n";
     } else {
       out << "    // Hand the policy's decisions to the runtime's host "
              "bookkeeping after\n    // the last position of a period; other "
              "steps do not synchronize.\n"
-             "    if ((position + 1) % kPeriod == 0) {\n"
+             "    if (periodEnds) {\n"
           << nested(block) << "    }\n";
     }
   }
@@ -1870,6 +1990,13 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
         << emitter.workspaceDeclaration() << ";\n";
     hdr << "/// " << emitter.documentation() << "\n"
         << emitter.declaration() << ";\n\n";
+    if (isDecodeKernel(kernel))
+      hdr << "/// Device workspace bytes of the batch entry point below, for "
+             "`batch` sequences\n/// of at most `num_slots` slots per "
+             "kv-head.\n"
+          << emitter.batchWorkspaceDeclaration() << ";\n"
+          << "/// " << emitter.batchDocumentation() << "\n"
+          << emitter.batchDeclaration() << ";\n\n";
   }
   src << "} // namespace\n\n"
       << "extern \"C\" {\n\n"

@@ -64,6 +64,16 @@ bool isQueryScore(mlir::Value v);
 bool isDecodeKernel(KernelOp kernel);
 bool writesOutput(KernelOp kernel);
 
+/// The batch entry point of decode kernel `kernel` named `name`
+/// (`<name>_batch`), with a trailing stream argument for CUDA; and its
+/// workspace query.
+std::string batchDecodeDeclaration(const std::string &name, KernelOp kernel,
+                                   bool stream);
+std::string batchWorkspaceDeclaration(const std::string &name);
+/// The checks of a batch entry point `entry` on `batch` and `sequences`:
+/// not empty, no sequence listed twice.
+std::string batchSequenceChecks(const std::string &entry);
+
 /// Spelling of an element type in kvc_dtype_t.
 std::string dtypeEnumerator(mlir::Type type);
 

@@ -68,6 +68,38 @@ bool kvc::writesOutput(KernelOp kernel) {
          kernel.getKind() == KernelKind::decode;
 }
 
+std::string kvc::batchDecodeDeclaration(const std::string &name,
+                                        KernelOp kernel, bool stream) {
+  std::string s = "kvc_status_t " + name +
+                  "_batch(kvc_context_t *context, int32_t batch, const "
+                  "uint64_t *sequences, int32_t layer, const float *q, ";
+  if (kernel.getKind() != KernelKind::decode_scoring)
+    s += "const float *k, const float *v, ";
+  s += "const int32_t *positions, ";
+  if (writesOutput(kernel))
+    s += "float *out, ";
+  s += "void *workspace, uint64_t workspace_bytes";
+  return s + (stream ? ", void *stream)" : ")");
+}
+
+std::string kvc::batchWorkspaceDeclaration(const std::string &name) {
+  return "uint64_t " + name +
+         "_batch_workspace_bytes(int32_t batch, int32_t num_slots)";
+}
+
+std::string kvc::batchSequenceChecks(const std::string &entry) {
+  return "  if (batch <= 0)\n"
+         "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" +
+         entry +
+         ": the batch is empty\");\n"
+         "  // Each sequence takes one step.\n"
+         "  for (int32_t b = 1; b < batch; ++b)\n"
+         "    for (int32_t c = 0; c < b; ++c)\n"
+         "      if (sequences[b] == sequences[c])\n"
+         "        return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" +
+         entry + ": a sequence appears twice in the batch\");\n";
+}
+
 /// The `select` kernel of a global budget: one selection over the score
 /// state of every layer and head, then the evictions.
 LogicalResult kvc::emitSelectKernel(PolicyOp policy, KernelOp kernel,

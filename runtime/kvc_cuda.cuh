@@ -374,6 +374,8 @@ struct HeadTable {
   uint64_t *history;        ///< Importance bits per slot (null when unused).
   int32_t numSlots;
   int32_t numPages;
+  /// Decode: the position of the step's query (the sequence's new token).
+  int32_t queryPosition;
 };
 
 /// One row pair that storeEntries writes: source row `row` of the float
@@ -2205,47 +2207,54 @@ inline uint64_t tableBytes(int32_t heads, int64_t slots,
          kWorkspaceAlignment;
 }
 
-/// Snapshot of the runtime's host bookkeeping of one (sequence, layer) for
-/// the device: per kv-head, the device address of every page (with
-/// kLowPageTag on the low pages of a mixed-precision context), the position
-/// of every slot and (optionally) the score state and the importance bits,
-/// packed into one host image that a single cudaMemcpyAsync uploads.
+/// Snapshot of the runtime's host bookkeeping of one layer of a batch of
+/// sequences for the device: per (sequence, kv-head), the device address of
+/// every page (with kLowPageTag on the low pages of a mixed-precision
+/// context), the position of every slot and (optionally) the score state
+/// and the importance bits, packed into one host image that a single
+/// cudaMemcpyAsync uploads. Table b * heads + h is kv-head h of sequence b.
 class TableStager {
 public:
-  /// Reads the tables of `heads` kv-heads through the runtime.
-  kvc_status_t gather(kvc_context_t *context, uint64_t sequence,
+  /// Reads the tables of `heads` kv-heads of each of the `batch` sequences
+  /// through the runtime; queryPositions[b] is sequence b's step position.
+  kvc_status_t gather(kvc_context_t *context, int32_t batch,
+                      const uint64_t *sequences, const int32_t *queryPositions,
                       int32_t layer, int32_t heads, bool withState,
                       bool withHistory = false) {
     kvc_config_t config;
     KVC_CUDA_TRY(kvc_context_config(context, &config));
     const bool mixed = config.low_format != KVC_FORMAT_FULL;
     try {
-      heads_ = heads;
+      tables_ = batch * heads;
       withState_ = withState;
       withHistory_ = withHistory;
-      meta_.assign(heads, kvc_metadata_t{});
-      pages_.assign(heads, {});
+      meta_.assign(tables_, kvc_metadata_t{});
+      pages_.assign(tables_, {});
+      queryPositions_.assign(queryPositions, queryPositions + batch);
+      perSequence_ = heads;
       maxSlots_ = 0;
-      for (int32_t h = 0; h < heads; ++h) {
-        KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta_[h]));
+      for (int32_t i = 0; i < tables_; ++i) {
+        const uint64_t sequence = sequences[i / heads];
+        const int32_t h = i % heads;
+        KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta_[i]));
         int32_t numPages = 0;
         KVC_CUDA_TRY(kvc_get_num_pages(context, sequence, layer, h, &numPages));
-        pages_[h].resize(numPages);
+        pages_[i].resize(numPages);
         for (int32_t p = 0; p < numPages; ++p) {
           void *address = nullptr;
           KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, h, p, nullptr,
                                     nullptr, &address));
-          pages_[h][p] = reinterpret_cast<uint64_t>(address);
+          pages_[i][p] = reinterpret_cast<uint64_t>(address);
           if (!mixed || !address)
             continue;
           int32_t format = 0;
           KVC_CUDA_TRY(
               kvc_get_page_format(context, sequence, layer, h, p, &format));
           if (format == config.low_format)
-            pages_[h][p] |= kLowPageTag;
+            pages_[i][p] |= kLowPageTag;
         }
-        maxSlots_ = maxSlots_ > meta_[h].num_slots ? maxSlots_
-                                                   : meta_[h].num_slots;
+        maxSlots_ = maxSlots_ > meta_[i].num_slots ? maxSlots_
+                                                   : meta_[i].num_slots;
       }
     } catch (const std::bad_alloc &) {
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
@@ -2254,21 +2263,27 @@ public:
     return KVC_STATUS_OK;
   }
 
-  /// Uploads the snapshot into `region` (tableBytes(heads, maxSlots()) bytes
+  /// Uploads the snapshot into `region` (tableBytes(batch * heads,
+  /// maxSlots()) bytes
   /// of device workspace) on `stream`; *heads receives the device array of
   /// HeadTable.
   kvc_status_t upload(void *region, cudaStream_t stream, const char *name,
                       const HeadTable **heads) {
     try {
-      std::vector<HeadTable> tables(heads_);
-      uint64_t at = align(sizeof(HeadTable) * heads_);
-      // Per head: pages, positions, score state, importance bits.
-      std::vector<uint64_t> offsets(4 * heads_);
-      for (int32_t h = 0; h < heads_; ++h) {
+      std::vector<HeadTable> tables(tables_);
+      uint64_t at = align(sizeof(HeadTable) * tables_);
+      // Per head: pages, positions; then the score state and the importance
+      // bits of every head, the part the kernels update, as one tail that
+      // downloadState copies back at once.
+      std::vector<uint64_t> offsets(4 * tables_);
+      for (int32_t h = 0; h < tables_; ++h) {
         offsets[4 * h] = at;
         at = align(at + sizeof(uint64_t) * pages_[h].size());
         offsets[4 * h + 1] = at;
         at = align(at + sizeof(int32_t) * meta_[h].num_slots);
+      }
+      updatedBegin_ = at;
+      for (int32_t h = 0; h < tables_; ++h) {
         offsets[4 * h + 2] = at;
         if (withState_)
           at = align(at + sizeof(float) * meta_[h].num_slots);
@@ -2278,7 +2293,7 @@ public:
       }
       image_.assign(at, 0);
       char *device = static_cast<char *>(region);
-      for (int32_t h = 0; h < heads_; ++h) {
+      for (int32_t h = 0; h < tables_; ++h) {
         const int32_t slots = meta_[h].num_slots;
         std::memcpy(image_.data() + offsets[4 * h], pages_[h].data(),
                     sizeof(uint64_t) * pages_[h].size());
@@ -2303,11 +2318,12 @@ public:
                 : nullptr;
         tables[h].numSlots = slots;
         tables[h].numPages = static_cast<int32_t>(pages_[h].size());
+        tables[h].queryPosition = queryPositions_[h / perSequence_];
       }
-      std::memcpy(image_.data(), tables.data(), sizeof(HeadTable) * heads_);
-      stateOffsets_.resize(heads_);
-      historyOffsets_.resize(heads_);
-      for (int32_t h = 0; h < heads_; ++h) {
+      std::memcpy(image_.data(), tables.data(), sizeof(HeadTable) * tables_);
+      stateOffsets_.resize(tables_);
+      historyOffsets_.resize(tables_);
+      for (int32_t h = 0; h < tables_; ++h) {
         stateOffsets_[h] = offsets[4 * h + 2];
         historyOffsets_[h] = offsets[4 * h + 3];
       }
@@ -2325,20 +2341,23 @@ public:
 
   /// Copies what the kernels update of the snapshot (the score state and
   /// the importance bits, those that were gathered) back into the runtime's
-  /// metadata, after the kernels ran and the stream was synchronized.
+  /// metadata, after the kernels ran and the stream was synchronized: one
+  /// copy of the image's tail, then a scatter on the host.
   kvc_status_t downloadState(const void *region, const char *name) {
+    if (!withState_ && !withHistory_)
+      return KVC_STATUS_OK;
     const char *device = static_cast<const char *>(region);
-    for (int32_t h = 0; h < heads_; ++h) {
+    KVC_CUDA_CHECK(name, cudaMemcpy(image_.data() + updatedBegin_,
+                                    device + updatedBegin_,
+                                    image_.size() - updatedBegin_,
+                                    cudaMemcpyDeviceToHost));
+    for (int32_t h = 0; h < tables_; ++h) {
       if (withState_)
-        KVC_CUDA_CHECK(name, cudaMemcpy(meta_[h].score,
-                                        device + stateOffsets_[h],
-                                        sizeof(float) * meta_[h].num_slots,
-                                        cudaMemcpyDeviceToHost));
+        std::memcpy(meta_[h].score, image_.data() + stateOffsets_[h],
+                    sizeof(float) * meta_[h].num_slots);
       if (withHistory_)
-        KVC_CUDA_CHECK(name, cudaMemcpy(meta_[h].history,
-                                        device + historyOffsets_[h],
-                                        sizeof(uint64_t) * meta_[h].num_slots,
-                                        cudaMemcpyDeviceToHost));
+        std::memcpy(meta_[h].history, image_.data() + historyOffsets_[h],
+                    sizeof(uint64_t) * meta_[h].num_slots);
     }
     return KVC_STATUS_OK;
   }
@@ -2352,12 +2371,90 @@ public:
 
 private:
   static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
-  int32_t heads_ = 0, maxSlots_ = 0;
+  /// Tables (batch x heads), tables per sequence, largest slot count.
+  int32_t tables_ = 0, perSequence_ = 1, maxSlots_ = 0;
+  /// Offset of the score state and importance bits in the image.
+  uint64_t updatedBegin_ = 0;
   bool withState_ = false, withHistory_ = false;
   std::vector<kvc_metadata_t> meta_;
   std::vector<std::vector<uint64_t>> pages_;
+  std::vector<int32_t> queryPositions_;
   std::vector<uint64_t> stateOffsets_, historyOffsets_;
   std::vector<char> image_;
+};
+
+/// Victims per head that a decode step downloads with the counts.
+constexpr int32_t kInlineVictims = 8;
+
+/// The victim lists of a decode step on the host. queue() copies the count
+/// of every head and its first kInlineVictims victims (one strided copy,
+/// not the heads x stride list: a step usually evicts at most one entry per
+/// head); after the stream synchronization fetchRest() copies the whole
+/// list of the heads that have more (a budget that shrank).
+class VictimDownload {
+public:
+  kvc_status_t queue(const int32_t *numVictims, const int32_t *victims,
+                     int32_t heads, int64_t stride, cudaStream_t stream,
+                     const char *name) {
+    try {
+      device_ = victims;
+      stride_ = stride;
+      inline_ = static_cast<int32_t>(stride < kInlineVictims ? stride
+                                                            : kInlineVictims);
+      counts_.assign(heads, 0);
+      lists_.assign(static_cast<size_t>(heads) * inline_, 0);
+      rest_.assign(heads, {});
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host victim allocation failed");
+    }
+    KVC_CUDA_CHECK(name, cudaMemcpyAsync(counts_.data(), numVictims,
+                                         sizeof(int32_t) * heads,
+                                         cudaMemcpyDeviceToHost, stream));
+    if (inline_ > 0)
+      KVC_CUDA_CHECK(name, cudaMemcpy2DAsync(
+                               lists_.data(), sizeof(int32_t) * inline_,
+                               victims, sizeof(int32_t) * stride,
+                               sizeof(int32_t) * inline_, heads,
+                               cudaMemcpyDeviceToHost, stream));
+    return KVC_STATUS_OK;
+  }
+
+  /// The lists longer than kInlineVictims, after the synchronization.
+  kvc_status_t fetchRest(const char *name) {
+    for (size_t h = 0; h < counts_.size(); ++h) {
+      if (counts_[h] <= inline_)
+        continue;
+      try {
+        rest_[h].resize(counts_[h]);
+      } catch (const std::bad_alloc &) {
+        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                "kvc cuda: host victim allocation failed");
+      }
+      KVC_CUDA_CHECK(name, cudaMemcpy(rest_[h].data(),
+                                      device_ + static_cast<int64_t>(h) * stride_,
+                                      sizeof(int32_t) * counts_[h],
+                                      cudaMemcpyDeviceToHost));
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// Victims of head h (0 when nothing was queued).
+  int32_t count(int32_t h) const {
+    return static_cast<size_t>(h) < counts_.size() ? counts_[h] : 0;
+  }
+  /// The victim slots of head h, ascending.
+  const int32_t *slots(int32_t h) const {
+    return counts_[h] > inline_ ? rest_[h].data()
+                                : lists_.data() + static_cast<size_t>(h) * inline_;
+  }
+
+private:
+  const int32_t *device_ = nullptr;
+  int64_t stride_ = 0;
+  int32_t inline_ = 0;
+  std::vector<int32_t> counts_, lists_;
+  std::vector<std::vector<int32_t>> rest_;
 };
 
 /// The StoreEntry of slot `slot` of a head whose page addresses `pages`
@@ -2616,27 +2713,31 @@ inline uint64_t kiviTableBytes(int32_t heads, int64_t slots) {
 
 /// Per-slot residual rows and formats of a layer's KIVI heads for decode
 /// (KiviHead), built from the runtime's metadata and residual windows, in
-/// one host image and one asynchronous copy.
+/// one host image and one asynchronous copy. Head b * heads + h is kv-head h
+/// of sequence b, as in the TableStager `tables`.
 class KiviStager {
 public:
-  kvc_status_t upload(kvc_context_t *context, uint64_t sequence, int32_t layer,
+  kvc_status_t upload(kvc_context_t *context, int32_t batch,
+                      const uint64_t *sequences, int32_t layer,
                       const TableStager &tables, int32_t heads, void *region,
                       cudaStream_t stream, const char *name,
                       const KiviHead **out) {
+    const int32_t count = batch * heads;
     try {
-      std::vector<KiviHead> table(heads);
-      std::vector<uint64_t> offsets(heads);
-      uint64_t at = align(sizeof(KiviHead) * heads);
-      for (int32_t h = 0; h < heads; ++h) {
+      std::vector<KiviHead> table(count);
+      std::vector<uint64_t> offsets(count);
+      uint64_t at = align(sizeof(KiviHead) * count);
+      for (int32_t h = 0; h < count; ++h) {
         offsets[h] = at;
         at = align(at + sizeof(int32_t) * tables.metadata(h).num_slots);
       }
       image_.assign(at, 0);
       char *device = static_cast<char *>(region);
-      for (int32_t h = 0; h < heads; ++h) {
+      for (int32_t h = 0; h < count; ++h) {
         const kvc_metadata_t &m = tables.metadata(h);
         kvc_kivi_work_t work;
-        KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, h, &work));
+        KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequences[h / heads],
+                                           layer, h % heads, &work));
         auto *rows = reinterpret_cast<int32_t *>(image_.data() + offsets[h]);
         for (int32_t s = 0; s < m.num_slots; ++s)
           rows[s] = -1;
@@ -2655,7 +2756,7 @@ public:
         table[h].rows = reinterpret_cast<const int32_t *>(device + offsets[h]);
         table[h].residual = static_cast<const uint8_t *>(work.residual);
       }
-      std::memcpy(image_.data(), table.data(), sizeof(KiviHead) * heads);
+      std::memcpy(image_.data(), table.data(), sizeof(KiviHead) * count);
     } catch (const std::bad_alloc &) {
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host KIVI staging allocation failed");

@@ -21,8 +21,9 @@
 //    at context >= 16k);
 //  - prefill compression (SnapKV, H2O) as a fraction of a plain prefill
 //    (attention, every entry stored) over the same prompt, batch 1.
-// The ABI is per sequence: batch B is B sequences in one context and B
-// decode calls per step on one stream. Exits 77 without a CUDA device.
+// Batch B is B sequences of one context stepped by one
+// kvc_<p>_cuda_decode_batch call per step (one launch per kernel for the
+// batch). Exits 77 without a CUDA device.
 // kvc-bench-gpu --help lists the options.
 //
 //===----------------------------------------------------------------------===//
@@ -49,12 +50,16 @@ namespace {
 
 using ConfigureFn = void (*)(kvc_config_t *);
 using BytesFn = uint64_t (*)(int32_t);
-using DecodeFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
-                                  const float *, const float *, const float *,
-                                  int32_t, float *, void *, uint64_t, void *);
-using ScoringFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
-                                   const float *, int32_t, void *, uint64_t,
-                                   void *);
+/// kvc_<p>_cuda_decode_batch_workspace_bytes(batch, num_slots).
+using BatchBytesFn = uint64_t (*)(int32_t, int32_t);
+/// kvc_<p>_cuda_decode_batch and kvc_<p>_cuda_decode_scoring_batch.
+using DecodeFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
+                                  int32_t, const float *, const float *,
+                                  const float *, const int32_t *, float *,
+                                  void *, uint64_t, void *);
+using ScoringFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
+                                   int32_t, const float *, const int32_t *,
+                                   void *, uint64_t, void *);
 using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
                                    const float *, const float *, const float *,
                                    const int32_t *, float *, void *, uint64_t,
@@ -64,13 +69,13 @@ using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
 struct BenchGeometry {
   int dim, group;
   ConfigureFn configure[4]; // plain, fused, unfused, h2o (one f16 context)
-  BytesFn plainBytes;
+  BatchBytesFn plainBytes;
   DecodeFn plainDecode;
-  BytesFn fusedBytes;
+  BatchBytesFn fusedBytes;
   DecodeFn fusedDecode;
-  BytesFn unfusedBytes;
+  BatchBytesFn unfusedBytes;
   DecodeFn unfusedDecode;
-  BytesFn scoringBytes;
+  BatchBytesFn scoringBytes;
   ScoringFn unfusedScoring;
   /// Plain prefill: attention, every entry stored (the fused policy has no
   /// prefill phase).
@@ -82,7 +87,7 @@ struct BenchGeometry {
   PrefillFn h2oPrefill;
   /// KIVI int2 and int4 (their own pool formats).
   ConfigureFn kiviConfigure[2];
-  BytesFn kiviBytes[2];
+  BatchBytesFn kiviBytes[2];
   DecodeFn kiviDecode[2];
 };
 
@@ -92,22 +97,23 @@ struct BenchGeometry {
     d, g,                                                                      \
         {KVC_GB(plain, d, g, configure), KVC_GB(fused, d, g, configure),       \
          KVC_GB(unfused, d, g, configure), KVC_GB(h2o, d, g, configure)},      \
-        KVC_GB(plain, d, g, decode_workspace_bytes),                           \
-        KVC_GB(plain, d, g, decode), KVC_GB(fused, d, g, decode_workspace_bytes), \
-        KVC_GB(fused, d, g, decode),                                           \
-        KVC_GB(unfused, d, g, decode_workspace_bytes),                         \
-        KVC_GB(unfused, d, g, decode),                                         \
-        KVC_GB(unfused, d, g, decode_scoring_workspace_bytes),                 \
-        KVC_GB(unfused, d, g, decode_scoring),                                 \
+        KVC_GB(plain, d, g, decode_batch_workspace_bytes),                     \
+        KVC_GB(plain, d, g, decode_batch),                                     \
+        KVC_GB(fused, d, g, decode_batch_workspace_bytes),                     \
+        KVC_GB(fused, d, g, decode_batch),                                     \
+        KVC_GB(unfused, d, g, decode_batch_workspace_bytes),                   \
+        KVC_GB(unfused, d, g, decode_batch),                                   \
+        KVC_GB(unfused, d, g, decode_scoring_batch_workspace_bytes),           \
+        KVC_GB(unfused, d, g, decode_scoring_batch),                           \
         KVC_GB(fused, d, g, prefill_workspace_bytes),                          \
         KVC_GB(fused, d, g, prefill),                                          \
         KVC_GB(plain, d, g, prefill_workspace_bytes),                          \
         KVC_GB(plain, d, g, prefill), KVC_GB(h2o, d, g, prefill_workspace_bytes), \
         KVC_GB(h2o, d, g, prefill),                                            \
         {KVC_GB(kivi2, d, g, configure), KVC_GB(kivi4, d, g, configure)},      \
-        {KVC_GB(kivi2, d, g, decode_workspace_bytes),                          \
-         KVC_GB(kivi4, d, g, decode_workspace_bytes)},                         \
-        {KVC_GB(kivi2, d, g, decode), KVC_GB(kivi4, d, g, decode)}             \
+        {KVC_GB(kivi2, d, g, decode_batch_workspace_bytes),                    \
+         KVC_GB(kivi4, d, g, decode_batch_workspace_bytes)},                   \
+        {KVC_GB(kivi2, d, g, decode_batch), KVC_GB(kivi4, d, g, decode_batch)} \
   }
 
 } // namespace
@@ -412,6 +418,32 @@ struct Context {
   }
 };
 
+/// The device inputs of a batch decode step (q, k, v and out with one row
+/// per sequence, random) and its host arrays (sequences 0..B-1, positions).
+struct Batch {
+  std::vector<uint64_t> sequences;
+  std::vector<int32_t> positions;
+  float *q, *k, *v, *out;
+  Batch(Buffers &buffers, int batch, int qHeads, int dim)
+      : sequences(batch), positions(batch) {
+    for (int b = 0; b < batch; ++b)
+      sequences[b] = uint64_t(b);
+    const size_t qFloats = size_t(batch) * qHeads * dim,
+                 kvFloats = size_t(batch) * kKvHeads * dim;
+    buffers.inputs.reserve((2 * qFloats + 2 * kvFloats) * sizeof(float));
+    q = buffers.inputs.as<float>();
+    k = q + qFloats;
+    v = k + kvFloats;
+    out = v + kvFloats;
+    fillRandomFloat(q, 2 * qFloats + 2 * kvFloats, buffers.seed++);
+  }
+  /// Every sequence at `position`.
+  const int32_t *at(int32_t position) {
+    std::fill(positions.begin(), positions.end(), position);
+    return positions.data();
+  }
+};
+
 struct DecodeResult {
   bool ok[kNumVariants] = {};
   double usPerStep[kNumVariants] = {};
@@ -429,43 +461,38 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
   Context ctx(g.configure[kFused], g.dim, buffers, batch, n, steps + 1,
               o.pageSize);
   // Decode workspace: slots after the append plus one page, as the
-  // generated code checks; one workspace serves the calls of every
-  // sequence (they are ordered on one stream).
+  // generated code checks, for the whole batch.
   const int pagesPerHead = (n + steps + 1 + o.pageSize - 1) / o.pageSize + 1;
   const int32_t stride = pagesPerHead * o.pageSize + o.pageSize;
-  const uint64_t wsBytes =
-      std::max({g.plainBytes(stride), g.fusedBytes(stride),
-                g.unfusedBytes(stride), g.scoringBytes(stride)});
+  const uint64_t wsBytes = std::max(
+      {g.plainBytes(batch, stride), g.fusedBytes(batch, stride),
+       g.unfusedBytes(batch, stride), g.scoringBytes(batch, stride)});
   buffers.workspace.reserve(wsBytes);
-  // Inputs of every sequence: q, k, v and out.
-  const size_t qFloats = size_t(qHeads) * g.dim, kvFloats = size_t(kKvHeads) * g.dim;
-  const size_t perSequence = 2 * qFloats + 2 * kvFloats;
-  buffers.inputs.reserve(perSequence * batch * sizeof(float));
-  float *inputs = buffers.inputs.as<float>();
-  fillRandomFloat(inputs, perSequence * batch, buffers.seed++);
-  auto q = [&](int b) { return inputs + b * perSequence; };
-  auto k = [&](int b) { return q(b) + qFloats; };
-  auto v = [&](int b) { return k(b) + kvFloats; };
-  auto out = [&](int b) { return v(b) + kvFloats; };
+  // Inputs of the batch: q, k, v and out, each with a row per sequence.
+  Batch in(buffers, batch, qHeads, g.dim);
   void *ws = buffers.workspace.ptr;
   const uint64_t wsSize = buffers.workspace.bytes;
   CUDA_CHECK(cudaDeviceSynchronize());
 
-  auto call = [&](Variant variant, int b, int32_t position) {
+  auto call = [&](Variant variant, int32_t position) {
+    const int32_t *positions = in.at(position);
     switch (variant) {
     case kPlain:
-      KVC_CHECK(g.plainDecode(ctx.context, b, 0, q(b), k(b), v(b), position,
-                              out(b), ws, wsSize, stream));
+      KVC_CHECK(g.plainDecode(ctx.context, batch, in.sequences.data(), 0, in.q,
+                              in.k, in.v, positions, in.out, ws, wsSize,
+                              stream));
       break;
     case kFused:
-      KVC_CHECK(g.fusedDecode(ctx.context, b, 0, q(b), k(b), v(b), position,
-                              out(b), ws, wsSize, stream));
+      KVC_CHECK(g.fusedDecode(ctx.context, batch, in.sequences.data(), 0, in.q,
+                              in.k, in.v, positions, in.out, ws, wsSize,
+                              stream));
       break;
     default:
-      KVC_CHECK(g.unfusedDecode(ctx.context, b, 0, q(b), k(b), v(b), position,
-                                out(b), ws, wsSize, stream));
-      KVC_CHECK(g.unfusedScoring(ctx.context, b, 0, q(b), position, ws, wsSize,
-                                 stream));
+      KVC_CHECK(g.unfusedDecode(ctx.context, batch, in.sequences.data(), 0,
+                                in.q, in.k, in.v, positions, in.out, ws,
+                                wsSize, stream));
+      KVC_CHECK(g.unfusedScoring(ctx.context, batch, in.sequences.data(), 0,
+                                 in.q, positions, ws, wsSize, stream));
       break;
     }
   };
@@ -478,8 +505,7 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
     try {
       auto round = [&] {
         for (int i = 0; i < steps; ++i)
-          for (int b = 0; b < batch; ++b)
-            call(Variant(variant), b, n + i);
+          call(Variant(variant), n + i);
       };
       // Warm-up round (first launches, host allocations).
       timer.time(stream, round);
@@ -643,9 +669,6 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
   KiviResult r;
   const int qHeads = kKvHeads * g.group;
   const int steps = o.steps;
-  const size_t qFloats = size_t(qHeads) * g.dim,
-               kvFloats = size_t(kKvHeads) * g.dim;
-  const size_t perSequence = 2 * qFloats + 2 * kvFloats;
   EventTimer timer;
   for (int variant = 0; variant < kNumKivi; ++variant) {
     if (!o.variants[kNumVariants + variant]) {
@@ -662,23 +685,17 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
       fillRandomHalf(buffers.pool.ptr, ctx.poolBytes, buffers.seed++);
       // Slots after an append plus one page, as the generated code checks.
       const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
-      buffers.workspace.reserve(g.kiviBytes[variant](stride));
-      buffers.inputs.reserve(perSequence * batch * sizeof(float));
-      float *inputs = buffers.inputs.as<float>();
-      fillRandomFloat(inputs, perSequence * batch, buffers.seed++);
+      buffers.workspace.reserve(g.kiviBytes[variant](batch, stride));
+      Batch in(buffers, batch, qHeads, g.dim);
       CUDA_CHECK(cudaDeviceSynchronize());
-      auto q = [&](int b) { return inputs + b * perSequence; };
-      auto k = [&](int b) { return q(b) + qFloats; };
-      auto v = [&](int b) { return k(b) + kvFloats; };
-      auto out = [&](int b) { return v(b) + kvFloats; };
       const DecodeFn decode = g.kiviDecode[variant];
       int32_t position = n;
       auto round = [&] {
         for (int i = 0; i < steps; ++i, ++position)
-          for (int b = 0; b < batch; ++b)
-            KVC_CHECK(decode(ctx.context, b, 0, q(b), k(b), v(b), position,
-                             out(b), buffers.workspace.ptr,
-                             buffers.workspace.bytes, stream));
+          KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q,
+                           in.k, in.v, in.at(position), in.out,
+                           buffers.workspace.ptr, buffers.workspace.bytes,
+                           stream));
       };
       // Warm-up round (first launches, host allocations).
       timer.time(stream, round);

@@ -64,7 +64,7 @@
 // CHECK: kvc::cuda::compactIndices<kStageThreads>(
 
 // CHECK-LABEL: //===--- kvc_heavy_cuda_decode: device part ---===//
-// CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, int32_t position, float *out) {
+// CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
 // CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
 // CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // CHECK-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
@@ -79,15 +79,24 @@
 // CHECK: prefillStages<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
 // CHECK: KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, kHeadDim, nullptr, nullptr,
 // CHECK: kvc::cuda::launchStores<kHeadDim, kStorage>
-// CHECK: kvc_status_t kvc_heavy_cuda_decode(
+// CHECK: kvc_status_t kvc_heavy_cuda_decode_batch(
+// CHECK: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: the batch is empty");
+// CHECK: if (sequences[b] == sequences[c])
+// CHECK-NEXT: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: a sequence appears twice in the batch");
 // CHECK: // kvc.append key #kvc.format<full> value #kvc.format<full>
-// CHECK: KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, /*withState=*/true));
+// CHECK: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
+// CHECK-NEXT: /*withState=*/true));
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
-// CHECK: decodeStages<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, position, out);
-// CHECK: cudaStreamSynchronize(s)
-// CHECK: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_heavy_cuda_decode"));
-// CHECK: kvc_evict(context, sequence, layer, h, numVictims[h],
+// CHECK: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
+// CHECK: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_heavy_cuda_decode_batch"));
+// CHECK-NEXT: cudaStreamSynchronize(s)
+// CHECK-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_heavy_cuda_decode_batch"));
+// CHECK-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_heavy_cuda_decode_batch"));
+// CHECK-NEXT: for (int32_t i = 0; i < heads; ++i)
+// CHECK-NEXT: if (victims.count(i) > 0)
+// CHECK-NEXT: KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], layer, i % kKvHeads,
+// CHECK-NEXT: victims.count(i), victims.slots(i)));
 // CHECK: void kvc_heavy_cuda_configure(kvc_config_t *config) {
 // CHECK: config->memory = KVC_MEMORY_DEVICE;
 
@@ -97,12 +106,17 @@
 // HDR: kvc_status_t kvc_heavy_cuda_prefill({{.*}}void *workspace, uint64_t workspace_bytes, void *stream);
 // HDR: uint64_t kvc_heavy_cuda_decode_workspace_bytes(int32_t num_slots);
 // HDR: kvc_status_t kvc_heavy_cuda_decode({{.*}}int32_t position, float *out, void *workspace, uint64_t workspace_bytes, void *stream);
+// HDR: uint64_t kvc_heavy_cuda_decode_batch_workspace_bytes(int32_t batch, int32_t num_slots);
+// HDR: kvc_status_t kvc_heavy_cuda_decode_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes, void *stream);
 
 // UNFUSED: // Kernels: prefill prefill_scoring decode decode_scoring.
 // UNFUSED: kvc_status_t kvc_heavy_cuda_prefill_scoring(
 // UNFUSED: kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, kSoftmaxScale, w.scratchOut, w.lse);
+// UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const int32_t *positions, void *workspace, uint64_t workspace_bytes, void *stream) {
+// UNFUSED: decodeScoringStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, w.scratchOut);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, int32_t position, void *workspace, uint64_t workspace_bytes, void *stream) {
-// UNFUSED: decodeScoringStages<<<kKvHeads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, position, w.scratchOut);
+// UNFUSED-NEXT: // A batch of one.
+// UNFUSED-NEXT: return kvc_heavy_cuda_decode_scoring_batch(context, 1, &sequence, layer, q, &position, workspace,
 
 // DUO: /// %2 = kvc.budget_head_classes table dense<{{.*}}> : tensor<30x3xi8> sinks 4 recent 256
 // DUO-NEXT: /// 1: retrieval head (keeps everything), 0: streaming head (sinks + recent).
@@ -115,8 +129,11 @@
 // DUO-NEXT: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<kv_head>
 // DUO-NEXT: kvc::cuda::selectVictims<kStageThreads>(s1, positions, n, budget0, true, victim);
 // DUO: __constant__ int8_t kDecodeHeadClasses0[kLayers][kKvHeads] =
-// DUO: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, int32_t position, float *out) {
-// DUO: const int64_t budget0 = kDecodeHeadClasses0[layer][h] ? INT64_MAX : 260;
+// DUO: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// DUO-NEXT: // Head h of the batch: kv-head h % kKvHeads of sequence h / kKvHeads.
+// DUO-NEXT: const int32_t h = blockIdx.x;
+// DUO-NEXT: const int32_t head = h % kKvHeads;
+// DUO: const int64_t budget0 = kDecodeHeadClasses0[layer][head] ? INT64_MAX : 260;
 
 // TOVA-LABEL: //===--- kvc_tova_cuda_prefill: device part ---===//
 // TOVA: float *lastProbs;
@@ -134,7 +151,10 @@
 // TOVA: decodeStages(
 // TOVA: kvc::cuda::writeProbabilities<kGroup, kStageThreads>(logits, stride, n, maxLogit, invSum, probs);
 // TOVA: decodeStagesAcrossHeads(DecodeWorkspace w, int64_t stride, int32_t layer) {
-// TOVA: kvc::cuda::layerReduce<kStageThreads>(w.probs, kKvHeads, kGroup, stride, n, kvc::cuda::Reduce::Mean, w.layerScore);
+// TOVA-NEXT: // The kv-heads of sequence b of the batch.
+// TOVA-NEXT: const int32_t b = blockIdx.x;
+// TOVA-NEXT: const kvc::cuda::HeadTable *heads = w.heads + b * kKvHeads;
+// TOVA: kvc::cuda::layerReduce<kStageThreads>(w.probs + b * kKvHeads * kGroup * stride, kKvHeads, kGroup, stride, n, kvc::cuda::Reduce::Mean, w.layerScore + b * stride);
 // TOVA: decodeStagesAfterHeads(
 // TOVA: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: extern "C" {
@@ -145,8 +165,10 @@
 // TOVA-NEXT: // %1 = kvc.layer_reduce mean %0 : !kvc.score<query>
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
-// TOVA: // Layer-wide scores index slots: every head must hold the same entries.
-// TOVA: decodeStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, stride, layer);
+// TOVA: // Layer-wide scores index slots: every head of a sequence must hold the
+// TOVA-NEXT: // same entries.
+// TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
+// TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 
 // ADAKV: // %4 = kvc.budget_pyramid capacity 2048 window 8 beta 20
 // ADAKV-NEXT: // Read by the cross-head kernel.
@@ -199,7 +221,7 @@
 // SCISSORHANDS: // %1 = kvc.protect %0 sinks 0 recent 64 : !kvc.score<kv_head>
 // SCISSORHANDS-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 0, 64, s1);
 // SCISSORHANDS-LABEL: //===--- kvc_scissorhands_cuda_decode: device part ---===//
-// SCISSORHANDS: w.tables = c.take<char>(kvc::cuda::tableBytes(kKvHeads, stride, /*withHistory=*/true));
+// SCISSORHANDS: w.tables = c.take<char>(kvc::cuda::tableBytes(heads, stride, /*withHistory=*/true));
 // SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
 // SCISSORHANDS-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // SCISSORHANDS-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
@@ -216,10 +238,12 @@
 // SCISSORHANDS: // Importance bits carried into decode.
 // SCISSORHANDS-NEXT: for (int32_t j = 0; j < count; ++j)
 // SCISSORHANDS-NEXT: meta.history[slots[j]] = persistBits[static_cast<size_t>(h) * n + index[j]];
-// SCISSORHANDS: KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, /*withState=*/false, /*withHistory=*/true));
+// SCISSORHANDS: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
+// SCISSORHANDS-NEXT: /*withState=*/false, /*withHistory=*/true));
 // SCISSORHANDS: cudaStreamSynchronize(s));
-// SCISSORHANDS-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_scissorhands_cuda_decode"));
-// SCISSORHANDS-NEXT: for (int32_t h = 0; h < kKvHeads; ++h)
+// SCISSORHANDS-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_scissorhands_cuda_decode_batch"));
+// SCISSORHANDS-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_scissorhands_cuda_decode_batch"));
+// SCISSORHANDS-NEXT: for (int32_t i = 0; i < heads; ++i)
 
 // RPC: constexpr int32_t kPeriod = 4096;
 // RPC-NEXT: /// Decode queries observed before each periodic compression.
@@ -247,20 +271,31 @@
 // RPC-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 0, 32, s1);
 // RPC-LABEL: extern "C" {
 // RPC-NOT: prefillColumnStats
-// RPC: KVC_CUDA_TRY(tables.gather(context, sequence, layer, kKvHeads, /*withState=*/true));
-// RPC: if (position % kPeriod >= kPeriod - kWindow) {
-// RPC-NEXT: const bool compresses = (position + 1) % kPeriod == 0;
-// RPC: if (compresses) {
-// RPC: cudaStreamSynchronize(s));
-// RPC-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_rpc_cuda_decode"));
-// RPC-NEXT: if (compresses) {
-// RPC-NEXT: for (int32_t h = 0; h < kKvHeads; ++h)
+// RPC: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
+// RPC-NEXT: /*withState=*/true));
+// RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
+// RPC: bool periodEnds = false;
+// RPC-NEXT: for (int32_t b = 0; b < batch; ++b) {
+// RPC-NEXT: const int32_t position = positions[b];
+// RPC-NEXT: periodEnds = periodEnds || (position + 1) % kPeriod == 0;
+// RPC: bool inWindow = false;
+// RPC: inWindow = inWindow || position % kPeriod >= kPeriod - kWindow;
+// RPC: if (inWindow) {
+// RPC-NEXT: kvc::cuda::VictimDownload victims;
+// RPC-NEXT: if (periodEnds)
+// RPC-NEXT: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_rpc_cuda_decode_batch"));
+// RPC-NEXT: cudaStreamSynchronize(s));
+// RPC-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_rpc_cuda_decode_batch"));
+// RPC-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_rpc_cuda_decode_batch"));
+// RPC-NEXT: for (int32_t i = 0; i < heads; ++i)
+// RPC-NEXT: if ((positions[i / kKvHeads] + 1) % kPeriod == 0 && victims.count(i) > 0)
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
 // RPC-UNFUSED: decodeScoringStages(
 // RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum,
-// RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring(
-// RPC-UNFUSED: if (position % kPeriod >= kPeriod - kWindow) {
+// RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring_batch(
+// RPC-UNFUSED: inWindow = inWindow || position % kPeriod >= kPeriod - kWindow;
+// RPC-UNFUSED: if (inWindow) {
 
 kvc.policy @heavy {
   kvc.phase over_budget {
@@ -281,20 +316,25 @@ kvc.policy @heavy {
 // KIVI: constexpr uint64_t kRowBytes = kHeadDim * kKiviBits / 8;
 // KIVI-NOT: kStorage
 // KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(kKvHeads, stride, kResidual, kKiviGroup));
-// KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(kKvHeads, 1, kResidual, kKiviGroup));
-// KIVI-NEXT: w.kiviTables = c.take<char>(kvc::cuda::kiviTableBytes(kKvHeads, stride));
+// KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(heads, 1, kResidual, kKiviGroup));
+// KIVI-NEXT: w.kiviTables = c.take<char>(kvc::cuda::kiviTableBytes(heads, stride));
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_prefill(
 // KIVI: kvc::cuda::KiviWorkPlan kivi;
 // KIVI: KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, kHeadDim, nullptr, nullptr,
 // KIVI: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, layer, h, layout, config.page_size,
 // KIVI-NEXT: kKiviGroup, nullptr, k, v, kKvStride)));
 // KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
-// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode(
-// KIVI: kvc_append(context, sequence, layer, h, 1, kHeadDim, nullptr, nullptr, &position,
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_batch(
+// KIVI: kvc_append(context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim,
+// KIVI-NEXT: nullptr, nullptr, &positions[i / kKvHeads], &newSlots[i]));
 // KIVI: kvc::cuda::KiviWorkPlan kivi;
+// KIVI-NEXT: for (int32_t i = 0; i < heads; ++i) {
+// KIVI-NEXT: const int32_t row = i / kKvHeads;
+// KIVI-NEXT: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequences[row], layer, i % kKvHeads, layout,
+// KIVI-NEXT: config.page_size, kKiviGroup, &row, k, v, kKvStride)));
 // KIVI: kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NOT: storeEntry
-// KIVI: KVC_CUDA_TRY(kiviTables.upload(context, sequence, layer, tables, kKvHeads, w.kiviTables, s,
+// KIVI: KVC_CUDA_TRY(kiviTables.upload(context, batch, sequences, layer, tables, kKvHeads,
 // KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NOT: decodeAttentionSplit
 // KIVI: config->group_size = kKiviGroup;

@@ -676,6 +676,28 @@ double maxDifference(const std::vector<float> &a, const std::vector<float> &b) {
   return worst;
 }
 
+/// Copies q, k and v of `in` to the device buffers (large enough).
+cudaError_t upload(const Inputs &in, const DeviceBuffer &q,
+                   const DeviceBuffer &k, const DeviceBuffer &v) {
+  cudaError_t e = cudaMemcpy(q.ptr, in.q.data(), in.q.size() * 4,
+                             cudaMemcpyHostToDevice);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(k.ptr, in.k.data(), in.k.size() * 4,
+                   cudaMemcpyHostToDevice);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(v.ptr, in.v.data(), in.v.size() * 4,
+                   cudaMemcpyHostToDevice);
+  return e;
+}
+
+/// A KVC_POOL_ALIGNMENT-aligned host pool of `bytes` inside `storage`.
+void *alignedHostPool(std::vector<uint8_t> &storage, uint64_t bytes) {
+  storage.resize(bytes + KVC_POOL_ALIGNMENT);
+  const uintptr_t misalign =
+      reinterpret_cast<uintptr_t>(storage.data()) % KVC_POOL_ALIGNMENT;
+  return storage.data() + (KVC_POOL_ALIGNMENT - misalign) % KVC_POOL_ALIGNMENT;
+}
+
 /// Creates a context of `config` over `pool`.
 kvc_context_t *makeContext(kvc_config_t config, void *pool, uint64_t bytes) {
   kvc_context_t *context = nullptr;
@@ -714,12 +736,8 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
   const bool mixed = gpuConfig.low_format != KVC_FORMAT_FULL;
   if (mixed)
     KVC_OK(kvc_low_page_layout(&gpuConfig, &lowLayout, nullptr));
-  std::vector<uint8_t> hostPoolStorage(poolBytes + KVC_POOL_ALIGNMENT);
-  void *hostPool = hostPoolStorage.data() +
-                   (KVC_POOL_ALIGNMENT -
-                    reinterpret_cast<uintptr_t>(hostPoolStorage.data()) %
-                        KVC_POOL_ALIGNMENT) %
-                       KVC_POOL_ALIGNMENT;
+  std::vector<uint8_t> hostPoolStorage;
+  void *hostPool = alignedHostPool(hostPoolStorage, poolBytes);
   DeviceBuffer devicePool;
   CUDA_OK(devicePool.allocate(poolBytes));
   CUDA_OK(cudaMemset(devicePool.ptr, 0, poolBytes));
@@ -843,12 +861,7 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
       DeviceBuffer decodeWorkspace;
       CUDA_OK(decodeWorkspace.allocate(
           api.cudaDecodeBytes(maxSlots + kPageSize)));
-      CUDA_OK(cudaMemcpy(q.ptr, in.q.data(), in.q.size() * 4,
-                         cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(k.ptr, in.k.data(), in.k.size() * 4,
-                         cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(v.ptr, in.v.data(), in.v.size() * 4,
-                         cudaMemcpyHostToDevice));
+      CUDA_OK(upload(in, q, k, v));
       KVC_OK(api.cudaDecode(gpu, 0, layer, q.as<float>(), k.as<float>(),
                             v.as<float>(), position, out.as<float>(),
                             decodeWorkspace.ptr, decodeWorkspace.bytes,
@@ -882,6 +895,220 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
                std::to_string(h) +
                ": no key appended during decode was quantized");
       }
+  }
+  std::printf("    %s\n", failures == before ? "ok" : "FAILED");
+}
+
+
+//===----------------------------------------------------------------------===//
+// Batched decode: several sequences of different lengths in one call
+//===----------------------------------------------------------------------===//
+
+using CpuBatchFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
+                                    int32_t, const float *, const float *,
+                                    const float *, const int32_t *, float *,
+                                    void *, uint64_t);
+using CudaBatchFn = kvc_status_t (*)(kvc_context_t *, int32_t,
+                                     const uint64_t *, int32_t, const float *,
+                                     const float *, const float *,
+                                     const int32_t *, float *, void *,
+                                     uint64_t, void *);
+
+/// Both backends' prefill and batch decode of one policy.
+struct BatchApi {
+  const char *name;
+  bool state;
+  void (*cpuConfigure)(kvc_config_t *);
+  uint64_t (*cpuPrefillBytes)(int32_t);
+  PrefillFn cpuPrefill;
+  uint64_t (*cpuBatchBytes)(int32_t, int32_t);
+  CpuBatchFn cpuBatch;
+  void (*cudaConfigure)(kvc_config_t *);
+  uint64_t (*cudaPrefillBytes)(int32_t);
+  CudaPrefillFn cudaPrefill;
+  uint64_t (*cudaBatchBytes)(int32_t, int32_t);
+  CudaBatchFn cudaBatch;
+};
+
+#define KVC_BATCH_API(p, state)                                                \
+  BatchApi {                                                                   \
+    #p, state, kvc_##p##_cpu_configure,                                        \
+        kvc_##p##_cpu_prefill_workspace_bytes, kvc_##p##_cpu_prefill,          \
+        kvc_##p##_cpu_decode_batch_workspace_bytes,                            \
+        kvc_##p##_cpu_decode_batch, kvc_##p##_cuda_configure,                  \
+        kvc_##p##_cuda_prefill_workspace_bytes, kvc_##p##_cuda_prefill,        \
+        kvc_##p##_cuda_decode_batch_workspace_bytes,                           \
+        kvc_##p##_cuda_decode_batch                                            \
+  }
+
+/// The sequences of the batch test and their prompt lengths: one above the
+/// budgets of the bundled policies (H2O and TOVA evict at every step), one
+/// in between, one within a page; positions of both parities, so that RPC's
+/// period of 2 ends for some sequences of a step and not for others.
+constexpr uint64_t kBatchSequences[] = {4, 0, 9};
+constexpr int32_t kBatchPrompts[] = {kPrompt, 300, 37};
+constexpr int32_t kBatch = 3;
+constexpr int kBatchSteps = 4;
+
+/// Live positions (and their score state) of one head of `sequence`.
+std::map<int, float> liveState(kvc_context_t *context, uint64_t sequence,
+                               int layer, int head) {
+  std::map<int, float> live;
+  kvc_metadata_t meta{};
+  if (kvc_get_metadata(context, sequence, layer, head, &meta) != KVC_STATUS_OK) {
+    fail(std::string("metadata: ") + kvc_last_error());
+    return live;
+  }
+  for (int s = 0; s < meta.num_slots; ++s)
+    if (meta.position[s] != KVC_POSITION_NONE)
+      live[meta.position[s]] = meta.score ? meta.score[s] : 0.0f;
+  return live;
+}
+
+/// The CUDA backend's decode_batch against the CPU backend's (which
+/// test/codegen checks against one decode call per sequence, and those
+/// against the oracle): the prefill of each sequence, then kBatchSteps
+/// steps of the three sequences in one call. Outputs of every sequence
+/// within kOutputTolerance, per head the same live positions up to
+/// kMaxBoundarySwaps and, for stateful policies, the state within
+/// kStateTolerance.
+void runBatch(const BatchApi &api, cudaStream_t stream) {
+  const std::string name = std::string(api.name) + " batch";
+  std::printf("  %s\n", name.c_str());
+  const int before = failures;
+  kvc_config_t cpuConfig{}, gpuConfig{};
+  api.cpuConfigure(&cpuConfig);
+  api.cudaConfigure(&gpuConfig);
+  int32_t pagesPerHead = 0;
+  for (int32_t n : kBatchPrompts)
+    pagesPerHead += (n + kBatchSteps + 64) / kPageSize + 2;
+  for (kvc_config_t *c : {&cpuConfig, &gpuConfig}) {
+    c->page_size = kPageSize;
+    c->num_pages = kLayers * kKvHeads * pagesPerHead;
+    c->max_sequences = kBatch;
+  }
+  cpuConfig.memory = KVC_MEMORY_HOST;
+  uint64_t poolBytes = 0;
+  KVC_OK(kvc_pool_bytes_required(&gpuConfig, &poolBytes));
+  std::vector<uint8_t> hostPoolStorage;
+  void *hostPool = alignedHostPool(hostPoolStorage, poolBytes);
+  DeviceBuffer devicePool;
+  CUDA_OK(devicePool.allocate(poolBytes));
+  CUDA_OK(cudaMemset(devicePool.ptr, 0, poolBytes));
+  kvc_context_t *cpu = nullptr, *gpu = nullptr;
+  struct Cleanup {
+    kvc_context_t **a, **b;
+    ~Cleanup() {
+      kvc_context_destroy(*a);
+      kvc_context_destroy(*b);
+    }
+  } cleanup{&cpu, &gpu};
+  KVC_OK(kvc_context_create(&cpuConfig, hostPool, poolBytes, &cpu));
+  KVC_OK(kvc_context_create(&gpuConfig, devicePool.ptr, poolBytes, &gpu));
+  for (uint64_t s : kBatchSequences) {
+    KVC_OK(kvc_sequence_add(cpu, s));
+    KVC_OK(kvc_sequence_add(gpu, s));
+  }
+
+  std::mt19937 rng(977);
+  const size_t qRow = size_t(kQHeads) * kDim, kvRow = size_t(kKvHeads) * kDim;
+  DeviceBuffer q, k, v, out, workspace;
+  CUDA_OK(q.allocate(kPrompt * qRow * 4));
+  CUDA_OK(k.allocate(kPrompt * kvRow * 4));
+  CUDA_OK(v.allocate(kPrompt * kvRow * 4));
+  CUDA_OK(out.allocate(kPrompt * qRow * 4));
+  CUDA_OK(workspace.allocate(api.cudaPrefillBytes(kPrompt)));
+  std::vector<char> cpuWorkspace(api.cpuPrefillBytes(kPrompt));
+  for (int b = 0; b < kBatch; ++b)
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const int32_t n = kBatchPrompts[b];
+      Inputs in = makeInputs(rng, n, true, 0);
+      std::vector<int32_t> positions(n);
+      for (int32_t i = 0; i < n; ++i)
+        positions[i] = i;
+      std::vector<float> cpuOut(n * qRow);
+      KVC_OK(api.cpuPrefill(cpu, kBatchSequences[b], layer, n, in.q.data(),
+                            in.k.data(), in.v.data(), positions.data(),
+                            cpuOut.data(), cpuWorkspace.data(),
+                            cpuWorkspace.size()));
+      CUDA_OK(upload(in, q, k, v));
+      KVC_OK(api.cudaPrefill(gpu, kBatchSequences[b], layer, n, q.as<float>(),
+                             k.as<float>(), v.as<float>(), positions.data(),
+                             out.as<float>(), workspace.ptr, workspace.bytes,
+                             stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+    }
+
+  for (int step = 0; step < kBatchSteps; ++step) {
+    std::vector<int32_t> positions(kBatch);
+    for (int b = 0; b < kBatch; ++b)
+      positions[b] = kBatchPrompts[b] + step;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      Inputs in = makeInputs(rng, kBatch, true, positions[0]);
+      int32_t maxSlots = 0;
+      for (uint64_t s : kBatchSequences)
+        for (int h = 0; h < kKvHeads; ++h) {
+          int32_t a = 0, c = 0;
+          KVC_OK(kvc_get_num_slots(cpu, s, layer, h, &a));
+          KVC_OK(kvc_get_num_slots(gpu, s, layer, h, &c));
+          maxSlots = std::max({maxSlots, a, c});
+        }
+      std::vector<char> ws(api.cpuBatchBytes(kBatch, maxSlots + 2 * kPageSize));
+      std::vector<float> cpuOut(kBatch * qRow), gpuOut(kBatch * qRow);
+      KVC_OK(api.cpuBatch(cpu, kBatch, kBatchSequences, layer, in.q.data(),
+                          in.k.data(), in.v.data(), positions.data(),
+                          cpuOut.data(), ws.data(), ws.size()));
+      DeviceBuffer decodeWorkspace;
+      CUDA_OK(decodeWorkspace.allocate(
+          api.cudaBatchBytes(kBatch, maxSlots + kPageSize)));
+      CUDA_OK(upload(in, q, k, v));
+      KVC_OK(api.cudaBatch(gpu, kBatch, kBatchSequences, layer, q.as<float>(),
+                           k.as<float>(), v.as<float>(), positions.data(),
+                           out.as<float>(), decodeWorkspace.ptr,
+                           decodeWorkspace.bytes, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      CUDA_OK(cudaMemcpy(gpuOut.data(), out.ptr, gpuOut.size() * 4,
+                         cudaMemcpyDeviceToHost));
+      for (int b = 0; b < kBatch; ++b) {
+        const std::string where =
+            name + " step " + std::to_string(step) + " layer " +
+            std::to_string(layer) + " sequence " +
+            std::to_string(kBatchSequences[b]);
+        double worst = 0.0;
+        for (size_t i = b * qRow; i < (b + 1) * qRow; ++i)
+          worst = std::max(worst,
+                           static_cast<double>(std::fabs(cpuOut[i] - gpuOut[i])));
+        if (!(worst < kOutputTolerance))
+          fail(where + ": output differs by " + std::to_string(worst));
+        for (int h = 0; h < kKvHeads; ++h) {
+          const std::map<int, float> a =
+              liveState(cpu, kBatchSequences[b], layer, h);
+          const std::map<int, float> c =
+              liveState(gpu, kBatchSequences[b], layer, h);
+          int onlyOne = 0;
+          for (const auto &[pos, state] : a) {
+            auto it = c.find(pos);
+            if (it == c.end()) {
+              ++onlyOne;
+              continue;
+            }
+            if (api.state &&
+                !(std::fabs(state - it->second) <=
+                  kStateTolerance * std::max(1.0f, std::fabs(state))))
+              fail(where + " head " + std::to_string(h) + ": state of " +
+                   std::to_string(pos) + " is " + std::to_string(it->second) +
+                   ", cpu " + std::to_string(state));
+          }
+          for (const auto &entry : c)
+            onlyOne += a.count(entry.first) ? 0 : 1;
+          if (a.size() != c.size() || onlyOne > 2 * kMaxBoundarySwaps)
+            fail(where + " head " + std::to_string(h) + ": " +
+                 std::to_string(c.size()) + " live entries, cpu " +
+                 std::to_string(a.size()) + ", " + std::to_string(onlyOne) +
+                 " on one side only");
+        }
+      }
+    }
   }
   std::printf("    %s\n", failures == before ? "ok" : "FAILED");
 }
@@ -934,6 +1161,19 @@ int main() {
   for (const Api &api : apis)
     for (bool structured : {false, true})
       runPolicy(api, structured, stream);
+  // One of each kind of decode step: stateful with evictions (H2O), across
+  // heads (TOVA), periodic (RPC), without statistics (SnapKV), KIVI pages
+  // and two page classes.
+  const BatchApi batchApis[] = {
+    KVC_BATCH_API(h2o, true),
+    KVC_BATCH_API(tova, false),
+    KVC_BATCH_API(rpc_small, true),
+    KVC_BATCH_API(snapkv, false),
+    KVC_BATCH_API(kivi2, false),
+    KVC_BATCH_API(mixed_precision, true),
+  };
+  for (const BatchApi &api : batchApis)
+    runBatch(api, stream);
   cudaStreamDestroy(stream);
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;

@@ -161,4 +161,41 @@ kvc_status_t kvc_snapkv_cpu_decode(kvc_context_t *context, uint64_t sequence, in
   return KVC_STATUS_OK;
 }
 
+/// Workspace bytes of kvc_snapkv_cpu_decode_batch: the steps share one workspace.
+uint64_t kvc_snapkv_cpu_decode_batch_workspace_bytes(int32_t batch, int32_t num_slots) {
+  (void)batch;
+  return kvc_snapkv_cpu_decode_workspace_bytes(num_slots);
+}
+
+/// The step of kvc_snapkv_cpu_decode for `batch` distinct sequences of any lengths, sequence sequences[b] at positions[b] with row b of q, k, v and out, one after another in one workspace. Every sequence, the workspace and the arguments are checked before the first step.
+kvc_status_t kvc_snapkv_cpu_decode_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes) {
+  if (!context || !sequences || !q || !k || !v || !positions || !out || !workspace)
+    return kvc_report_error(KVC_STATUS_NULL_POINTER, "kvc_snapkv_cpu_decode_batch: null argument");
+  if (layer < 0 || layer >= kLayers)
+    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, "kvc_snapkv_cpu_decode_batch: layer out of range");
+  if (batch <= 0)
+    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_snapkv_cpu_decode_batch: the batch is empty");
+  // Each sequence takes one step.
+  for (int32_t b = 1; b < batch; ++b)
+    for (int32_t c = 0; c < b; ++c)
+      if (sequences[b] == sequences[c])
+        return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_snapkv_cpu_decode_batch: a sequence appears twice in the batch");
+  kvc_config_t config;
+  KVC_CPU_TRY(kvc_context_config(context, &config));
+  if (config.num_kv_heads != kKvHeads)
+    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, "kvc_snapkv_cpu_decode_batch: the context's geometry is not the policy's");
+  // Every sequence exists and fits the workspace before the first step.
+  for (int32_t b = 0; b < batch; ++b)
+    for (int32_t h = 0; h < kKvHeads; ++h) {
+      int32_t slots = 0;
+      KVC_CPU_TRY(kvc_get_num_slots(context, sequences[b], layer, h, &slots));
+      if (workspace_bytes < kvc_snapkv_cpu_decode_workspace_bytes(slots + config.page_size))
+        return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, "kvc_snapkv_cpu_decode_batch: workspace smaller than kvc_snapkv_cpu_decode_workspace_bytes(slots + page_size)");
+    }
+  for (int32_t b = 0; b < batch; ++b)
+    KVC_CPU_TRY(kvc_snapkv_cpu_decode(context, sequences[b], layer, q + b * kQStride, k + b * kKvStride, v + b * kKvStride, positions[b],
+                out + b * kQStride, workspace, workspace_bytes));
+  return KVC_STATUS_OK;
+}
+
 } // extern "C"

@@ -1,0 +1,204 @@
+//===- BatchTest.cpp - the batch decode entry point of generated policies -===//
+//
+// kvc_<p>_cpu_decode_batch steps several sequences of different lengths in
+// one call. It must give exactly what one kvc_<p>_cpu_decode call per
+// sequence gives (outputs byte for byte, the same kept entries and score
+// state), read row b of q, k, v and write row b of out for sequence b, and
+// check its arguments before any sequence takes its step.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc_h2o_cpu.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kQHeads = KVC_TEST_Q_HEADS;
+constexpr int kKvHeads = KVC_TEST_KV_HEADS;
+constexpr int kDim = KVC_TEST_HEAD_DIM;
+constexpr int kPageSize = 32;
+/// H2O keeps 1024 entries: the first sequence evicts at every step.
+const std::vector<uint64_t> kSequences{7, 2, 11};
+const std::vector<int32_t> kPrompts{1030, 300, 5};
+
+/// A host context of the policy's geometry over its own pool.
+struct HostContext {
+  std::unique_ptr<char, void (*)(void *)> pool{nullptr, std::free};
+  kvc_context_t *context = nullptr;
+
+  HostContext() {
+    kvc_config_t config{};
+    kvc_h2o_cpu_configure(&config);
+    config.page_size = kPageSize;
+    config.num_pages = 4 * kKvHeads * 40;
+    config.max_sequences = 4;
+    config.memory = KVC_MEMORY_HOST;
+    uint64_t bytes = 0;
+    EXPECT_EQ(kvc_pool_bytes_required(&config, &bytes), KVC_STATUS_OK);
+    const uint64_t rounded = (bytes + KVC_POOL_ALIGNMENT - 1) /
+                             KVC_POOL_ALIGNMENT * KVC_POOL_ALIGNMENT;
+    pool.reset(static_cast<char *>(
+        std::aligned_alloc(KVC_POOL_ALIGNMENT, rounded)));
+    EXPECT_EQ(kvc_context_create(&config, pool.get(), bytes, &context),
+              KVC_STATUS_OK);
+  }
+  ~HostContext() { kvc_context_destroy(context); }
+};
+
+std::vector<float> randomRows(std::mt19937 &rng, size_t count) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(count);
+  for (float &e : x)
+    e = normal(rng);
+  return x;
+}
+
+/// Prefills layer 0 of every sequence of `kSequences` with the same inputs
+/// in both contexts.
+void prefillBoth(kvc_context_t *a, kvc_context_t *b, std::mt19937 &rng) {
+  for (size_t s = 0; s < kSequences.size(); ++s) {
+    const int32_t n = kPrompts[s];
+    std::vector<float> q = randomRows(rng, size_t(n) * kQHeads * kDim);
+    std::vector<float> k = randomRows(rng, size_t(n) * kKvHeads * kDim);
+    std::vector<float> v = randomRows(rng, size_t(n) * kKvHeads * kDim);
+    std::vector<int32_t> positions(n);
+    for (int32_t i = 0; i < n; ++i)
+      positions[i] = i;
+    std::vector<float> out(q.size());
+    std::vector<char> ws(kvc_h2o_cpu_prefill_workspace_bytes(n));
+    for (kvc_context_t *c : {a, b}) {
+      ASSERT_EQ(kvc_sequence_add(c, kSequences[s]), KVC_STATUS_OK);
+      ASSERT_EQ(kvc_h2o_cpu_prefill(c, kSequences[s], 0, n, q.data(),
+                                    k.data(), v.data(), positions.data(),
+                                    out.data(), ws.data(), ws.size()),
+                KVC_STATUS_OK)
+          << kvc_last_error();
+    }
+  }
+}
+
+/// The slots, positions and score state of every head of `sequence`.
+void expectSameCache(kvc_context_t *a, kvc_context_t *b, uint64_t sequence,
+                     const std::string &where) {
+  for (int h = 0; h < kKvHeads; ++h) {
+    kvc_metadata_t ma, mb;
+    ASSERT_EQ(kvc_get_metadata(a, sequence, 0, h, &ma), KVC_STATUS_OK);
+    ASSERT_EQ(kvc_get_metadata(b, sequence, 0, h, &mb), KVC_STATUS_OK);
+    ASSERT_EQ(ma.num_slots, mb.num_slots) << where << " head " << h;
+    EXPECT_EQ(0, std::memcmp(ma.position, mb.position,
+                             sizeof(int32_t) * ma.num_slots))
+        << where << " head " << h << ": positions";
+    EXPECT_EQ(0,
+              std::memcmp(ma.score, mb.score, sizeof(float) * ma.num_slots))
+        << where << " head " << h << ": score state";
+  }
+}
+
+int32_t entries(kvc_context_t *c, uint64_t sequence) {
+  int32_t total = 0;
+  for (int h = 0; h < kKvHeads; ++h) {
+    int32_t n = 0;
+    EXPECT_EQ(kvc_get_num_entries(c, sequence, 0, h, &n), KVC_STATUS_OK);
+    total += n;
+  }
+  return total;
+}
+
+TEST(GeneratedPolicyBatch, MatchesOneSequenceAtATime) {
+  std::mt19937 rng(20261122);
+  HostContext batched, single;
+  prefillBoth(batched.context, single.context, rng);
+  const int32_t batch = static_cast<int32_t>(kSequences.size());
+  const size_t qRow = size_t(kQHeads) * kDim, kvRow = size_t(kKvHeads) * kDim;
+  std::vector<char> ws(
+      kvc_h2o_cpu_decode_batch_workspace_bytes(batch, 1024 + 2 * kPageSize));
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> q = randomRows(rng, batch * qRow);
+    std::vector<float> k = randomRows(rng, batch * kvRow);
+    std::vector<float> v = randomRows(rng, batch * kvRow);
+    std::vector<int32_t> positions(batch);
+    for (int32_t b = 0; b < batch; ++b)
+      positions[b] = kPrompts[b] + step;
+    std::vector<float> outBatch(q.size(), -1.0f), outSingle(q.size(), -2.0f);
+    ASSERT_EQ(kvc_h2o_cpu_decode_batch(batched.context, batch,
+                                       kSequences.data(), 0, q.data(),
+                                       k.data(), v.data(), positions.data(),
+                                       outBatch.data(), ws.data(), ws.size()),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+    for (int32_t b = 0; b < batch; ++b)
+      ASSERT_EQ(kvc_h2o_cpu_decode(single.context, kSequences[b], 0,
+                                   q.data() + b * qRow, k.data() + b * kvRow,
+                                   v.data() + b * kvRow, positions[b],
+                                   outSingle.data() + b * qRow, ws.data(),
+                                   ws.size()),
+                KVC_STATUS_OK)
+          << kvc_last_error();
+    EXPECT_EQ(0, std::memcmp(outBatch.data(), outSingle.data(),
+                             sizeof(float) * outBatch.size()))
+        << "step " << step << ": outputs";
+    for (uint64_t s : kSequences)
+      expectSameCache(batched.context, single.context, s,
+                      "step " + std::to_string(step) + " sequence " +
+                          std::to_string(s));
+  }
+  // The long sequence stays at its budget, the others grow by a step each.
+  EXPECT_EQ(entries(batched.context, 7), 1024 * kKvHeads);
+  EXPECT_EQ(entries(batched.context, 2), (300 + 3) * kKvHeads);
+  EXPECT_EQ(entries(batched.context, 11), (5 + 3) * kKvHeads);
+}
+
+TEST(GeneratedPolicyBatch, ChecksItsArgumentsBeforeAnyStep) {
+  std::mt19937 rng(7);
+  HostContext a, b;
+  prefillBoth(a.context, b.context, rng);
+  std::vector<float> q = randomRows(rng, 4 * size_t(kQHeads) * kDim);
+  std::vector<float> k = randomRows(rng, 4 * size_t(kKvHeads) * kDim), v = k;
+  std::vector<float> out(q.size());
+  std::vector<int32_t> positions{1030, 300, 5, 9};
+  std::vector<char> ws(
+      kvc_h2o_cpu_decode_batch_workspace_bytes(4, 1024 + 2 * kPageSize));
+  auto call = [&](int32_t batch, const uint64_t *sequences, uint64_t bytes) {
+    return kvc_h2o_cpu_decode_batch(a.context, batch, sequences, 0, q.data(),
+                                    k.data(), v.data(), positions.data(),
+                                    out.data(), ws.data(), bytes);
+  };
+  const int32_t before = entries(a.context, 7) + entries(a.context, 2);
+
+  const uint64_t twice[] = {7, 2, 7};
+  EXPECT_EQ(call(3, twice, ws.size()), KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(),
+               "kvc_h2o_cpu_decode_batch: a sequence appears twice in the "
+               "batch");
+  EXPECT_EQ(call(0, kSequences.data(), ws.size()),
+            KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(), "kvc_h2o_cpu_decode_batch: the batch is empty");
+  EXPECT_EQ(call(3, nullptr, ws.size()), KVC_STATUS_NULL_POINTER);
+  EXPECT_STREQ(kvc_last_error(), "kvc_h2o_cpu_decode_batch: null argument");
+  // An unknown sequence after two known ones: neither known one steps.
+  const uint64_t unknown[] = {7, 2, 99};
+  EXPECT_NE(call(3, unknown, ws.size()), KVC_STATUS_OK);
+  EXPECT_EQ(entries(a.context, 7) + entries(a.context, 2), before);
+  // A workspace that fits the short sequences but not the long one.
+  const uint64_t small =
+      kvc_h2o_cpu_decode_batch_workspace_bytes(3, 300 + 2 * kPageSize);
+  EXPECT_EQ(call(3, kSequences.data(), small), KVC_STATUS_BUFFER_TOO_SMALL);
+  EXPECT_STREQ(kvc_last_error(),
+               "kvc_h2o_cpu_decode_batch: workspace smaller than "
+               "kvc_h2o_cpu_decode_workspace_bytes(slots + page_size)");
+  EXPECT_EQ(entries(a.context, 7) + entries(a.context, 2), before);
+  // The same arguments with a large enough workspace step every sequence.
+  EXPECT_EQ(call(3, kSequences.data(), ws.size()), KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(entries(a.context, 2), (300 + 1) * kKvHeads);
+}
+
+} // namespace
