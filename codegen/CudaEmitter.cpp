@@ -1236,6 +1236,8 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
       out << ",\n         kvc::cuda::PersistenceBits{kHistory, kThreshold, "
           << reduceEnumerator("cuda", *attention.getPersistenceReduce())
           << ", w.persistBits}";
+    else
+      out << ", kvc::cuda::PersistenceBits{}";
     out << ");\n";
   }
   if (stagesKernel)
@@ -1717,13 +1719,16 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          << "\"));\n";
     if (selects) {
       // A periodic phase writes victims only in the blocks of the
-      // sequences that end a period.
-      bs << "    KVC_CUDA_TRY(victims.fetchRest(\"" << name << "\"));\n"
-         << "    for (int32_t i = 0; i < heads; ++i)\n"
-            "      if ("
-         << (periodic ? "(positions[i / kKvHeads] + 1) % kPeriod == 0 && "
-                      : "")
-         << "victims.count(i) > 0)\n"
+      // sequences that end a period: the others' counts are not read.
+      if (periodic)
+        bs << "    KVC_CUDA_TRY(victims.fetchRest(\"" << name
+           << "\", [&](int32_t i) {\n"
+              "      return (positions[i / kKvHeads] + 1) % kPeriod == 0;\n"
+              "    }));\n";
+      else
+        bs << "    KVC_CUDA_TRY(victims.fetchRest(\"" << name << "\"));\n";
+      bs << "    for (int32_t i = 0; i < heads; ++i)\n"
+            "      if (victims.count(i) > 0)\n"
             "        KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], "
             "layer, i % kKvHeads,\n"
             "                               victims.count(i), "

@@ -1319,6 +1319,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
   __shared__ float keys[kKeyTile][D + 1], values[kKeyTile][D + 1];
   __shared__ float queries[kPrefillQueryTile][D];
+  // A row's weights of the key tile, one per lane, which every lane of the
+  // warp then reads in turn (broadcast reads, no bank conflicts).
+  __shared__ float tileProbs[kPrefillWarps][kKeyTile];
   for (int i = threadIdx.x; i < kPrefillQueryTile * D; i += kPrefillThreads) {
     const int r = i / D, c = i % D;
     const int32_t t = tile + r;
@@ -1363,12 +1366,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll
       for (int x = 0; x < kPerLane; ++x)
         acc[r][x] *= rescale;
+      tileProbs[warp][lane] = p;
+      __syncwarp();
       for (int j = 0; j < kKeyTile; ++j) {
-        const float pj = __shfl_sync(kFullMask, p, j);
+        const float pj = tileProbs[warp][j];
 #pragma unroll
         for (int x = 0; x < kPerLane; ++x)
           acc[r][x] += pj * values[j][lane + x * kWarpSize];
       }
+      // Every lane has read the weights before the next row writes them.
+      __syncwarp();
     }
   }
 #pragma unroll
@@ -1416,7 +1423,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
                        const float *k, float scale, const float *lse,
                        int32_t window, float *windowProbs, float *lastProbs,
                        float *accumulated, float decay,
-                       PersistenceBits persistence = PersistenceBits{}) {
+                       PersistenceBits persistence) {
   const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
   const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
   const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
@@ -2420,9 +2427,20 @@ public:
     return KVC_STATUS_OK;
   }
 
-  /// The lists longer than kInlineVictims, after the synchronization.
-  kvc_status_t fetchRest(const char *name) {
+  /// Every head of a step selected its victims.
+  struct AllHeads {
+    bool operator()(int32_t) const { return true; }
+  };
+
+  /// The lists longer than kInlineVictims, after the synchronization. Heads
+  /// for which `selected(h)` is false did not run the selection in this
+  /// step (a periodic phase that another sequence of the batch ended):
+  /// their counts were never written, and they report no victims.
+  template <typename Selected = AllHeads>
+  kvc_status_t fetchRest(const char *name, Selected selected = {}) {
     for (size_t h = 0; h < counts_.size(); ++h) {
+      if (!selected(static_cast<int32_t>(h)))
+        counts_[h] = 0;
       if (counts_[h] <= inline_)
         continue;
       try {

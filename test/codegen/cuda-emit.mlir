@@ -160,7 +160,7 @@
 // TOVA-LABEL: extern "C" {
 // TOVA: kvc::cuda::prefillColumnStats<kGroup, kHeadDim>
 // TOVA-NEXT: <<<
-// TOVA-NEXT: kvc::cuda::kPrefillThreads, 0, s>>>(n, kKvHeads, q, k, kSoftmaxScale, w.lse, 0, nullptr, w.lastProbs, nullptr, 1.0f);
+// TOVA-NEXT: kvc::cuda::kPrefillThreads, 0, s>>>(n, kKvHeads, q, k, kSoftmaxScale, w.lse, 0, nullptr, w.lastProbs, nullptr, 1.0f, kvc::cuda::PersistenceBits{});
 // TOVA-NEXT: // The policy's stages: across heads, then one block per kv-head.
 // TOVA-NEXT: // %1 = kvc.layer_reduce mean %0 : !kvc.score<query>
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
@@ -286,9 +286,11 @@
 // RPC-NEXT: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_rpc_cuda_decode_batch"));
 // RPC-NEXT: cudaStreamSynchronize(s));
 // RPC-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_rpc_cuda_decode_batch"));
-// RPC-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_rpc_cuda_decode_batch"));
+// RPC-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_rpc_cuda_decode_batch", [&](int32_t i) {
+// RPC-NEXT: return (positions[i / kKvHeads] + 1) % kPeriod == 0;
+// RPC-NEXT: }));
 // RPC-NEXT: for (int32_t i = 0; i < heads; ++i)
-// RPC-NEXT: if ((positions[i / kKvHeads] + 1) % kPeriod == 0 && victims.count(i) > 0)
+// RPC-NEXT: if (victims.count(i) > 0)
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
 // RPC-UNFUSED: decodeScoringStages(

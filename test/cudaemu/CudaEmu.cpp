@@ -1,0 +1,490 @@
+//===- CudaEmu.cpp - Fibers and runtime API of the CUDA emulator ----------===//
+//
+// The scheduler that runs the threads of a block as fibers, and the subset
+// of the CUDA runtime API that kvc's CUDA code and its tests call, over
+// host memory. See kvc_cuda_emu.h for what the emulator does and does not
+// check.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc_cuda_emu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#if !defined(__x86_64__)
+#error "the CUDA emulator switches fibers with x86-64 code"
+#endif
+
+// kvc_emu_switch(from, to): saves the callee-saved registers on the current
+// stack, stores the stack pointer in *from, and resumes the fiber whose
+// stack pointer is `to`. The floating-point control words are not switched:
+// no kernel changes them.
+extern "C" void kvc_emu_switch(void **from, void *to);
+asm(R"(
+  .text
+  .globl kvc_emu_switch
+  .type kvc_emu_switch, @function
+kvc_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kvc_emu_switch, .-kvc_emu_switch
+  .section .note.GNU-stack,"",@progbits
+)");
+
+namespace kvc::emu {
+
+uint3 threadIndex;
+uint3 blockIndex;
+dim3 blockDimension;
+dim3 gridDimension;
+
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
+
+struct Fiber {
+  void *stack = nullptr; // saved stack pointer while switched out
+  State state = State::Runnable;
+  uint3 index{};
+  int linear = 0;
+  int parity = 0; // which of the two word buffers the next collective uses
+};
+
+struct BlockRun {
+  const char *kernel = nullptr;
+  const std::function<void()> *body = nullptr;
+  std::vector<Fiber> fibers;
+  // Per warp: lanes not ended, and lanes waiting at a warp barrier.
+  std::vector<int> liveLanes, waitingLanes;
+  // Two exchange words per thread, used alternately by successive warp
+  // collectives: a lane that runs ahead into its next collective writes the
+  // other buffer, so the words of this one stay valid for the slower lanes
+  // until they too pass the next barrier.
+  std::vector<uint64_t> words[2];
+  void *scheduler = nullptr;   // the scheduler's saved stack pointer
+  Fiber *current = nullptr;
+};
+
+BlockRun *active = nullptr;
+std::vector<char *> stacks; // reused across launches
+cudaError_t lastError = cudaSuccess;
+
+[[noreturn]] void fatal(const char *what) {
+  const Fiber *f = active ? active->current : nullptr;
+  std::fprintf(stderr,
+               "kvc CUDA emulator: %s\n  kernel: %s\n  block (%u, %u, %u)",
+               what, active ? active->kernel : "?", blockIndex.x, blockIndex.y,
+               blockIndex.z);
+  if (f)
+    std::fprintf(stderr, ", thread (%u, %u, %u)", f->index.x, f->index.y,
+                 f->index.z);
+  std::fprintf(stderr, "\n");
+  std::abort();
+}
+
+/// The calling fiber has just changed state (reached a barrier or ended):
+/// opens its warp's barrier if every live lane waits at it, then passes
+/// control to the next runnable lane of the warp (the caller itself, last)
+/// or, when none is, back to the scheduler.
+void block() {
+  BlockRun &run = *active;
+  Fiber *self = run.current;
+  const int begin = self->linear / kWarpSize * kWarpSize;
+  const int end =
+      std::min(begin + kWarpSize, static_cast<int>(run.fibers.size()));
+  const int warp = begin / kWarpSize;
+  if (self->state == State::Done)
+    --run.liveLanes[warp];
+  else if (self->state == State::AtWarpBarrier)
+    ++run.waitingLanes[warp];
+  if (run.waitingLanes[warp] > 0 &&
+      run.waitingLanes[warp] == run.liveLanes[warp]) {
+    for (int i = begin; i < end; ++i)
+      if (run.fibers[i].state == State::AtWarpBarrier)
+        run.fibers[i].state = State::Runnable;
+    run.waitingLanes[warp] = 0;
+  }
+  const int width = end - begin;
+  for (int step = 1; step <= width; ++step) {
+    Fiber &next = run.fibers[begin + (self->linear - begin + step) % width];
+    if (next.state != State::Runnable)
+      continue;
+    if (&next == self)
+      return; // released by its own arrival: runs on
+    run.current = &next;
+    threadIndex = next.index;
+    kvc_emu_switch(&self->stack, next.stack);
+    return;
+  }
+  run.current = nullptr;
+  kvc_emu_switch(&self->stack, run.scheduler);
+}
+
+[[noreturn]] void fiberEntry() {
+  (*active->body)();
+  active->current->state = State::Done;
+  block();
+  __builtin_unreachable();
+}
+
+void *initialStack(char *base, int thread) {
+  // The stacks start at different offsets within a page so that the hot
+  // tops of a warp's stacks fall into different cache sets (equal offsets
+  // would make the 32 lanes of a warp evict each other at every switch).
+  const size_t color = static_cast<size_t>(thread % 64) * 64 * 7 % 4096 +
+                       static_cast<size_t>(thread / 64 % 8) * 4096;
+  // The frame kvc_emu_switch pops: six registers, the return address
+  // (fiberEntry), then a null frame so that fiberEntry starts with the
+  // stack alignment of a called function.
+  auto *top = reinterpret_cast<uint64_t *>(base + kStackBytes - color);
+  uint64_t *sp = top - 8;
+  for (int r = 0; r < 6; ++r)
+    sp[r] = 0;
+  sp[6] = reinterpret_cast<uint64_t>(&fiberEntry);
+  sp[7] = 0;
+  return sp;
+}
+
+int warpOf(const Fiber &f) { return f.linear / kWarpSize; }
+
+/// Runs the lanes of warp [begin, end) until none is runnable: the lanes
+/// pass control among themselves (block()) and return here when the warp
+/// waits at __syncthreads, has ended, or is stuck.
+void runWarp(BlockRun &run, int begin, int end) {
+  for (int i = begin; i < end; ++i) {
+    Fiber &f = run.fibers[i];
+    if (f.state != State::Runnable)
+      continue;
+    run.current = &f;
+    threadIndex = f.index;
+    kvc_emu_switch(&run.scheduler, f.stack);
+  }
+}
+
+void runBlock(BlockRun &run) {
+  const int threads = static_cast<int>(run.fibers.size());
+  while (stacks.size() < run.fibers.size())
+    stacks.push_back(static_cast<char *>(
+        ::operator new(kStackBytes, std::align_val_t(64))));
+  for (int i = 0; i < threads; ++i) {
+    Fiber &f = run.fibers[i];
+    const unsigned u = static_cast<unsigned>(i);
+    f.state = State::Runnable;
+    f.linear = i;
+    f.parity = 0;
+    f.index = uint3{u % blockDimension.x, u / blockDimension.x % blockDimension.y,
+                    u / (blockDimension.x * blockDimension.y)};
+    f.stack = initialStack(stacks[i], i);
+  }
+  const int warps = (threads + kWarpSize - 1) / kWarpSize;
+  run.liveLanes.assign(warps, 0);
+  run.waitingLanes.assign(warps, 0);
+  for (int i = 0; i < threads; ++i)
+    ++run.liveLanes[i / kWarpSize];
+  // Warp by warp, each until it waits at __syncthreads or ends; then the
+  // block barrier opens when every live thread waits at it.
+  for (;;) {
+    for (int w = 0; w < threads; w += kWarpSize)
+      runWarp(run, w, std::min(w + kWarpSize, threads));
+    run.current = nullptr;
+    bool live = false, ready = true;
+    for (Fiber &f : run.fibers) {
+      if (f.state == State::Done)
+        continue;
+      live = true;
+      if (f.state != State::AtBlockBarrier && !run.current)
+        run.current = &f;
+      ready &= f.state == State::AtBlockBarrier;
+    }
+    if (!live)
+      return;
+    if (!ready)
+      fatal("deadlock: a thread waits at a warp barrier or collective that "
+            "a live lane of its warp never reaches (it waits at "
+            "__syncthreads or has exited)");
+    for (Fiber &f : run.fibers)
+      if (f.state == State::AtBlockBarrier)
+        f.state = State::Runnable;
+  }
+}
+
+void waitAt(State barrier) {
+  active->current->state = barrier;
+  block();
+}
+
+void checkMask(unsigned mask) {
+  if (mask != kFullMask)
+    fatal("warp collective with a partial mask (the emulator runs full warps "
+          "only)");
+}
+
+} // namespace
+
+void syncBlock() {
+  if (!active || !active->current)
+    fatal("__syncthreads outside a kernel");
+  waitAt(State::AtBlockBarrier);
+}
+
+void syncWarp(unsigned mask) {
+  if (!active || !active->current)
+    fatal("__syncwarp outside a kernel");
+  checkMask(mask);
+  waitAt(State::AtWarpBarrier);
+}
+
+int laneId() { return active->current->linear % kWarpSize; }
+
+int lanes() {
+  const int base = active->current->linear / kWarpSize * kWarpSize;
+  return std::min(kWarpSize, static_cast<int>(active->fibers.size()) - base);
+}
+
+const uint64_t *publish(unsigned mask, uint64_t value) {
+  if (!active || !active->current)
+    fatal("warp collective outside a kernel");
+  checkMask(mask);
+  Fiber &f = *active->current;
+  std::vector<uint64_t> &words = active->words[f.parity];
+  f.parity ^= 1;
+  words[f.linear] = value;
+  waitAt(State::AtWarpBarrier);
+  return words.data() + f.linear / kWarpSize * kWarpSize;
+}
+
+void run(const char *kernel, dim3 grid, dim3 block,
+         const std::function<void()> &body) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 ||
+      grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+    lastError = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (active)
+    fatal("kernel launched from inside a kernel");
+  BlockRun run;
+  run.kernel = kernel;
+  run.body = &body;
+  run.fibers.resize(threads);
+  run.words[0].assign(threads, 0);
+  run.words[1].assign(threads, 0);
+  active = &run;
+  blockDimension = block;
+  gridDimension = grid;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIndex = uint3{x, y, z};
+        runBlock(run);
+      }
+  active = nullptr;
+}
+
+} // namespace kvc::emu
+
+// The runtime API over host memory. Every call completes before it returns,
+// so streams and events need no ordering of their own.
+struct CUstream_st {
+  int id;
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point recorded;
+};
+
+using kvc::emu::lastError;
+
+namespace {
+cudaError_t fail(cudaError_t error) {
+  lastError = error;
+  return error;
+}
+} // namespace
+
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = lastError;
+  lastError = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return lastError; }
+
+const char *cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+  case cudaSuccess:
+    return "no error";
+  case cudaErrorInvalidValue:
+    return "invalid argument";
+  case cudaErrorMemoryAllocation:
+    return "out of memory";
+  case cudaErrorInvalidConfiguration:
+    return "invalid configuration argument";
+  default:
+    return "unknown error (CUDA emulator)";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof *prop);
+  std::snprintf(prop->name, sizeof prop->name, "kvc CUDA emulator (host)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlock = 48 * 1024;
+  prop->warpSize = 32;
+  prop->totalGlobalMem = size_t(80) << 30;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr,
+                                   int device) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+  case cudaDevAttrMultiProcessorCount:
+    *value = 132;
+    return cudaSuccess;
+  case cudaDevAttrMaxThreadsPerBlock:
+    *value = 1024;
+    return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMajor:
+    *value = 9;
+    return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMinor:
+    *value = 0;
+    return cudaSuccess;
+  default:
+    return fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaRuntimeGetVersion(int *version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int *version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  *free = size_t(64) << 30;
+  *total = size_t(80) << 30;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **pointer, size_t bytes) {
+  // Device allocations are 256-byte aligned.
+  *pointer = bytes ? std::aligned_alloc(256, (bytes + 255) / 256 * 256)
+                   : nullptr;
+  return *pointer || !bytes ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFree(void *pointer) {
+  std::free(pointer);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
+  return cudaMalloc(pointer, bytes);
+}
+cudaError_t cudaFreeHost(void *pointer) { return cudaFree(pointer); }
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
+                       cudaMemcpyKind) {
+  if (bytes && (!dst || !src))
+    return fail(cudaErrorInvalidValue);
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
+                            cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t) {
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue);
+  for (size_t r = 0; r < height; ++r)
+    std::memmove(static_cast<char *>(dst) + r * dpitch,
+                 static_cast<const char *>(src) + r * spitch, width);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void *pointer, int value, size_t bytes) {
+  std::memset(pointer, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *pointer, int value, size_t bytes,
+                            cudaStream_t) {
+  return cudaMemset(pointer, value, bytes);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) {
+  *stream = new CUstream_st{1};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) {
+  *event = new CUevent_st{};
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->recorded = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
+                                 cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(end->recorded -
+                                                 start->recorded)
+            .count();
+  return cudaSuccess;
+}
+
+} // extern "C"

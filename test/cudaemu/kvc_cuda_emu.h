@@ -1,0 +1,226 @@
+//===- kvc_cuda_emu.h - Run kvc's CUDA code on the host ---------*- C++ -*-===//
+//
+// The CUDA emulator of the test suite. A host C++ compiler builds the
+// generated CUDA backend and runtime/kvc_cuda.cuh with this header included
+// first (-include), after the launches `k<<<grid, block, smem, s>>>(args)`
+// were rewritten to `k * ::kvc::emu::Launch(grid, block, smem, s)(args)`
+// (test/cudaemu/RewriteLaunches.cmake). Kernels then run on the calling
+// thread when launched:
+//  - blocks one after another, in blockIdx order (x fastest);
+//  - the threads of a block as fibers on one stack each, switched only at
+//    __syncthreads, __syncwarp and the warp collectives (shuffles,
+//    ballot), so a block's run is deterministic;
+//  - __shared__ variables are function statics: one instance, which is
+//    exactly the block's shared memory since blocks never overlap;
+//  - device memory is host memory; streams and events are ordered trivially
+//    (every call completes before it returns).
+// A barrier that some live thread of the block (or warp) never reaches, a
+// warp collective with a partial mask, or a launch configuration outside the
+// device limits (block > 1024 threads, grid y or z > 65535) is reported:
+// the first two abort with the kernel's block and thread, the last sets the
+// error cudaGetLastError returns, as a device would.
+//
+// It checks the logic of the kernels (indexing, merges, selection, host
+// staging and transfers) against the CPU backend without a GPU. It says
+// nothing about speed, memory ordering between concurrently running blocks,
+// or races inside a block beyond the barriers the code declares: those
+// need the device (test/gpu, scripts/gpu-sanitize.sh).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_TEST_CUDAEMU_KVC_CUDA_EMU_H
+#define KVC_TEST_CUDAEMU_KVC_CUDA_EMU_H
+
+#if defined(__CUDACC__)
+#error "kvc_cuda_emu.h is for a host C++ compiler, not nvcc"
+#endif
+
+#define KVC_CUDA_EMULATED 1
+
+// Shared memory: one block runs at a time, so a function static is the
+// block's shared memory. Must precede the CUDA headers, which define
+// __shared__ only where it is not defined yet.
+#define __shared__ static
+#define __launch_bounds__(...)
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace kvc::emu {
+
+/// The built-in variables of the running thread, updated at every switch.
+extern uint3 threadIndex;
+extern uint3 blockIndex;
+extern dim3 blockDimension;
+extern dim3 gridDimension;
+
+/// Block-wide barrier (__syncthreads) and warp-wide barrier (__syncwarp).
+void syncBlock();
+void syncWarp(unsigned mask);
+/// A warp collective: stores `value` as the calling lane's word, waits
+/// until every live lane of the warp has stored its own, and returns the
+/// warp's words (lane 0 first). They stay valid until the caller's next
+/// collective. Lanes past the block's last thread have no word: callers
+/// read only lanes below lanes().
+const uint64_t *publish(unsigned mask, uint64_t value);
+/// The number of lanes of the calling thread's warp (32 but in a last,
+/// partial warp).
+int lanes();
+/// The lane of the calling thread within its warp.
+int laneId();
+
+/// Runs `body` for every thread of every block of `grid` x `block`; records
+/// cudaErrorInvalidConfiguration instead when the configuration is outside
+/// the device limits.
+void run(const char *kernel, dim3 grid, dim3 block,
+         const std::function<void()> &body);
+
+template <typename... A> struct Pending {
+  dim3 grid, block;
+  std::tuple<std::decay_t<A>...> args;
+};
+
+/// `k * Launch(grid, block, smem, stream)(args...)`: the rewritten form of
+/// `k<<<grid, block, smem, stream>>>(args...)`. The call binds first and
+/// captures the arguments; `operator*` with the kernel runs it.
+struct Launch {
+  dim3 grid, block;
+  Launch(dim3 grid, dim3 block, size_t = 0, cudaStream_t = nullptr)
+      : grid(grid), block(block) {}
+  template <typename... A> Pending<A...> operator()(A &&...args) const {
+    return Pending<A...>{grid, block,
+                         std::tuple<std::decay_t<A>...>(
+                             std::forward<A>(args)...)};
+  }
+};
+
+template <typename... P, typename... A>
+void operator*(void (*kernel)(P...), Pending<A...> &&launch) {
+  // Every thread receives its own copies of the arguments, converted to the
+  // kernel's parameter types, as a device launch does.
+  run(__PRETTY_FUNCTION__, launch.grid, launch.block, [&] {
+    std::apply([&](const auto &...args) { kernel(args...); }, launch.args);
+  });
+}
+
+template <typename T> T shuffle(unsigned mask, T value, int source) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) &&
+                std::is_trivially_copyable_v<T>);
+  uint64_t word = 0;
+  std::memcpy(&word, &value, sizeof(T));
+  const uint64_t *words = publish(mask, word);
+  if (source >= 0 && source < lanes())
+    word = words[source];
+  T result;
+  std::memcpy(&result, &word, sizeof(T));
+  return result;
+}
+
+} // namespace kvc::emu
+
+#define threadIdx (::kvc::emu::threadIndex)
+#define blockIdx (::kvc::emu::blockIndex)
+#define blockDim (::kvc::emu::blockDimension)
+#define gridDim (::kvc::emu::gridDimension)
+
+inline void __syncthreads() { ::kvc::emu::syncBlock(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::kvc::emu::syncWarp(mask);
+}
+
+template <typename T>
+T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
+  const int lane = ::kvc::emu::laneId();
+  return ::kvc::emu::shuffle(mask, value,
+                             (lane & ~(width - 1)) + (source & (width - 1)));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T value, int laneMask, int width = 32) {
+  const int lane = ::kvc::emu::laneId();
+  const int source = lane ^ laneMask;
+  return ::kvc::emu::shuffle(
+      mask, value, (source & ~(width - 1)) == (lane & ~(width - 1)) ? source
+                                                                    : lane);
+}
+template <typename T>
+T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+  const int lane = ::kvc::emu::laneId();
+  const int source = lane - static_cast<int>(delta);
+  return ::kvc::emu::shuffle(
+      mask, value, source >= (lane & ~(width - 1)) ? source : lane);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  const uint64_t *words = ::kvc::emu::publish(mask, predicate ? 1 : 0);
+  unsigned ballot = 0;
+  for (int lane = 0; lane < ::kvc::emu::lanes(); ++lane)
+    ballot |= static_cast<unsigned>(words[lane]) << lane;
+  return ballot;
+}
+
+template <typename T> T __ldg(const T *p) { return *p; }
+
+// The device's overloaded min and max (the floating-point ones ignore a NaN
+// operand, as fminf/fmaxf do).
+template <typename A, typename B> constexpr auto max(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  if constexpr (std::is_floating_point_v<C>)
+    return std::fmax(C(a), C(b));
+  else
+    return C(a) < C(b) ? C(b) : C(a);
+}
+template <typename A, typename B> constexpr auto min(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  if constexpr (std::is_floating_point_v<C>)
+    return std::fmin(C(a), C(b));
+  else
+    return C(b) < C(a) ? C(b) : C(a);
+}
+
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
+// Single host thread: read-modify-write is atomic by construction.
+template <typename T> T atomicAdd(T *address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
+
+// The IEEE round-to-nearest intrinsics. The emulator is compiled without
+// floating-point contraction (-ffp-contract=off), so each is one rounding.
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned x;
+  std::memcpy(&x, &f, sizeof x);
+  return x;
+}
+inline float __int_as_float(int x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+#endif // KVC_TEST_CUDAEMU_KVC_CUDA_EMU_H

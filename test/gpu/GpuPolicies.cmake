@@ -1,0 +1,67 @@
+# The policies and geometries of the GPU test (GpuPolicyTest.cu), shared by
+# test/gpu (built with nvcc, run on a device) and test/cudaemu (the same
+# test and generated CUDA, built with the host compiler and run on the CUDA
+# emulator).
+#
+# kvc_gpu_test_policy_file(<var> <name>): the policy file of one test policy.
+# kvc_gpu_test_policies(<var> <geometry>): the policies a geometry's test
+# executable links (head class tables are shaped like a geometry, so the
+# DuoAttention test table exists for g3 only).
+
+set(gpu_policies streaming_llm h2o snapkv pyramidkv pyramidkv_small
+    tova adakv pyramidkv_small_adakv merge_nearest h2o_merge d2o cam
+    scissorhands rpc_small kivi2 kivi4 snapkv_kivi2 snapkv_global
+    mixed_precision)
+# Policies of test/codegen/policies (the others are in policies/).
+set(gpu_test_policies pyramidkv_small pyramidkv_small_adakv duo_small
+    rpc_small)
+
+# The geometries of test/codegen (test/codegen/CMakeLists.txt), whose CPU
+# libraries kvc_test_<policy>_<g> are the comparison: they must be equal.
+# layers, query heads, kv-heads, head dim, dtype.
+set(geometry_g3 2 9 3 64 f16)
+set(geometry_g8 1 8 1 128 bf16)
+set(geometry_g1 1 2 2 64 f32)
+
+function(kvc_gpu_test_policy_file var name)
+  if(name IN_LIST gpu_test_policies)
+    set(${var} ${PROJECT_SOURCE_DIR}/test/codegen/policies/${name}.mlir
+        PARENT_SCOPE)
+  else()
+    set(${var} ${PROJECT_SOURCE_DIR}/policies/${name}.mlir PARENT_SCOPE)
+  endif()
+endfunction()
+
+function(kvc_gpu_test_policies var g)
+  set(names ${gpu_policies})
+  if(g STREQUAL "g3")
+    list(APPEND names duo_small)
+  endif()
+  set(${var} ${names} PARENT_SCOPE)
+endfunction()
+
+# kvc_gpu_test_definitions(<target> <geometry>): the compile definitions
+# GpuPolicyTest.cu reads.
+function(kvc_gpu_test_definitions target g)
+  list(GET geometry_${g} 0 layers)
+  list(GET geometry_${g} 1 qh)
+  list(GET geometry_${g} 2 kvh)
+  list(GET geometry_${g} 3 dim)
+  list(GET geometry_${g} 4 dtype)
+  target_compile_definitions(${target} PRIVATE
+    KVC_TEST_LAYERS=${layers} KVC_TEST_Q_HEADS=${qh} KVC_TEST_KV_HEADS=${kvh}
+    KVC_TEST_HEAD_DIM=${dim} KVC_TEST_DTYPE_${dtype}=1
+    $<$<STREQUAL:${g},g3>:KVC_TEST_HEAD_CLASSES=1>)
+endfunction()
+
+# kvc_gpu_test_geometry(<var> <geometry>): the --kvc-specialize options.
+function(kvc_gpu_test_geometry var g)
+  list(GET geometry_${g} 0 layers)
+  list(GET geometry_${g} 1 qh)
+  list(GET geometry_${g} 2 kvh)
+  list(GET geometry_${g} 3 dim)
+  list(GET geometry_${g} 4 dtype)
+  set(${var}
+      "layers=${layers} q-heads=${qh} kv-heads=${kvh} head-dim=${dim} dtype=${dtype}"
+      PARENT_SCOPE)
+endfunction()
