@@ -138,12 +138,21 @@ struct Options {
   std::vector<int> dims, groups; // empty: every compiled-in one
   double minMs = 100.0;
   int steps = 8;
+  /// Timed runs per cell at least (decode rounds, prefill calls), warm-up
+  /// runs before them, and the copy test's timed runs and largest buffer.
+  int minRounds = 2, minReps = 3;
+  bool warmUp = true;
+  int copyRuns = 20;
+  size_t copyBytes = size_t(1) << 30;
   int pageSize = 64;
   /// Decode variants to time (plain, fused, unfused, int2, int4).
   bool variants[5] = {true, true, true, true, true};
   bool list = false;
   std::string csv;
 };
+
+/// Cells (or rows) whose measurement failed; the run then exits with 1.
+int gCellErrors = 0;
 
 /// An error of one measurement; the cell prints "error".
 struct BenchError : std::runtime_error {
@@ -283,11 +292,13 @@ struct CopyBandwidth {
 };
 
 /// Read + written bytes per second of a device-to-device copy of a buffer
-/// of up to 1 GiB (a quarter of the free memory at most), best of 20.
-CopyBandwidth measureCopyBandwidth(cudaStream_t s, int sms) {
+/// of up to `maxBytes` (a quarter of the free memory at most), best of
+/// `runs`.
+CopyBandwidth measureCopyBandwidth(cudaStream_t s, int sms, size_t maxBytes,
+                                   int runs, bool warmUp) {
   size_t freeBytes = 0, totalBytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&freeBytes, &totalBytes));
-  size_t bytes = std::min<size_t>(size_t(1) << 30, freeBytes / 4);
+  size_t bytes = std::min<size_t>(maxBytes, freeBytes / 4);
   bytes &= ~size_t(0xFFFF);
   DeviceBuffer a, b;
   a.reserve(bytes);
@@ -299,9 +310,9 @@ CopyBandwidth measureCopyBandwidth(cudaStream_t s, int sms) {
   r.bytes = bytes;
   auto best = [&](auto &&body) {
     float bestMs = 1e30f;
-    for (int i = 0; i < 3; ++i) // warm-up
+    for (int i = 0; i < (warmUp ? 3 : 0); ++i)
       body();
-    for (int i = 0; i < 20; ++i)
+    for (int i = 0; i < runs; ++i)
       bestMs = std::min(bestMs, timer.time(s, body));
     return 2.0 * double(bytes) / (bestMs * 1e-3) / 1e9;
   };
@@ -508,11 +519,13 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
           call(Variant(variant), n + i);
       };
       // Warm-up round (first launches, host allocations).
-      timer.time(stream, round);
-      ctx.restore(batch, n);
+      if (o.warmUp) {
+        timer.time(stream, round);
+        ctx.restore(batch, n);
+      }
       double ms = 0.0;
       int rounds = 0;
-      while ((ms < o.minMs || rounds < 2) && rounds < 10000) {
+      while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
         ms += timer.time(stream, round);
         ++rounds;
         ctx.restore(batch, n);
@@ -522,6 +535,7 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
+      ++gCellErrors;
       cudaStreamSynchronize(stream);
       cudaGetLastError();
       try {
@@ -579,11 +593,13 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
         KVC_CHECK(kvc_sequence_remove(ctx.context, 0));
         KVC_CHECK(kvc_sequence_add(ctx.context, 0));
       };
-      timer.time(stream, once); // warm-up
-      reset();
+      if (o.warmUp) {
+        timer.time(stream, once);
+        reset();
+      }
       double ms = 0.0;
       int reps = 0;
-      while ((ms < o.minMs || reps < 3) && reps < 1000) {
+      while ((ms < o.minMs || reps < o.minReps) && reps < 1000) {
         ms += timer.time(stream, once);
         ++reps;
         reset();
@@ -593,6 +609,7 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
+      ++gCellErrors;
       cudaStreamSynchronize(stream);
       cudaGetLastError();
       try {
@@ -698,11 +715,13 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
                            stream));
       };
       // Warm-up round (first launches, host allocations).
-      timer.time(stream, round);
-      ctx.restoreOldest(batch, n);
+      if (o.warmUp) {
+        timer.time(stream, round);
+        ctx.restoreOldest(batch, n);
+      }
       double ms = 0.0, bytes = 0.0;
       int rounds = 0;
-      while ((ms < o.minMs || rounds < 2) && rounds < 10000) {
+      while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
         // Step i reads the cache after its append: interpolate between the
         // round's first and last state.
         const double first = kiviCacheBytes(ctx, batch);
@@ -718,6 +737,7 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
+      ++gCellErrors;
       cudaStreamSynchronize(stream);
       cudaGetLastError();
     }
@@ -796,6 +816,9 @@ void usage(const char *argv0) {
       "  --variants=LIST         decode variants among plain,fused,unfused,"
       "int2,int4 (default all)\n"
       "  --quick                 batch 1, context 1k, prefill 1k, 20 ms\n"
+      "  --check                 --quick, run once: no warm-up, one timed run "
+      "per cell, a 64 MiB copy test; checks that every call of the sweep "
+      "succeeds (its times are not measurements)\n"
       "  --csv=FILE              also write the rows as CSV\n"
       "  --list                  print the compiled-in geometries and the "
       "sweep, then exit (no GPU needed)\n"
@@ -826,11 +849,18 @@ int parseOptions(int argc, char **argv, Options &o) {
       return 0;
     } else if (key == "--list") {
       o.list = true;
-    } else if (key == "--quick") {
+    } else if (key == "--quick" || key == "--check") {
       o.batches = {1};
       o.contexts = {1024};
       o.prefillContexts = {1024};
       o.minMs = 20.0;
+      if (key == "--check") {
+        o.minMs = 1e-3;
+        o.minRounds = o.minReps = 1;
+        o.warmUp = false;
+        o.copyRuns = 1;
+        o.copyBytes = size_t(64) << 20;
+      }
     } else if (key == "--batch") {
       good = takeValue() && parseList(value.c_str(), o.batches);
     } else if (key == "--context") {
@@ -953,12 +983,17 @@ int main(int argc, char **argv) {
                 "runtime %d\n",
                 prop.name, prop.major, prop.minor, prop.multiProcessorCount,
                 prop.totalGlobalMem / double(1 << 30), driver, runtime);
-    const CopyBandwidth copy = measureCopyBandwidth(stream, prop.multiProcessorCount);
+    const CopyBandwidth copy =
+        measureCopyBandwidth(stream, prop.multiProcessorCount, o.copyBytes,
+                             o.copyRuns, o.warmUp);
     std::printf("copy bandwidth (read + written bytes / s, %.0f MiB buffer, "
-                "best of 20): cudaMemcpy D2D %.0f GB/s, copy kernel %.0f GB/s; "
+                "best of %d): cudaMemcpy D2D %.0f GB/s, copy kernel %.0f GB/s; "
                 "reference = %.0f GB/s\n",
-                copy.bytes / 1048576.0, copy.memcpyGBs, copy.kernelGBs,
-                copy.best());
+                copy.bytes / 1048576.0, o.copyRuns, copy.memcpyGBs,
+                copy.kernelGBs, copy.best());
+    if (!o.warmUp)
+      std::printf("--check: every cell runs once without a warm-up; the "
+                  "times below are not measurements\n");
     // decode rows: times in microseconds per step of plain, fused, unfused;
     // int2 and int4 rows (KIVI): bytes per step of that format, the 16-bit
     // (plain) time, that format's time, its GB/s; prefill rows:
@@ -976,9 +1011,9 @@ int main(int argc, char **argv) {
     if (anyDecode) {
       std::printf(
           "\nDecode: one step of one layer (kv_heads=%d, f16 cache, page size "
-          "%d). The ABI is per sequence: batch B = B sequences in one context, "
-          "B decode calls per step on one stream (no batched launch exists).\n"
-          "Times are cudaEvent time per step (all B calls, host bookkeeping "
+          "%d). Batch B = B sequences in one context, one batched call per "
+          "step (_decode_batch: one launch per kernel for the batch).\n"
+          "Times are cudaEvent time per step (the whole call, host bookkeeping "
           "and synchronizations inside the calls included), %d steps per "
           "round after a warm-up round, >= %g ms per cell; each round starts "
           "at `context` entries and appends one per step.\n"
@@ -1019,6 +1054,7 @@ int main(int argc, char **argv) {
               std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
                           kKvHeads * g.group, batch, n, e.what());
               cudaGetLastError();
+              ++gCellErrors;
               continue;
             }
             const double bytes = double(batch) * r.meanEntries * kKvHeads *
@@ -1109,6 +1145,7 @@ int main(int argc, char **argv) {
               std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
                           kKvHeads * g.group, batch, n, e.what());
               cudaGetLastError();
+              ++gCellErrors;
               continue;
             }
             auto found = plainUs.find({g.dim, g.group, batch, n});
@@ -1181,6 +1218,7 @@ int main(int argc, char **argv) {
             std::printf("%4d %3d %4d %7d  error: %s\n", g.dim, g.group,
                         kKvHeads * g.group, n, e.what());
             cudaGetLastError();
+            ++gCellErrors;
             continue;
           }
           auto frac = [&](int v) {
@@ -1214,5 +1252,10 @@ int main(int argc, char **argv) {
   }
   if (gCsv)
     std::fclose(gCsv);
+  if (gCellErrors) {
+    std::fprintf(stderr, "kvc-bench-gpu: %d measurement(s) failed\n",
+                 gCellErrors);
+    return 1;
+  }
   return 0;
 }

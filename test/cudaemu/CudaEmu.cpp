@@ -9,12 +9,19 @@
 
 #include "kvc_cuda_emu.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #if !defined(__x86_64__)
 #error "the CUDA emulator switches fibers with x86-64 code"
@@ -73,6 +80,8 @@ struct Fiber {
 };
 
 struct BlockRun {
+  const char *file = nullptr;
+  int line = 0;
   const char *kernel = nullptr;
   const std::function<void()> *body = nullptr;
   std::vector<Fiber> fibers;
@@ -84,24 +93,61 @@ struct BlockRun {
   // until they too pass the next barrier.
   std::vector<uint64_t> words[2];
   void *scheduler = nullptr;   // the scheduler's saved stack pointer
+  // The scheduler's stack (the calling thread's), for AddressSanitizer.
+  const void *schedulerBottom = nullptr;
+  size_t schedulerBytes = 0;
   Fiber *current = nullptr;
 };
 
 BlockRun *active = nullptr;
-std::vector<char *> stacks; // reused across launches
+
+/// The fibers' stacks, reused by every launch, freed at exit.
+struct StackPool {
+  std::vector<char *> stacks;
+  ~StackPool() {
+    for (char *stack : stacks)
+      ::operator delete(stack, std::align_val_t(64));
+  }
+};
+StackPool pool;
+std::vector<char *> &stacks = pool.stacks;
+
+/// Switches from the running context to the one whose saved stack pointer
+/// is `to` and whose stack is [bottom, bottom + bytes). Under
+/// AddressSanitizer the switch is announced, so that it tracks the stack in
+/// use; `ending` marks the last switch out of a fiber that has ended.
+void transfer(void **save, void *to, const void *bottom, size_t bytes,
+              bool ending = false) {
+#if defined(__SANITIZE_ADDRESS__)
+  void *fake = nullptr;
+  __sanitizer_start_switch_fiber(ending ? nullptr : &fake, bottom, bytes);
+  kvc_emu_switch(save, to);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)bottom;
+  (void)bytes;
+  (void)ending;
+  kvc_emu_switch(save, to);
+#endif
+}
+
+const void *stackOf(const Fiber &f);
 cudaError_t lastError = cudaSuccess;
 
 [[noreturn]] void fatal(const char *what) {
   const Fiber *f = active ? active->current : nullptr;
   std::fprintf(stderr,
-               "kvc CUDA emulator: %s\n  kernel: %s\n  block (%u, %u, %u)",
-               what, active ? active->kernel : "?", blockIndex.x, blockIndex.y,
-               blockIndex.z);
+               "kvc CUDA emulator: %s\n  launched at %s:%d\n  kernel: %s\n"
+               "  block (%u, %u, %u)",
+               what, active ? active->file : "?", active ? active->line : 0,
+               active ? active->kernel : "?",
+               blockIndex.x, blockIndex.y, blockIndex.z);
   if (f)
     std::fprintf(stderr, ", thread (%u, %u, %u)", f->index.x, f->index.y,
                  f->index.z);
   std::fprintf(stderr, "\n");
-  std::abort();
+  std::fflush(stderr);
+  std::_Exit(3);
 }
 
 /// The calling fiber has just changed state (reached a barrier or ended):
@@ -135,14 +181,19 @@ void block() {
       return; // released by its own arrival: runs on
     run.current = &next;
     threadIndex = next.index;
-    kvc_emu_switch(&self->stack, next.stack);
+    transfer(&self->stack, next.stack, stackOf(next), kStackBytes,
+             self->state == State::Done);
     return;
   }
   run.current = nullptr;
-  kvc_emu_switch(&self->stack, run.scheduler);
+  transfer(&self->stack, run.scheduler, run.schedulerBottom,
+           run.schedulerBytes, self->state == State::Done);
 }
 
 [[noreturn]] void fiberEntry() {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
   (*active->body)();
   active->current->state = State::Done;
   block();
@@ -167,7 +218,7 @@ void *initialStack(char *base, int thread) {
   return sp;
 }
 
-int warpOf(const Fiber &f) { return f.linear / kWarpSize; }
+const void *stackOf(const Fiber &f) { return stacks[f.linear]; }
 
 /// Runs the lanes of warp [begin, end) until none is runnable: the lanes
 /// pass control among themselves (block()) and return here when the warp
@@ -179,7 +230,7 @@ void runWarp(BlockRun &run, int begin, int end) {
       continue;
     run.current = &f;
     threadIndex = f.index;
-    kvc_emu_switch(&run.scheduler, f.stack);
+    transfer(&run.scheduler, f.stack, stackOf(f), kStackBytes);
   }
 }
 
@@ -196,6 +247,11 @@ void runBlock(BlockRun &run) {
     f.parity = 0;
     f.index = uint3{u % blockDimension.x, u / blockDimension.x % blockDimension.y,
                     u / (blockDimension.x * blockDimension.y)};
+#if defined(__SANITIZE_ADDRESS__)
+    // A stack reused from an earlier block may still carry the poisoned
+    // redzones of frames that never returned.
+    ASAN_UNPOISON_MEMORY_REGION(stacks[i], kStackBytes);
+#endif
     f.stack = initialStack(stacks[i], i);
   }
   const int warps = (threads + kWarpSize - 1) / kWarpSize;
@@ -275,8 +331,8 @@ const uint64_t *publish(unsigned mask, uint64_t value) {
   return words.data() + f.linear / kWarpSize * kWarpSize;
 }
 
-void run(const char *kernel, dim3 grid, dim3 block,
-         const std::function<void()> &body) {
+void run(const char *file, int line, const char *kernel, dim3 grid,
+         dim3 block, const std::function<void()> &body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 ||
       grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
@@ -286,11 +342,20 @@ void run(const char *kernel, dim3 grid, dim3 block,
   if (active)
     fatal("kernel launched from inside a kernel");
   BlockRun run;
+  run.file = file;
+  run.line = line;
   run.kernel = kernel;
   run.body = &body;
   run.fibers.resize(threads);
   run.words[0].assign(threads, 0);
   run.words[1].assign(threads, 0);
+  pthread_attr_t attributes;
+  void *bottom = nullptr;
+  if (pthread_getattr_np(pthread_self(), &attributes) == 0) {
+    pthread_attr_getstack(&attributes, &bottom, &run.schedulerBytes);
+    pthread_attr_destroy(&attributes);
+  }
+  run.schedulerBottom = bottom;
   active = &run;
   blockDimension = block;
   gridDimension = grid;
@@ -315,6 +380,13 @@ struct CUevent_st {
 };
 
 using kvc::emu::lastError;
+
+namespace {
+// The emulated device reports 4 GiB, half of it free, so that programs
+// that size buffers from the free memory (the benchmark's copy test) stay
+// small on the host. Allocations are not limited by it.
+constexpr size_t kDeviceBytes = size_t(4) << 30;
+} // namespace
 
 namespace {
 cudaError_t fail(cudaError_t error) {
@@ -370,7 +442,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
   prop->maxThreadsPerBlock = 1024;
   prop->sharedMemPerBlock = 48 * 1024;
   prop->warpSize = 32;
-  prop->totalGlobalMem = size_t(80) << 30;
+  prop->totalGlobalMem = kDeviceBytes;
   return cudaSuccess;
 }
 
@@ -405,16 +477,20 @@ cudaError_t cudaDriverGetVersion(int *version) {
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
-  *free = size_t(64) << 30;
-  *total = size_t(80) << 30;
+  *free = kDeviceBytes / 2;
+  *total = kDeviceBytes;
   return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **pointer, size_t bytes) {
-  // Device allocations are 256-byte aligned.
-  *pointer = bytes ? std::aligned_alloc(256, (bytes + 255) / 256 * 256)
-                   : nullptr;
-  return *pointer || !bytes ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  // Device allocations are 256-byte aligned. The block is exactly `bytes`
+  // long, so that AddressSanitizer reports an access past it.
+  *pointer = nullptr;
+  if (bytes && posix_memalign(pointer, 256, bytes) != 0) {
+    *pointer = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void *pointer) {
   std::free(pointer);

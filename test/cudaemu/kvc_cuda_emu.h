@@ -3,7 +3,8 @@
 // The CUDA emulator of the test suite. A host C++ compiler builds the
 // generated CUDA backend and runtime/kvc_cuda.cuh with this header included
 // first (-include), after the launches `k<<<grid, block, smem, s>>>(args)`
-// were rewritten to `k * ::kvc::emu::Launch(grid, block, smem, s)(args)`
+// were rewritten to
+// `k * ::kvc::emu::Launch(__FILE__, __LINE__, grid, block, smem, s)(args)`
 // (test/cudaemu/RewriteLaunches.cmake). Kernels then run on the calling
 // thread when launched:
 //  - blocks one after another, in blockIdx order (x fastest);
@@ -17,7 +18,8 @@
 // A barrier that some live thread of the block (or warp) never reaches, a
 // warp collective with a partial mask, or a launch configuration outside the
 // device limits (block > 1024 threads, grid y or z > 65535) is reported:
-// the first two abort with the kernel's block and thread, the last sets the
+// the first two end the process with status 3 after naming the launch site,
+// the kernel's parameter types, the block and the thread; the last sets the
 // error cudaGetLastError returns, as a device would.
 //
 // It checks the logic of the kernels (indexing, merges, selection, host
@@ -81,10 +83,12 @@ int laneId();
 /// Runs `body` for every thread of every block of `grid` x `block`; records
 /// cudaErrorInvalidConfiguration instead when the configuration is outside
 /// the device limits.
-void run(const char *kernel, dim3 grid, dim3 block,
-         const std::function<void()> &body);
+void run(const char *file, int line, const char *kernel, dim3 grid,
+         dim3 block, const std::function<void()> &body);
 
 template <typename... A> struct Pending {
+  const char *file;
+  int line;
   dim3 grid, block;
   std::tuple<std::decay_t<A>...> args;
 };
@@ -93,11 +97,14 @@ template <typename... A> struct Pending {
 /// `k<<<grid, block, smem, stream>>>(args...)`. The call binds first and
 /// captures the arguments; `operator*` with the kernel runs it.
 struct Launch {
+  const char *file;
+  int line;
   dim3 grid, block;
-  Launch(dim3 grid, dim3 block, size_t = 0, cudaStream_t = nullptr)
-      : grid(grid), block(block) {}
+  Launch(const char *file, int line, dim3 grid, dim3 block, size_t = 0,
+         cudaStream_t = nullptr)
+      : file(file), line(line), grid(grid), block(block) {}
   template <typename... A> Pending<A...> operator()(A &&...args) const {
-    return Pending<A...>{grid, block,
+    return Pending<A...>{file, line, grid, block,
                          std::tuple<std::decay_t<A>...>(
                              std::forward<A>(args)...)};
   }
@@ -107,7 +114,8 @@ template <typename... P, typename... A>
 void operator*(void (*kernel)(P...), Pending<A...> &&launch) {
   // Every thread receives its own copies of the arguments, converted to the
   // kernel's parameter types, as a device launch does.
-  run(__PRETTY_FUNCTION__, launch.grid, launch.block, [&] {
+  run(launch.file, launch.line, __PRETTY_FUNCTION__, launch.grid,
+      launch.block, [&] {
     std::apply([&](const auto &...args) { kernel(args...); }, launch.args);
   });
 }

@@ -1,0 +1,211 @@
+//===- EmulatorTest.cu - The CUDA emulator's own semantics ----------------===//
+//
+// Kernels whose results on a device are known exactly, run on the emulator
+// (built like the GPU test: launches rewritten, kvc_cuda_emu.h first):
+//  - warp collectives: __shfl_sync, __shfl_xor_sync, __shfl_up_sync with a
+//    width, __ballot_sync;
+//  - __syncthreads orders shared memory: a block reverses an array through
+//    it; threads that exit early do not hold the barrier;
+//  - built-in variables of a 3-D grid of 2-D blocks;
+//  - launch limits set cudaErrorInvalidConfiguration.
+// With an argument, it runs one kernel that must be reported instead (ctest
+// matches the report):
+//  - `deadlock`: lanes of a warp wait at different barriers;
+//  - `partial-mask`: a collective with a partial mask;
+//  - `device-overflow` and `shared-overflow` (the AddressSanitizer build):
+//    a write one element past a cudaMalloc'd buffer, and past a __shared__
+//    array.
+//
+//===----------------------------------------------------------------------===//
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+int failures = 0;
+
+void expect(bool ok, const char *what) {
+  if (!ok) {
+    std::printf("FAIL: %s\n", what);
+    ++failures;
+  }
+}
+
+__global__ void collectives(int *out) {
+  const int t = threadIdx.x, lane = t % 32;
+  const int base = t * 6;
+  out[base + 0] = __shfl_sync(kFull, t * 10, 3);          // lane 3 of my warp
+  out[base + 1] = __shfl_xor_sync(kFull, t, 1);           // neighbour
+  out[base + 2] = __shfl_up_sync(kFull, t, 2);            // 2 below, or mine
+  out[base + 3] = __shfl_xor_sync(kFull, t, 8, 16);       // within 16 lanes
+  out[base + 4] = static_cast<int>(__ballot_sync(kFull, lane % 3 == 0));
+  int sum = lane;
+  for (int o = 16; o > 0; o /= 2)
+    sum += __shfl_xor_sync(kFull, sum, o);
+  out[base + 5] = sum;
+}
+
+__global__ void reverse(const int *in, int *out, int n) {
+  __shared__ int staged[256];
+  const int t = threadIdx.x;
+  staged[t] = in[t];
+  __syncthreads();
+  out[t] = staged[n - 1 - t];
+}
+
+__global__ void earlyExit(int *out) {
+  __shared__ int total;
+  if (threadIdx.x == 0)
+    total = 0;
+  __syncthreads();
+  if (threadIdx.x >= 48)
+    return; // the barrier below waits for the 48 live threads only
+  atomicAdd(&total, 1);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    *out = total;
+}
+
+__global__ void indices(int *out) {
+  const int block =
+      blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int thread = threadIdx.x + blockDim.x * threadIdx.y;
+  out[block * blockDim.x * blockDim.y + thread] = block * 1000 + thread;
+}
+
+__global__ void nothing() {}
+
+__global__ void deadlock() {
+  if (threadIdx.x % 32 == 0)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+__global__ void partialMask(int *out) {
+  out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1, 0);
+}
+
+__global__ void writeAt(int *out, int index) { out[index] = 1; }
+
+__global__ void sharedOverflow(int index, int *out) {
+  __shared__ int staged[32];
+  staged[threadIdx.x] = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    staged[index] = 1;
+    *out = staged[0];
+  }
+}
+
+void checkCollectives() {
+  constexpr int kThreads = 64;
+  int *d = nullptr;
+  cudaMalloc(&d, sizeof(int) * kThreads * 6);
+  collectives<<<1, kThreads>>>(d);
+  std::vector<int> h(kThreads * 6);
+  cudaMemcpy(h.data(), d, sizeof(int) * h.size(), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  unsigned ballot = 0;
+  for (int lane = 0; lane < 32; ++lane)
+    ballot |= (lane % 3 == 0 ? 1u : 0u) << lane;
+  bool ok = true;
+  for (int t = 0; t < kThreads; ++t) {
+    const int lane = t % 32, warp0 = t - lane;
+    const int *r = &h[t * 6];
+    ok &= r[0] == (warp0 + 3) * 10;
+    ok &= r[1] == (t ^ 1);
+    ok &= r[2] == (lane >= 2 ? t - 2 : t);
+    ok &= r[3] == (t ^ 8);
+    ok &= static_cast<unsigned>(r[4]) == ballot;
+    ok &= r[5] == 31 * 32 / 2;
+  }
+  expect(ok, "warp collectives");
+}
+
+void checkBarriers() {
+  constexpr int kThreads = 256;
+  std::vector<int> in(kThreads), out(kThreads);
+  for (int i = 0; i < kThreads; ++i)
+    in[i] = i * 7 + 1;
+  int *dIn = nullptr, *dOut = nullptr;
+  cudaMalloc(&dIn, sizeof(int) * kThreads);
+  cudaMalloc(&dOut, sizeof(int) * kThreads);
+  cudaMemcpy(dIn, in.data(), sizeof(int) * kThreads, cudaMemcpyHostToDevice);
+  reverse<<<1, kThreads>>>(dIn, dOut, kThreads);
+  cudaMemcpy(out.data(), dOut, sizeof(int) * kThreads, cudaMemcpyDeviceToHost);
+  bool ok = true;
+  for (int i = 0; i < kThreads; ++i)
+    ok &= out[i] == in[kThreads - 1 - i];
+  expect(ok, "__syncthreads orders shared memory");
+  earlyExit<<<1, 64>>>(dOut);
+  int total = 0;
+  cudaMemcpy(&total, dOut, sizeof total, cudaMemcpyDeviceToHost);
+  expect(total == 48, "exited threads do not hold __syncthreads");
+  cudaFree(dIn);
+  cudaFree(dOut);
+}
+
+void checkIndices() {
+  const dim3 grid(3, 2, 2), block(8, 4);
+  const int blocks = 12, threads = 32;
+  int *d = nullptr;
+  cudaMalloc(&d, sizeof(int) * blocks * threads);
+  indices<<<grid, block>>>(d);
+  std::vector<int> h(blocks * threads);
+  cudaMemcpy(h.data(), d, sizeof(int) * h.size(), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  bool ok = true;
+  for (int b = 0; b < blocks; ++b)
+    for (int t = 0; t < threads; ++t)
+      ok &= h[b * threads + t] == b * 1000 + t;
+  expect(ok, "blockIdx, threadIdx, gridDim, blockDim of a 3-D grid");
+}
+
+void checkLimits() {
+  cudaGetLastError();
+  nothing<<<1, 1024>>>();
+  expect(cudaGetLastError() == cudaSuccess, "1024 threads launch");
+  nothing<<<1, 1025>>>();
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration,
+         "1025 threads are refused");
+  nothing<<<dim3(1, 65536), 32>>>();
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration,
+         "grid y of 65536 is refused");
+  expect(cudaGetLastError() == cudaSuccess, "the error is cleared once read");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    int *d = nullptr;
+    cudaMalloc(&d, sizeof(int) * 32);
+    if (!std::strcmp(argv[1], "deadlock"))
+      deadlock<<<1, 64>>>();
+    else if (!std::strcmp(argv[1], "partial-mask"))
+      partialMask<<<1, 32>>>(d);
+    else if (!std::strcmp(argv[1], "device-overflow"))
+      writeAt<<<1, 1>>>(d, 32);
+    else if (!std::strcmp(argv[1], "shared-overflow"))
+      sharedOverflow<<<1, 32>>>(32, d);
+    else {
+      std::printf("unknown case %s\n", argv[1]);
+      return 2;
+    }
+    std::printf("not reported: %s\n", argv[1]);
+    return 1;
+  }
+  checkCollectives();
+  checkBarriers();
+  checkIndices();
+  checkLimits();
+  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+  return failures ? 1 : 0;
+}
