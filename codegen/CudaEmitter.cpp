@@ -1634,7 +1634,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
         << "    kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
            "kKiviGroup, kDtype,\n"
            "                                   kvc::cuda::kDecodeThreads>\n"
-           "        <<<dim3(plan.splits, heads), kvc::cuda::kDecodeThreads, "
+           "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args, kiviHeads,\n"
            "                                                               "
            "kResidual);\n";
@@ -1645,12 +1645,12 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
            "kvc::cuda::kDecodeThreads,\n"
            "                                    kLowBits, kLowGroup>\n"
-           "        <<<dim3(plan.splits, heads), kvc::cuda::kDecodeThreads, "
+           "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
   else
     out << "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
            "kvc::cuda::kDecodeThreads>\n"
-           "        <<<dim3(plan.splits, heads), kvc::cuda::kDecodeThreads, "
+           "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
   out << "    // Exact merge of the splits, then the policy's stages, one "
          "block per head of\n    // the batch.\n"

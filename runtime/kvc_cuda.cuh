@@ -715,7 +715,8 @@ __global__ void __launch_bounds__(kThreads)
   using Low = LowRow<D, S, kLowBits, kLowGroup>;
   constexpr int kRowGroups = kThreads / Shape::kLanes;
   constexpr int kChunk = Shape::kChunk;
-  const int32_t h = blockIdx.y, split = blockIdx.x;
+  // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
+  const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
   const int lane = threadIdx.x % Shape::kLanes;
   const int rowGroup = threadIdx.x / Shape::kLanes;
@@ -1060,7 +1061,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr uint64_t kKeyRecord = 2 * sizeof(float) * D;
   constexpr uint64_t kValueRecord = 2 * sizeof(float) * (D / KG);
   constexpr uint64_t kFullBytes = static_cast<uint64_t>(D) * Element<T>::kBytes;
-  const int32_t h = blockIdx.y, split = blockIdx.x;
+  // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
+  const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
   const KiviHead kh = kivi[h];
   const int lane = threadIdx.x % kWarpSize, rowGroup = threadIdx.x / kWarpSize;
