@@ -214,21 +214,17 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __double2float_rn(double a) { return static_cast<float>(a); }
-inline float __uint_as_float(unsigned x) {
-  float f;
-  std::memcpy(&f, &x, sizeof f);
-  return f;
+template <typename To, typename From> To kvcEmuBitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
 }
+inline float __uint_as_float(unsigned x) { return kvcEmuBitCast<float>(x); }
 inline unsigned __float_as_uint(float f) {
-  unsigned x;
-  std::memcpy(&x, &f, sizeof x);
-  return x;
+  return kvcEmuBitCast<unsigned>(f);
 }
-inline float __int_as_float(int x) {
-  float f;
-  std::memcpy(&f, &x, sizeof f);
-  return f;
-}
+inline float __int_as_float(int x) { return kvcEmuBitCast<float>(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 #endif // KVC_TEST_CUDAEMU_KVC_CUDA_EMU_H

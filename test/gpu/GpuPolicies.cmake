@@ -40,14 +40,20 @@ function(kvc_gpu_test_policies var g)
   set(${var} ${names} PARENT_SCOPE)
 endfunction()
 
-# kvc_gpu_test_definitions(<target> <geometry>): the compile definitions
-# GpuPolicyTest.cu reads.
-function(kvc_gpu_test_definitions target g)
+# The five numbers of geometry g as layers, qh, kvh, dim and dtype in the
+# caller's scope.
+macro(kvc_gpu_test_geometry_parts g)
   list(GET geometry_${g} 0 layers)
   list(GET geometry_${g} 1 qh)
   list(GET geometry_${g} 2 kvh)
   list(GET geometry_${g} 3 dim)
   list(GET geometry_${g} 4 dtype)
+endmacro()
+
+# kvc_gpu_test_definitions(<target> <geometry>): the compile definitions
+# GpuPolicyTest.cu reads.
+function(kvc_gpu_test_definitions target g)
+  kvc_gpu_test_geometry_parts(${g})
   target_compile_definitions(${target} PRIVATE
     KVC_TEST_LAYERS=${layers} KVC_TEST_Q_HEADS=${qh} KVC_TEST_KV_HEADS=${kvh}
     KVC_TEST_HEAD_DIM=${dim} KVC_TEST_DTYPE_${dtype}=1
@@ -56,11 +62,7 @@ endfunction()
 
 # kvc_gpu_test_geometry(<var> <geometry>): the --kvc-specialize options.
 function(kvc_gpu_test_geometry var g)
-  list(GET geometry_${g} 0 layers)
-  list(GET geometry_${g} 1 qh)
-  list(GET geometry_${g} 2 kvh)
-  list(GET geometry_${g} 3 dim)
-  list(GET geometry_${g} 4 dtype)
+  kvc_gpu_test_geometry_parts(${g})
   set(${var}
       "layers=${layers} q-heads=${qh} kv-heads=${kvh} head-dim=${dim} dtype=${dtype}"
       PARENT_SCOPE)

@@ -1,0 +1,25 @@
+# The policies of the GPU benchmark, shared by bench/gpu (kvc-bench-gpu,
+# built with nvcc) and test/cudaemu (its --check run on the CUDA emulator).
+#
+# The policies compiled per geometry (all in one executable, renamed so
+# that they link side by side):
+#   plain   policies/snapkv.mlir: decode is attention only (no decode
+#           statistics, no eviction, no synchronization); its prefill is
+#           SnapKV's compression (window statistics).
+#   fused   bench/policies/h2o_decode.mlir: the H2O decode step
+#           (accumulated attention, victim selection) with a budget no
+#           context reaches, so the cache keeps its length; its prefill is
+#           a plain prefill (attention, every entry stored).
+#   unfused the same policy, --kvc-form-kernels=unfused=1.
+#   h2o     policies/h2o.mlir, for its prefill (accumulated statistics over
+#           every prompt query, budget 1024).
+#   kivi2   policies/kivi2.mlir: int2 KIVI decode (a KIVI device pool;
+#   kivi4   policies/kivi4.mlir: int4) against plain's 16-bit decode.
+set(gpu_bench_policy_plain ${PROJECT_SOURCE_DIR}/policies/snapkv.mlir)
+set(gpu_bench_policy_fused ${PROJECT_SOURCE_DIR}/bench/policies/h2o_decode.mlir)
+set(gpu_bench_policy_unfused ${PROJECT_SOURCE_DIR}/bench/policies/h2o_decode.mlir)
+set(gpu_bench_policy_h2o ${PROJECT_SOURCE_DIR}/policies/h2o.mlir)
+set(gpu_bench_policy_kivi2 ${PROJECT_SOURCE_DIR}/policies/kivi2.mlir)
+set(gpu_bench_policy_kivi4 ${PROJECT_SOURCE_DIR}/policies/kivi4.mlir)
+set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
+
