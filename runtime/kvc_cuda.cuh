@@ -2529,6 +2529,19 @@ inline SplitPlan planSplits(int32_t maxSlots, int32_t maxSplits,
   return SplitPlan{splits, per < 1 ? 1 : per};
 }
 
+/// Uploads `entries` (not empty) to `region`; `blocks` receives the grid of
+/// kStoreThreads blocks that stores them (a warp per entry).
+inline kvc_status_t uploadStores(const std::vector<StoreEntry> &entries,
+                                 StoreEntry *region, cudaStream_t stream,
+                                 const char *name, unsigned &blocks) {
+  KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, entries.data(),
+                                       sizeof(StoreEntry) * entries.size(),
+                                       cudaMemcpyHostToDevice, stream));
+  constexpr size_t kWarps = kStoreThreads / kWarpSize;
+  blocks = static_cast<unsigned>((entries.size() + kWarps - 1) / kWarps);
+  return KVC_STATUS_OK;
+}
+
 /// Uploads `entries` to `region` and launches storeEntries on `stream`.
 template <int D, Storage S>
 kvc_status_t launchStores(const std::vector<StoreEntry> &entries,
@@ -2537,13 +2550,10 @@ kvc_status_t launchStores(const std::vector<StoreEntry> &entries,
                           const char *name) {
   if (entries.empty())
     return KVC_STATUS_OK;
-  KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, entries.data(),
-                                       sizeof(StoreEntry) * entries.size(),
-                                       cudaMemcpyHostToDevice, stream));
-  constexpr int kWarps = kStoreThreads / kWarpSize;
-  const int32_t count = static_cast<int32_t>(entries.size());
-  storeEntries<D, S><<<(count + kWarps - 1) / kWarps, kStoreThreads, 0,
-                       stream>>>(region, count, k, v, kvStride);
+  unsigned blocks = 0;
+  KVC_CUDA_TRY(uploadStores(entries, region, stream, name, blocks));
+  storeEntries<D, S><<<blocks, kStoreThreads, 0, stream>>>(
+      region, static_cast<int32_t>(entries.size()), k, v, kvStride);
   KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }
@@ -2557,14 +2567,10 @@ kvc_status_t launchLowStores(const std::vector<StoreEntry> &entries,
                              cudaStream_t stream, const char *name) {
   if (entries.empty())
     return KVC_STATUS_OK;
-  KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, entries.data(),
-                                       sizeof(StoreEntry) * entries.size(),
-                                       cudaMemcpyHostToDevice, stream));
-  constexpr int kWarps = kStoreThreads / kWarpSize;
-  const int32_t count = static_cast<int32_t>(entries.size());
-  storeLowEntries<D, kBits, KG><<<(count + kWarps - 1) / kWarps,
-                                  kStoreThreads, 0, stream>>>(
-      region, count, k, v, kvStride);
+  unsigned blocks = 0;
+  KVC_CUDA_TRY(uploadStores(entries, region, stream, name, blocks));
+  storeLowEntries<D, kBits, KG><<<blocks, kStoreThreads, 0, stream>>>(
+      region, static_cast<int32_t>(entries.size()), k, v, kvStride);
   KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }

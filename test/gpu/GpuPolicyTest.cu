@@ -311,6 +311,33 @@ bool isKivi(const kvc_config_t &config) {
          config.format == KVC_FORMAT_KIVI_INT4;
 }
 
+/// Differences between the stored bytes of the two backends: how many, and
+/// the first one's description.
+struct Mismatches {
+  int count = 0;
+  std::string first;
+
+  void note(const std::string &what) {
+    if (count++ == 0)
+      first = what;
+  }
+  /// `bytes` at x and y (either null when the entry was not found) must be
+  /// equal.
+  void bytes(const uint8_t *x, const uint8_t *y, uint64_t n, int pos,
+             const char *what) {
+    if (n == 0 || (x && y && std::memcmp(x, y, n) == 0))
+      return;
+    note(std::string(what) + " of position " + std::to_string(pos) +
+         (x && y ? "" : " (not found)"));
+  }
+  void report(const std::string &where, const char *what) const {
+    if (count)
+      fail(where + ": " + std::to_string(count) + " " + what +
+           " differ from the cpu backend's (first: " + first + ")");
+  }
+};
+
+
 /// The pool bytes of one side as the host reads them: a host pool in place
 /// (`copy` null), or `copy`, the host copy of a device pool at `base`.
 struct PoolView {
@@ -399,16 +426,9 @@ void compareKiviEntries(const std::string &where, const PoolView &cpuPool,
   bool sameKept = a.size() == b.size();
   for (auto &[pos, slot] : a)
     sameKept = sameKept && b.count(pos);
-  int mismatches = 0;
-  std::string first;
+  Mismatches mismatches;
   auto check = [&](const uint8_t *x, const uint8_t *y, uint64_t bytes, int pos,
-                   const char *what) {
-    if (x && y && std::memcmp(x, y, bytes) == 0)
-      return;
-    if (mismatches++ == 0)
-      first = std::string(what) + " of position " + std::to_string(pos) +
-              (x && y ? "" : " (not found)");
-  };
+                   const char *what) { mismatches.bytes(x, y, bytes, pos, what); };
   for (auto &[pos, sa] : a) {
     auto it = b.find(pos);
     if (it == b.end())
@@ -418,12 +438,11 @@ void compareKiviEntries(const std::string &where, const PoolView &cpuPool,
     const int valueFormat = c.meta.value_format[sa];
     if (keyFormat != g.meta.key_format[sb] ||
         valueFormat != g.meta.value_format[sb]) {
-      if (mismatches++ == 0)
-        first = "formats of position " + std::to_string(pos) + ": gpu key " +
-                std::to_string(g.meta.key_format[sb]) + " value " +
-                std::to_string(g.meta.value_format[sb]) + ", cpu key " +
-                std::to_string(keyFormat) + " value " +
-                std::to_string(valueFormat);
+      mismatches.note("formats of position " + std::to_string(pos) +
+                      ": gpu key " + std::to_string(g.meta.key_format[sb]) +
+                      " value " + std::to_string(g.meta.value_format[sb]) +
+                      ", cpu key " + std::to_string(keyFormat) + " value " +
+                      std::to_string(valueFormat));
       continue;
     }
     const uint8_t *pa = c.pool.page(layer, head, sa);
@@ -433,9 +452,9 @@ void compareKiviEntries(const std::string &where, const PoolView &cpuPool,
       check(c.residualRow(sa, false), g.residualRow(sb, false), rowBytes, pos,
             "residual key row");
     } else if (c.blockPositions(sa, group) != g.blockPositions(sb, group)) {
-      if (sameKept && mismatches++ == 0)
-        first = "positions of the key block of position " +
-                std::to_string(pos);
+      if (sameKept)
+        mismatches.note("positions of the key block of position " +
+                        std::to_string(pos));
     } else {
       check(pa ? pa + layout.key_offset + oa * layout.key_stride : nullptr,
             pb ? pb + layout.key_offset + ob * layout.key_stride : nullptr,
@@ -462,10 +481,7 @@ void compareKiviEntries(const std::string &where, const PoolView &cpuPool,
             layout.value_param_stride, pos, "value record");
     }
   }
-  if (mismatches)
-    fail(where + ": " + std::to_string(mismatches) +
-         " KIVI rows, records or formats differ from the cpu backend's "
-         "(first: " + first + ")");
+  mismatches.report(where, "KIVI rows, records or formats");
 }
 
 /// Mixed precision: the entries of one (layer, head) that both backends
@@ -499,16 +515,10 @@ void compareMixedEntries(const std::string &where, const PoolView &cpuPool,
   if (lowCpu != lowGpu)
     fail(where + ": " + std::to_string(lowGpu) + " low-class entries, cpu " +
          std::to_string(lowCpu));
-  int mismatches = 0, swapped = 0;
-  std::string first;
+  Mismatches mismatches;
+  int swapped = 0;
   auto check = [&](const uint8_t *x, const uint8_t *y, uint64_t bytes, int pos,
-                   const char *what) {
-    if (bytes == 0 || (x && y && std::memcmp(x, y, bytes) == 0))
-      return;
-    if (mismatches++ == 0)
-      first = std::string(what) + " of position " + std::to_string(pos) +
-              (x && y ? "" : " (not found)");
-  };
+                   const char *what) { mismatches.bytes(x, y, bytes, pos, what); };
   for (auto &[pos, sa] : a) {
     auto it = b.find(pos);
     if (it == b.end())
@@ -521,8 +531,7 @@ void compareMixedEntries(const std::string &where, const PoolView &cpuPool,
         pageFormat != mb.key_format[sb] ||
         mb.value_format[sb] != mb.key_format[sb] ||
         ma.value_format[sa] != format) {
-      if (mismatches++ == 0)
-        first = "page class of position " + std::to_string(pos);
+      mismatches.note("page class of position " + std::to_string(pos));
       continue;
     }
     if (format != mb.key_format[sb]) {
@@ -551,10 +560,7 @@ void compareMixedEntries(const std::string &where, const PoolView &cpuPool,
   if (swapped > kMaxBoundarySwaps)
     fail(where + ": " + std::to_string(swapped) +
          " positions are stored in another class than on the cpu backend");
-  if (mismatches)
-    fail(where + ": " + std::to_string(mismatches) +
-         " rows, records or page classes differ from the cpu backend's "
-         "(first: " + first + ")");
+  mismatches.report(where, "rows, records or page classes");
   *swaps += swapped;
 }
 
