@@ -94,7 +94,23 @@ struct Sequence {
   /// Index into the residual region (0 .. max_sequences-1).
   int32_t index = 0;
   std::vector<HeadState> heads;
+  /// Per layer: the backend record attached to it (all NULL: none).
+  std::vector<kvc_attachment_t> attachments;
 };
+
+bool isAttached(const kvc_attachment_t &a) {
+  return a.data || a.flush || a.release;
+}
+
+/// Releases every record attached to a sequence, without flushing.
+void releaseAttachments(Sequence &seq) {
+  for (kvc_attachment_t &a : seq.attachments) {
+    kvc_attachment_t taken = a;
+    a = kvc_attachment_t{};
+    if (taken.release)
+      taken.release(taken.data);
+  }
+}
 
 /// Layout of the pages of `format` under a configuration, computed without
 /// validating it.
@@ -408,6 +424,24 @@ kvc_status_t lookupHead(const char *name, const kvc_context *ctx,
   out.headIndex = layer * ctx->config.num_kv_heads + head;
   out.head = &it->second.heads[out.headIndex];
   return KVC_STATUS_OK;
+}
+
+/// Settles the record attached to (sequence, layer) before the host
+/// bookkeeping it shadows is read or changed: detaches it, flushes it and
+/// releases it (kvc_attachment_t).
+kvc_status_t settle(kvc_context *ctx, uint64_t sequence, const HeadRef &ref,
+                    int32_t layer) {
+  kvc_attachment_t &slot = ref.sequence->attachments[layer];
+  if (!isAttached(slot))
+    return KVC_STATUS_OK;
+  const kvc_attachment_t taken = slot;
+  slot = kvc_attachment_t{};
+  const kvc_status_t status =
+      taken.flush ? taken.flush(taken.data, ctx, sequence, layer)
+                  : KVC_STATUS_OK;
+  if (taken.release)
+    taken.release(taken.data);
+  return status;
 }
 
 /// The page id of page-table entry `page` of a head (-1 for a hole).
@@ -987,6 +1021,9 @@ extern "C" kvc_status_t kvc_context_create(const kvc_config_t *config,
 
 extern "C" kvc_status_t kvc_context_destroy(kvc_context_t *context) {
   return guarded("kvc_context_destroy", [&] {
+    if (context)
+      for (auto &entry : context->sequences)
+        releaseAttachments(entry.second);
     delete context;
     return KVC_STATUS_OK;
   });
@@ -1026,6 +1063,8 @@ extern "C" kvc_status_t kvc_sequence_add(kvc_context_t *ctx,
     seq.index =
         static_cast<int32_t>(freeIndex - ctx->sequenceIndexUsed.begin());
     seq.heads.resize(static_cast<size_t>(ctx->headsPerSequence()));
+    seq.attachments.assign(static_cast<size_t>(ctx->config.num_layers),
+                           kvc_attachment_t{});
     if (ctx->isKivi())
       for (HeadState &h : seq.heads)
         h.residualSlot.assign(static_cast<size_t>(ctx->config.residual_length),
@@ -1046,6 +1085,7 @@ extern "C" kvc_status_t kvc_sequence_remove(kvc_context_t *ctx,
     if (it == ctx->sequences.end())
       return fail(KVC_STATUS_OUT_OF_RANGE, "%s: unknown sequence %llu", name,
                   static_cast<unsigned long long>(sequence));
+    releaseAttachments(it->second);
     // freePages has capacity for every page, so these pushes cannot throw.
     for (HeadState &h : it->second.heads)
       for (int32_t page : h.pages)
@@ -1064,6 +1104,7 @@ extern "C" kvc_status_t kvc_set_budget(kvc_context_t *ctx, uint64_t sequence,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
     if (budget < -1)
       return fail(KVC_STATUS_INVALID_ARGUMENT,
                   "%s: budget must be >= 0 or -1 (got %d)", name, budget);
@@ -1095,6 +1136,7 @@ kvc_status_t appendEntries(const char *name, kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
     HeadState &h = *ref.head;
     const bool low = format != ctx->config.format;
     if (low && (!ctx->hasLowClass() || format != ctx->config.low_format))
@@ -1269,6 +1311,7 @@ extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
     HeadState &h = *ref.head;
     if (count < 0)
       return fail(KVC_STATUS_INVALID_ARGUMENT,
@@ -1308,6 +1351,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
     if (!(max_occupancy >= 0.0f && max_occupancy <= 1.0f))
       return fail(KVC_STATUS_INVALID_ARGUMENT,
                   "%s: max_occupancy must be in [0, 1]", name);
@@ -1612,6 +1656,7 @@ extern "C" kvc_status_t kvc_get_metadata(kvc_context_t *ctx, uint64_t sequence,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
     if (!metadata)
       return fail(KVC_STATUS_NULL_POINTER, "%s: metadata is NULL", name);
     HeadState &h = *ref.head;
@@ -1622,6 +1667,36 @@ extern "C" kvc_status_t kvc_get_metadata(kvc_context_t *ctx, uint64_t sequence,
     metadata->history = h.history.data();
     metadata->key_format = h.keyFormat.data();
     metadata->value_format = h.valueFormat.data();
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_attach(kvc_context_t *ctx, uint64_t sequence,
+                                   int32_t layer,
+                                   const kvc_attachment_t *attachment) {
+  const char *name = "kvc_attach";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, 0, ref));
+    if (!attachment)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: attachment is NULL", name);
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
+    ref.sequence->attachments[layer] = *attachment;
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_detach(kvc_context_t *ctx, uint64_t sequence,
+                                   int32_t layer,
+                                   kvc_attachment_t *attachment) {
+  const char *name = "kvc_detach";
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, 0, ref));
+    if (!attachment)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: attachment is NULL", name);
+    *attachment = ref.sequence->attachments[layer];
+    ref.sequence->attachments[layer] = kvc_attachment_t{};
     return KVC_STATUS_OK;
   });
 }
@@ -1685,6 +1760,7 @@ extern "C" kvc_status_t kvc_write_entry(kvc_context_t *ctx, uint64_t sequence,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settle(ctx, sequence, ref, layer));
     if (!ctx->isHost())
       return fail(KVC_STATUS_UNSUPPORTED,
                   "%s: the runtime does not dereference device pools", name);

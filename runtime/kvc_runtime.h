@@ -354,6 +354,42 @@ kvc_status_t kvc_compact(kvc_context_t *context, uint64_t sequence,
                          int32_t *num_moves, int32_t *pages_released);
 
 /*===--------------------------------------------------------------------===*/
+/* Attachments: backend state beside one (sequence, layer)                  */
+/*===--------------------------------------------------------------------===*/
+
+/// State a backend keeps beside the runtime's bookkeeping of one (sequence,
+/// layer), such as device-resident copies of its slot tables and score
+/// state that the backend updates in place of the host metadata. The
+/// runtime owns an attached record and *settles* it before any call that
+/// reads or changes that bookkeeping on the host: kvc_get_metadata,
+/// kvc_append, kvc_append_format, kvc_evict, kvc_compact, kvc_set_budget
+/// and kvc_write_entry on any head of the layer. Settling detaches the
+/// record, calls `flush` (which writes back what the record holds newer
+/// than the host metadata; it may call the runtime, which then sees no
+/// attachment) and then `release`. A failed flush makes that call fail with
+/// the flush's status and changes nothing else; the record is released
+/// either way. kvc_sequence_remove and kvc_context_destroy release records
+/// without flushing them.
+typedef struct kvc_attachment_t {
+  void *data;
+  kvc_status_t (*flush)(void *data, kvc_context_t *context, uint64_t sequence,
+                        int32_t layer); ///< May be NULL: nothing to write back.
+  void (*release)(void *data);          ///< May be NULL: nothing to free.
+} kvc_attachment_t;
+
+/// Attaches `attachment` to (sequence, layer); a record attached there
+/// before is settled first. When the call fails the caller still owns
+/// `attachment`.
+kvc_status_t kvc_attach(kvc_context_t *context, uint64_t sequence,
+                        int32_t layer, const kvc_attachment_t *attachment);
+
+/// Hands the record attached to (sequence, layer) back to the caller
+/// without flushing or releasing it (*attachment is all NULL when there is
+/// none); the caller owns it from then on.
+kvc_status_t kvc_detach(kvc_context_t *context, uint64_t sequence,
+                        int32_t layer, kvc_attachment_t *attachment);
+
+/*===--------------------------------------------------------------------===*/
 /* Accessors used by generated kernels                                      */
 /*===--------------------------------------------------------------------===*/
 
