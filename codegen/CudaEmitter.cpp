@@ -233,17 +233,27 @@ std::string CudaKernelEmitter::documentation() {
            "slot, then split-KV attention of q (q_heads x head_dim) over the "
            "cache into out" +
            std::string(!kernel.getTrigger() ? ""
+                       : kivi
+                           ? ", with the policy's decode statistics and "
+                             "victim selection on the device; synchronizes "
+                             "the stream once to hand the evictions and the "
+                             "score state to the runtime"
                        : periodic
                            ? ", with the policy's decode statistics on the "
                              "device and its victim selection after the last "
                              "position of every period; synchronizes the "
-                             "stream once in the steps that change the score "
-                             "state or select, to hand them to the runtime"
+                             "stream once after that position, to hand the "
+                             "victims to the runtime"
                            : ", with the policy's decode statistics and "
                              "victim selection on the device; synchronizes "
-                             "the stream once to hand the evictions and the "
-                             "score state to the runtime") +
-           "." + devices;
+                             "the stream once to hand the evictions to the "
+                             "runtime") +
+           "." +
+           (kivi ? ""
+                 : " The layer's slot tables and score state stay on the "
+                   "device between steps; reading or changing the layer "
+                   "through the runtime writes them back first.") +
+           devices;
   case KernelKind::decode_scoring:
     return "Unfused decode scoring of one layer on the GPU: recomputes the "
            "attention weights of q over the cache, folds the statistics and "
@@ -665,7 +675,9 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           os << "  // The victims' slots, for the host to evict.\n"
                 "  kvc::cuda::compactIndices<kStageThreads>(\n"
                 "      n, [&](int32_t i) { return victim[i] != 0; }, "
-                "w.victims + h * stride, &w.numVictims[h]);\n";
+                "w.victims + h * stride, &w.numVictims[h]);\n"
+                "  // The same eviction in the device tables.\n"
+                "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
         else
           os << "  // The gather below skips the victims.\n";
         return success();
@@ -1545,7 +1557,20 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
       << "Workspace w;\n  carve" << camel
       << "Workspace(carver, heads, stride, w);\n";
+  // KIVI stages its per-slot tables from the host at every step
+  // (KiviStager); every other storage keeps them on the device.
+  const bool resident = !kivi;
   out << "  try {\n";
+  if (resident)
+    out << "    // The slot tables of the batch's sequences stay on the device "
+           "between steps\n    // (DeviceTables): checked out before the "
+           "runtime's appends, the step\n    // writes only what it changes.\n"
+           "    kvc::cuda::DeviceTables tables;\n"
+           "    KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, "
+           "kKvHeads, /*withState=*/"
+        << (state ? "true" : "false") << ",\n"
+        << "                                 /*withHistory=*/"
+        << (history ? "true" : "false") << ", \"" << name << "\"));\n";
   if (append) {
     out << "    " << opComment(append) << "\n"
         << "    // The runtime takes the lowest free slot of each head (a "
@@ -1576,7 +1601,15 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
              "kResidual, kKiviGroup), s, \""
           << name << "\")));\n";
   }
-  out << "    kvc::cuda::TableStager tables;\n"
+  if (resident)
+    out << "    KVC_CUDA_TRY(tables.upload(positions, "
+        << (append ? "newSlots.data()" : "nullptr") << ", /*sameEntries=*/"
+        << (isa_and_nonnull<LayerReduceOp>(crossOp) ? "true" : "false")
+        << ", w.tables,\n"
+           "                               kvc::cuda::tableBytes(heads, "
+           "stride), s, &w.heads));\n";
+  else
+    out << "    kvc::cuda::TableStager tables;\n"
          "    KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, "
          "layer, kKvHeads,\n"
          "                               /*withState=*/"
@@ -1584,7 +1617,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << (history ? ", /*withHistory=*/true" : "") << "));\n"
       << "    KVC_CUDA_TRY(tables.upload(w.tables, s, \"" << name
       << "\", &w.heads));\n";
-  if (isa_and_nonnull<LayerReduceOp>(crossOp))
+  if (!resident && isa_and_nonnull<LayerReduceOp>(crossOp))
     out << "    // Layer-wide scores index slots: every head of a sequence "
            "must hold the\n    // same entries.\n"
            "    for (int32_t i = 0; i < heads; ++i) {\n"
@@ -1694,7 +1727,52 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       out << launches;
   }
   out << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
-  if (selects || state || history) {
+  // The victim lists longer than the inline part, after the
+  // synchronization. A periodic phase writes victims only in the blocks of
+  // the sequences that end a period: the others' counts are not read.
+  auto fetchVictims = [&]() -> std::string {
+    if (!periodic)
+      return "    KVC_CUDA_TRY(victims.fetchRest(\"" + name + "\"));\n";
+    return "    KVC_CUDA_TRY(victims.fetchRest(\"" + name +
+           "\", [&](int32_t i) {\n"
+           "      return (positions[i / kKvHeads] + 1) % kPeriod == 0;\n"
+           "    }));\n";
+  };
+  if (resident) {
+    // The score state and the importance bits stay on the device: only
+    // the victims go to the host, which the step waits for.
+    if (selects) {
+      std::string block;
+      llvm::raw_string_ostream bs(block);
+      bs << "    kvc::cuda::VictimDownload victims;\n"
+            "    KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, "
+            "stride, s, \""
+         << name << "\"));\n"
+         << "    KVC_CUDA_CHECK(\"" << name
+         << "\", cudaStreamSynchronize(s));\n";
+      bs << fetchVictims();
+      bs << "    for (int32_t i = 0; i < heads; ++i) {\n"
+            "      if (victims.count(i) == 0)\n"
+            "        continue;\n"
+            "      KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], "
+            "layer, i % kKvHeads,\n"
+            "                             victims.count(i), "
+            "victims.slots(i)));\n"
+            "      KVC_CUDA_TRY(tables.evicted(i, victims.count(i), "
+            "victims.slots(i)));\n"
+            "    }\n";
+      if (periodic)
+        out << "    // Hand the victims to the runtime's host bookkeeping "
+               "after the last position\n    // of a period; other steps do "
+               "not synchronize.\n"
+               "    if (periodEnds) {\n"
+            << nested(block) << "    }\n";
+      else
+        out << "    // Hand the victims to the runtime's host bookkeeping.\n"
+            << block;
+    }
+    out << "    KVC_CUDA_TRY(tables.checkIn());\n";
+  } else if (selects || state || history) {
     // A periodic kernel selects after the last position of a period only.
     // Its window sum changes at the last kWindow positions of each period;
     // an accumulated state or importance bits change at every step.
@@ -1718,15 +1796,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       bs << "    KVC_CUDA_TRY(tables.downloadState(w.tables, \"" << name
          << "\"));\n";
     if (selects) {
-      // A periodic phase writes victims only in the blocks of the
-      // sequences that end a period: the others' counts are not read.
-      if (periodic)
-        bs << "    KVC_CUDA_TRY(victims.fetchRest(\"" << name
-           << "\", [&](int32_t i) {\n"
-              "      return (positions[i / kKvHeads] + 1) % kPeriod == 0;\n"
-              "    }));\n";
-      else
-        bs << "    KVC_CUDA_TRY(victims.fetchRest(\"" << name << "\"));\n";
+      bs << fetchVictims();
       bs << "    for (int32_t i = 0; i < heads; ++i)\n"
             "      if (victims.count(i) > 0)\n"
             "        KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], "

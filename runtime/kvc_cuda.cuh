@@ -47,11 +47,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kvc::cuda {
@@ -369,7 +372,9 @@ struct HeadTable {
   /// Device address of each page (0: a hole), with kLowPageTag set for a
   /// low page of a mixed-precision context.
   const uint64_t *pages;
-  const int32_t *positions; ///< Per slot; KVC_POSITION_NONE when free.
+  /// Per slot; KVC_POSITION_NONE when free. Written by the decode stages
+  /// only to mirror the runtime's eviction of the step's victims.
+  int32_t *positions;
   float *state;             ///< Score state per slot (null when unused).
   uint64_t *history;        ///< Importance bits per slot (null when unused).
   int32_t numSlots;
@@ -1810,6 +1815,26 @@ __device__ void compactIndices(int32_t n, Keep keep, int32_t *list,
   __syncthreads();
 }
 
+/// What the runtime's kvc_evict does to the metadata of the flagged slots
+/// (victim[i] != 0), done to the head's device tables: position
+/// KVC_POSITION_NONE, score state and importance bits 0. The host evicts
+/// the same slots after the step, so a device-resident table (DeviceTables)
+/// stays equal to the runtime's.
+template <int kThreads>
+__device__ void clearEvicted(const HeadTable &t, const uint8_t *victim,
+                             int32_t n) {
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    if (!victim[i])
+      continue;
+    t.positions[i] = KVC_POSITION_NONE;
+    if (t.state)
+      t.state[i] = 0.0f;
+    if (t.history)
+      t.history[i] = 0;
+  }
+  __syncthreads();
+}
+
 //===----------------------------------------------------------------------===//
 // Across the heads of a layer (one block for the whole layer)
 //===----------------------------------------------------------------------===//
@@ -2317,7 +2342,7 @@ public:
         tables[h].pages =
             reinterpret_cast<const uint64_t *>(device + offsets[4 * h]);
         tables[h].positions =
-            reinterpret_cast<const int32_t *>(device + offsets[4 * h + 1]);
+            reinterpret_cast<int32_t *>(device + offsets[4 * h + 1]);
         tables[h].state =
             withState_ ? reinterpret_cast<float *>(device + offsets[4 * h + 2])
                        : nullptr;
@@ -2475,6 +2500,509 @@ private:
   int32_t inline_ = 0;
   std::vector<int32_t> counts_, lists_;
   std::vector<std::vector<int32_t>> rest_;
+};
+
+//===----------------------------------------------------------------------===//
+// Device-resident slot tables (decode)
+//===----------------------------------------------------------------------===//
+
+/// A 4-byte word, or an 8-byte one when bit 0 of `address` is set, that a
+/// decode step writes into its device tables before its kernels run.
+struct TableWord {
+  uint64_t address;
+  uint64_t value;
+};
+
+/// One thread per word (a template, like every kernel here, so that the
+/// policy libraries linked into one program share it).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    writeTableWords(const TableWord *words, int32_t n) {
+  const int32_t i = blockIdx.x * kThreads + threadIdx.x;
+  if (i >= n)
+    return;
+  const TableWord w = words[i];
+  if (w.address & 1)
+    *reinterpret_cast<uint64_t *>(w.address & ~uint64_t{1}) = w.value;
+  else
+    *reinterpret_cast<uint32_t *>(w.address) = static_cast<uint32_t>(w.value);
+}
+
+/// The device-resident copy of one (sequence, layer)'s slot tables: per
+/// kv-head the page addresses (with kLowPageTag), the position of every
+/// slot and, as the policy needs them, the score state and the importance
+/// bits, each sized for `capPages` pages. Between decode steps it is
+/// attached to the context (kvc_attachment_t): the device then holds the
+/// newest score state and importance bits, which flushMirror writes back
+/// into the runtime's metadata when anything on the host reads or changes
+/// that layer; positions and pages are the runtime's, which every step
+/// changes on both sides alike (DeviceTables).
+struct TableMirror {
+  static constexpr uint64_t kMagic = 0x6b76632d7461626cull;
+  uint64_t magic = kMagic;
+  int32_t heads = 0, pageSize = 0, capPages = 0;
+  bool withState = false, withHistory = false;
+  /// The device copy was uploaded (a mirror whose build failed holds
+  /// nothing to write back).
+  bool loaded = false;
+  char *device = nullptr;
+  uint64_t headBytes = 0;
+  /// Recorded on the stream after the last step's kernels.
+  cudaEvent_t done = nullptr;
+  /// Per head: the page-table entries the device holds, as many as the
+  /// runtime's page table has.
+  std::vector<std::vector<uint64_t>> pages;
+  /// (head, page) entries the next step compares with the runtime's page
+  /// table: pages that the last step's evictions may have returned to the
+  /// pool (a hole, 0), unless an append mapped them again since.
+  std::vector<std::pair<int32_t, int32_t>> recheck;
+
+  static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
+  int64_t capSlots() const { return static_cast<int64_t>(capPages) * pageSize; }
+  uint64_t positionsOffset() const { return align(8ull * capPages); }
+  uint64_t stateOffset() const {
+    return positionsOffset() + align(4ull * capSlots());
+  }
+  uint64_t historyOffset() const {
+    return stateOffset() + (withState ? align(4ull * capSlots()) : 0);
+  }
+  uint64_t regionBytes() const {
+    return historyOffset() + (withHistory ? align(8ull * capSlots()) : 0);
+  }
+  char *head(int32_t h) const { return device + h * headBytes; }
+  uint64_t *pagesOf(int32_t h) const {
+    return reinterpret_cast<uint64_t *>(head(h));
+  }
+  int32_t *positionsOf(int32_t h) const {
+    return reinterpret_cast<int32_t *>(head(h) + positionsOffset());
+  }
+  float *stateOf(int32_t h) const {
+    return withState ? reinterpret_cast<float *>(head(h) + stateOffset())
+                     : nullptr;
+  }
+  uint64_t *historyOf(int32_t h) const {
+    return withHistory
+               ? reinterpret_cast<uint64_t *>(head(h) + historyOffset())
+               : nullptr;
+  }
+};
+
+/// kvc_attachment_t::release of a TableMirror.
+inline void releaseMirror(void *data) {
+  TableMirror *m = static_cast<TableMirror *>(data);
+  if (m->done)
+    cudaEventDestroy(m->done);
+  if (m->device)
+    cudaFree(m->device);
+  delete m;
+}
+
+/// kvc_attachment_t::flush of a TableMirror: waits for the last step that
+/// used it and copies its score state and importance bits into the
+/// runtime's metadata.
+inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
+                                uint64_t sequence, int32_t layer) {
+  const TableMirror &m = *static_cast<const TableMirror *>(data);
+  const char *name = "kvc cuda: writing device score state back";
+  if (!m.loaded || (!m.withState && !m.withHistory))
+    return KVC_STATUS_OK;
+  if (m.done)
+    KVC_CUDA_CHECK(name, cudaEventSynchronize(m.done));
+  for (int32_t h = 0; h < m.heads; ++h) {
+    kvc_metadata_t meta;
+    KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta));
+    // Slots past the mirror's capacity were appended after it was last
+    // used: the runtime's fresh metadata is already right for them.
+    const int64_t n = meta.num_slots < m.capSlots() ? meta.num_slots
+                                                    : m.capSlots();
+    if (m.withState)
+      KVC_CUDA_CHECK(name, cudaMemcpy(meta.score, m.stateOf(h), 4 * n,
+                                      cudaMemcpyDeviceToHost));
+    if (m.withHistory)
+      KVC_CUDA_CHECK(name, cudaMemcpy(meta.history, m.historyOf(h), 8 * n,
+                                      cudaMemcpyDeviceToHost));
+  }
+  return KVC_STATUS_OK;
+}
+
+/// The slot tables of a decode step's batch, kept on the device between
+/// steps (one TableMirror per sequence of the batch, attached to the
+/// context). A step checks the mirrors out (kvc_detach) before the
+/// runtime's appends, writes only what changed into them (upload: the
+/// appended slots, new pages, pages that eviction released in the step
+/// before), lets its kernels update the score state in place and mirror the
+/// evictions (clearEvicted), and checks them back in. So a step moves a
+/// few words per head over the host link instead of every slot's position
+/// and state, and downloads no state at all. A mirror is built from the
+/// runtime's metadata (one upload of every table) when a sequence has none,
+/// when something on the host touched the layer since (the runtime settled
+/// and released it), or when the page table outgrew it (it is then written
+/// back and rebuilt with room for a quarter more pages).
+class DeviceTables {
+public:
+  DeviceTables() = default;
+  DeviceTables(const DeviceTables &) = delete;
+  DeviceTables &operator=(const DeviceTables &) = delete;
+  /// Mirrors a failed step did not check in are written back (best effort)
+  /// and released: the runtime's metadata stays the authority.
+  ~DeviceTables() {
+    for (size_t b = 0; b < mirrors_.size(); ++b) {
+      if (!mirrors_[b])
+        continue;
+      if (stream_)
+        cudaStreamSynchronize(stream_);
+      flushMirror(mirrors_[b], context_, sequences_[b], layer_);
+      releaseMirror(mirrors_[b]);
+    }
+  }
+
+  /// Takes the mirrors of the batch's sequences off the context, before the
+  /// step changes the runtime's bookkeeping. A mirror with more than the
+  /// step needs is kept (an unfused pipeline's attention kernel reads the
+  /// one its scoring kernel keeps with score state); a record of another
+  /// kind, or a mirror without the state the step needs, is settled
+  /// (flushed and released) instead.
+  kvc_status_t checkOut(kvc_context_t *context, int32_t batch,
+                        const uint64_t *sequences, int32_t layer,
+                        int32_t heads, bool withState, bool withHistory,
+                        const char *name) {
+    context_ = context;
+    sequences_ = sequences;
+    batch_ = batch;
+    layer_ = layer;
+    heads_ = heads;
+    withState_ = withState;
+    withHistory_ = withHistory;
+    name_ = name;
+    kvc_config_t config;
+    KVC_CUDA_TRY(kvc_context_config(context, &config));
+    pageSize_ = config.page_size;
+    mixed_ = config.low_format != KVC_FORMAT_FULL;
+    lowFormat_ = config.low_format;
+    try {
+      mirrors_.assign(batch, nullptr);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    for (int32_t b = 0; b < batch; ++b) {
+      kvc_attachment_t a{};
+      KVC_CUDA_TRY(kvc_detach(context, sequences[b], layer, &a));
+      TableMirror *m = static_cast<TableMirror *>(a.data);
+      if (a.release == &releaseMirror && m && m->magic == TableMirror::kMagic &&
+          m->heads == heads && m->pageSize == pageSize_ &&
+          (m->withState || !withState) && (m->withHistory || !withHistory)) {
+        mirrors_[b] = m;
+        continue;
+      }
+      kvc_status_t status =
+          a.flush ? a.flush(a.data, context, sequences[b], layer)
+                  : KVC_STATUS_OK;
+      if (a.release)
+        a.release(a.data);
+      KVC_CUDA_TRY(status);
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// After the step's appends (newSlots[i]: the slot the runtime gave head
+  /// i of the batch, at queryPositions[i / heads]; null when the step
+  /// appends nothing): brings every mirror up to date, builds the missing
+  /// ones, and uploads the HeadTable of every head of the batch into
+  /// `region` (`capacity` bytes of device workspace) on `stream`; *out
+  /// receives that array. `sameEntries`: a layer-wide policy, whose heads
+  /// of a sequence must hold the same entries (checked).
+  kvc_status_t upload(const int32_t *queryPositions, const int32_t *newSlots,
+                      bool sameEntries, void *region, uint64_t capacity,
+                      cudaStream_t stream, const HeadTable **out) {
+    stream_ = stream;
+    const int32_t tables = batch_ * heads_;
+    std::vector<HeadTable> headTables;
+    std::vector<TableWord> words;
+    try {
+      headTables.resize(tables);
+      numSlots_.assign(tables, 0);
+      maxSlots_ = 0;
+      for (int32_t b = 0; b < batch_; ++b) {
+        const int32_t *slots = newSlots ? newSlots + b * heads_ : nullptr;
+        if (sameEntries && slots)
+          for (int32_t h = 1; h < heads_; ++h)
+            if (slots[h] != slots[0])
+              return kvc_report_error(
+                  KVC_STATUS_INTERNAL,
+                  (std::string(name_) +
+                   ": the heads of a layer-wide policy hold different "
+                   "entries")
+                      .c_str());
+        KVC_CUDA_TRY(refresh(b, queryPositions[b], slots, sameEntries, words));
+        const TableMirror &m = *mirrors_[b];
+        for (int32_t h = 0; h < heads_; ++h) {
+          const int32_t i = b * heads_ + h;
+          HeadTable &t = headTables[i];
+          t.pages = m.pagesOf(h);
+          t.positions = m.positionsOf(h);
+          t.state = m.stateOf(h);
+          t.history = m.historyOf(h);
+          t.numPages = static_cast<int32_t>(m.pages[h].size());
+          t.numSlots = t.numPages * pageSize_;
+          t.queryPosition = queryPositions[b];
+          numSlots_[i] = t.numSlots;
+          maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
+        }
+      }
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    // One copy of the HeadTables and the words (in chunks when a step
+    // released more pages than the region holds words), one launch per
+    // chunk.
+    const uint64_t tableBytes = TableMirror::align(sizeof(HeadTable) * tables);
+    if (capacity < tableBytes + sizeof(TableWord))
+      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL,
+                              (std::string(name_) +
+                               ": workspace too small for the slot tables")
+                                  .c_str());
+    const size_t perChunk = (capacity - tableBytes) / sizeof(TableWord);
+    char *device = static_cast<char *>(region);
+    size_t done = 0;
+    do {
+      const size_t n =
+          words.size() - done < perChunk ? words.size() - done : perChunk;
+      try {
+        image_.assign(tableBytes + sizeof(TableWord) * n, 0);
+      } catch (const std::bad_alloc &) {
+        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                "kvc cuda: host table allocation failed");
+      }
+      std::memcpy(image_.data(), headTables.data(),
+                  sizeof(HeadTable) * tables);
+      if (n)
+        std::memcpy(image_.data() + tableBytes, words.data() + done,
+                    sizeof(TableWord) * n);
+      // Pageable source: the call returns once the image is staged.
+      KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image_.data(),
+                                            image_.size(),
+                                            cudaMemcpyHostToDevice, stream));
+      if (n)
+        writeTableWords<256><<<static_cast<unsigned>((n + 255) / 256), 256,
+                               0, stream>>>(
+            reinterpret_cast<const TableWord *>(device + tableBytes),
+            static_cast<int32_t>(n));
+      done += n;
+    } while (done < words.size());
+    *out = reinterpret_cast<const HeadTable *>(region);
+    return KVC_STATUS_OK;
+  }
+
+  /// After the runtime evicted `slots` of head i of the batch: the pages it
+  /// may have returned to the pool are compared at the next step (the
+  /// step's words are written in parallel, so each entry gets one word:
+  /// the value the runtime holds then).
+  kvc_status_t evicted(int32_t i, int32_t count, const int32_t *slots) {
+    TableMirror &m = *mirrors_[i / heads_];
+    const int32_t h = i % heads_;
+    int32_t numPages = 0;
+    KVC_CUDA_TRY(kvc_get_num_pages(context_, sequences_[i / heads_], layer_,
+                                   h, &numPages));
+    std::vector<uint64_t> &shadow = m.pages[h];
+    try {
+      // Trailing holes leave the page table; an append that maps the entry
+      // again later is written then.
+      if (static_cast<size_t>(numPages) < shadow.size())
+        shadow.resize(numPages);
+      for (int32_t k = 0; k < count; ++k) {
+        const int32_t p = slots[k] / pageSize_;
+        if (p < numPages && shadow[p] != 0)
+          m.recheck.emplace_back(h, p);
+      }
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// Attaches the mirrors to the context again, after the step's last
+  /// kernel was queued on `stream`.
+  kvc_status_t checkIn() {
+    for (int32_t b = 0; b < batch_; ++b) {
+      TableMirror *m = mirrors_[b];
+      KVC_CUDA_CHECK(name_, cudaEventRecord(m->done, stream_));
+      const kvc_attachment_t a{m, &flushMirror, &releaseMirror};
+      KVC_CUDA_TRY(kvc_attach(context_, sequences_[b], layer_, &a));
+      mirrors_[b] = nullptr;
+    }
+    return KVC_STATUS_OK;
+  }
+
+  int32_t maxSlots() const { return maxSlots_; }
+  /// The address of page `page` of head i of the batch, without
+  /// kLowPageTag.
+  uint64_t pageAddress(int32_t i, int32_t page) const {
+    return mirrors_[i / heads_]->pages[i % heads_][page] & ~kLowPageTag;
+  }
+
+private:
+  /// The device page-table entry of page p of head h: its address, tagged
+  /// for a low page.
+  kvc_status_t pageEntry(uint64_t sequence, int32_t h, int32_t p,
+                         uint64_t *entry) const {
+    void *address = nullptr;
+    KVC_CUDA_TRY(kvc_get_page(context_, sequence, layer_, h, p, nullptr,
+                              nullptr, &address));
+    *entry = reinterpret_cast<uint64_t>(address);
+    if (mixed_ && address) {
+      int32_t format = 0;
+      KVC_CUDA_TRY(kvc_get_page_format(context_, sequence, layer_, h, p,
+                                       &format));
+      if (format == lowFormat_)
+        *entry |= kLowPageTag;
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// Brings the mirror of sequence b up to date (words) or builds it.
+  kvc_status_t refresh(int32_t b, int32_t position, const int32_t *newSlots,
+                       bool sameEntries, std::vector<TableWord> &words) {
+    const uint64_t sequence = sequences_[b];
+    std::vector<int32_t> numPages(heads_);
+    int32_t maxPages = 0;
+    for (int32_t h = 0; h < heads_; ++h) {
+      KVC_CUDA_TRY(
+          kvc_get_num_pages(context_, sequence, layer_, h, &numPages[h]));
+      maxPages = maxPages > numPages[h] ? maxPages : numPages[h];
+    }
+    TableMirror *&m = mirrors_[b];
+    if (m && maxPages > m->capPages) {
+      TableMirror *old = m;
+      m = nullptr;
+      kvc_status_t status = flushMirror(old, context_, sequence, layer_);
+      releaseMirror(old);
+      KVC_CUDA_TRY(status);
+    }
+    if (!m)
+      return build(b, numPages, maxPages, sameEntries);
+    for (int32_t h = 0; h < heads_; ++h) {
+      std::vector<uint64_t> &shadow = m->pages[h];
+      const size_t before = shadow.size() < static_cast<size_t>(numPages[h])
+                                ? shadow.size()
+                                : static_cast<size_t>(numPages[h]);
+      shadow.resize(numPages[h], 0);
+      // The entries to compare: those the page table gained, the appended
+      // slot's page (a hole the append may have mapped again) and the
+      // pages the last evictions touched; each once.
+      std::vector<int32_t> check;
+      for (int32_t p = static_cast<int32_t>(before); p < numPages[h]; ++p)
+        check.push_back(p);
+      if (newSlots)
+        check.push_back(newSlots[h] / pageSize_);
+      for (const auto &[head, p] : m->recheck)
+        if (head == h && p < numPages[h])
+          check.push_back(p);
+      std::sort(check.begin(), check.end());
+      check.erase(std::unique(check.begin(), check.end()), check.end());
+      for (int32_t p : check) {
+        uint64_t entry = 0;
+        KVC_CUDA_TRY(pageEntry(sequence, h, p, &entry));
+        if (static_cast<size_t>(p) < before && entry == shadow[p])
+          continue;
+        shadow[p] = entry;
+        words.push_back(TableWord{
+            reinterpret_cast<uint64_t>(m->pagesOf(h) + p) | 1, entry});
+      }
+      if (!newSlots)
+        continue;
+      // What kvc_append wrote into the appended slot's metadata.
+      const int32_t slot = newSlots[h];
+      words.push_back(TableWord{
+          reinterpret_cast<uint64_t>(m->positionsOf(h) + slot),
+          static_cast<uint32_t>(position)});
+      if (m->withState)
+        words.push_back(
+            TableWord{reinterpret_cast<uint64_t>(m->stateOf(h) + slot), 0});
+      if (m->withHistory)
+        words.push_back(TableWord{
+            reinterpret_cast<uint64_t>(m->historyOf(h) + slot) | 1, 0});
+    }
+    m->recheck.clear();
+    return KVC_STATUS_OK;
+  }
+
+  /// A new mirror of sequence b from the runtime's metadata, with room for
+  /// a quarter more pages than the largest page table.
+  kvc_status_t build(int32_t b, const std::vector<int32_t> &numPages,
+                     int32_t maxPages, bool sameEntries) {
+    const uint64_t sequence = sequences_[b];
+    TableMirror *m = new (std::nothrow) TableMirror;
+    if (!m)
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    mirrors_[b] = m;
+    m->heads = heads_;
+    m->pageSize = pageSize_;
+    m->capPages = maxPages + maxPages / 4 + 4;
+    m->withState = withState_;
+    m->withHistory = withHistory_;
+    m->headBytes = m->regionBytes();
+    m->pages.resize(heads_);
+    KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&m->done,
+                                                   cudaEventDisableTiming));
+    KVC_CUDA_CHECK(name_, cudaMalloc(reinterpret_cast<void **>(&m->device),
+                                     m->headBytes * heads_));
+    std::vector<char> image(m->headBytes * heads_, 0);
+    const int32_t *firstPositions = nullptr;
+    int32_t firstSlots = 0;
+    for (int32_t h = 0; h < heads_; ++h) {
+      char *base = image.data() + h * m->headBytes;
+      m->pages[h].resize(numPages[h]);
+      for (int32_t p = 0; p < numPages[h]; ++p)
+        KVC_CUDA_TRY(pageEntry(sequence, h, p, &m->pages[h][p]));
+      std::memcpy(base, m->pages[h].data(), 8 * m->pages[h].size());
+      kvc_metadata_t meta;
+      KVC_CUDA_TRY(kvc_get_metadata(context_, sequence, layer_, h, &meta));
+      if (sameEntries) {
+        if (h == 0) {
+          firstPositions = meta.position;
+          firstSlots = meta.num_slots;
+        } else if (meta.num_slots != firstSlots ||
+                   std::memcmp(meta.position, firstPositions,
+                               4 * static_cast<size_t>(firstSlots)) != 0) {
+          return kvc_report_error(
+              KVC_STATUS_INTERNAL,
+              (std::string(name_) +
+               ": the heads of a layer-wide policy hold different entries")
+                  .c_str());
+        }
+      }
+      int32_t *positions =
+          reinterpret_cast<int32_t *>(base + m->positionsOffset());
+      std::memcpy(positions, meta.position, 4 * meta.num_slots);
+      for (int64_t s = meta.num_slots; s < m->capSlots(); ++s)
+        positions[s] = KVC_POSITION_NONE;
+      if (withState_)
+        std::memcpy(base + m->stateOffset(), meta.score, 4 * meta.num_slots);
+      if (withHistory_)
+        std::memcpy(base + m->historyOffset(), meta.history,
+                    8 * meta.num_slots);
+    }
+    KVC_CUDA_CHECK(name_, cudaMemcpyAsync(m->device, image.data(),
+                                          image.size(),
+                                          cudaMemcpyHostToDevice, stream_));
+    m->loaded = true;
+    return KVC_STATUS_OK;
+  }
+
+  kvc_context_t *context_ = nullptr;
+  const uint64_t *sequences_ = nullptr;
+  int32_t batch_ = 0, layer_ = 0, heads_ = 0, pageSize_ = 1, lowFormat_ = 0;
+  int32_t maxSlots_ = 0;
+  bool withState_ = false, withHistory_ = false, mixed_ = false;
+  const char *name_ = "";
+  cudaStream_t stream_ = nullptr;
+  std::vector<TableMirror *> mirrors_;
+  std::vector<int32_t> numSlots_;
+  std::vector<char> image_;
 };
 
 /// The StoreEntry of slot `slot` of a head whose page addresses `pages`

@@ -1,7 +1,8 @@
 // The CUDA backend of an H2O-like policy: the emitted .cu holds the folded
 // constants, the split-KV decode with the exact merge, the per-kv-head stage
-// kernels with one comment per policy op, and host entry points that stage
-// the runtime's tables; the header declares the C entry points. Emission is
+// kernels with one comment per policy op, and host entry points that keep
+// the runtime's slot tables on the device between decode steps; the header
+// declares the C entry points. Emission is
 // deterministic. No nvcc needed (cuda-nvcc.mlir compiles the output).
 //
 // RUN: rm -rf %t && mkdir -p %t/a %t/b
@@ -71,6 +72,7 @@
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
 // CHECK: // Folded into the accumulated state by the attention pass.
 // CHECK: // The victims' slots, for the host to evict.
+// CHECK: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
 
 // CHECK-LABEL: extern "C" {
 // CHECK: kvc_status_t kvc_heavy_cuda_prefill(kvc_context_t *context, uint64_t sequence, int32_t layer, int32_t n, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes, void *stream) {
@@ -83,21 +85,28 @@
 // CHECK: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: the batch is empty");
 // CHECK: if (sequences[b] == sequences[c])
 // CHECK-NEXT: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: a sequence appears twice in the batch");
+// CHECK: kvc::cuda::DeviceTables tables;
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads, /*withState=*/true,
+// CHECK-NEXT: /*withHistory=*/false, "kvc_heavy_cuda_decode_batch"));
 // CHECK: // kvc.append key #kvc.format<full> value #kvc.format<full>
-// CHECK: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
-// CHECK-NEXT: /*withState=*/true));
+// CHECK: KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim,
+// CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
+// CHECK-NEXT: kvc::cuda::tableBytes(heads, stride), s, &w.heads));
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
 // CHECK: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 // CHECK: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_heavy_cuda_decode_batch"));
 // CHECK-NEXT: cudaStreamSynchronize(s)
-// CHECK-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_heavy_cuda_decode_batch"));
 // CHECK-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_heavy_cuda_decode_batch"));
-// CHECK-NEXT: for (int32_t i = 0; i < heads; ++i)
-// CHECK-NEXT: if (victims.count(i) > 0)
+// CHECK-NEXT: for (int32_t i = 0; i < heads; ++i) {
+// CHECK-NEXT: if (victims.count(i) == 0)
+// CHECK-NEXT: continue;
 // CHECK-NEXT: KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], layer, i % kKvHeads,
 // CHECK-NEXT: victims.count(i), victims.slots(i)));
+// CHECK-NEXT: KVC_CUDA_TRY(tables.evicted(i, victims.count(i), victims.slots(i)));
+// CHECK-NEXT: }
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn());
 // CHECK: void kvc_heavy_cuda_configure(kvc_config_t *config) {
 // CHECK: config->memory = KVC_MEMORY_DEVICE;
 
@@ -166,8 +175,7 @@
 // TOVA-NEXT: // %1 = kvc.layer_reduce mean %0 : !kvc.score<query>
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
-// TOVA: // Layer-wide scores index slots: every head of a sequence must hold the
-// TOVA-NEXT: // same entries.
+// TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/true, w.tables,
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
 // TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 
@@ -239,12 +247,11 @@
 // SCISSORHANDS: // Importance bits carried into decode.
 // SCISSORHANDS-NEXT: for (int32_t j = 0; j < count; ++j)
 // SCISSORHANDS-NEXT: meta.history[slots[j]] = persistBits[static_cast<size_t>(h) * n + index[j]];
-// SCISSORHANDS: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
-// SCISSORHANDS-NEXT: /*withState=*/false, /*withHistory=*/true));
+// SCISSORHANDS: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads, /*withState=*/false,
+// SCISSORHANDS-NEXT: /*withHistory=*/true, "kvc_scissorhands_cuda_decode_batch"));
 // SCISSORHANDS: cudaStreamSynchronize(s));
-// SCISSORHANDS-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_scissorhands_cuda_decode_batch"));
 // SCISSORHANDS-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_scissorhands_cuda_decode_batch"));
-// SCISSORHANDS-NEXT: for (int32_t i = 0; i < heads; ++i)
+// SCISSORHANDS-NEXT: for (int32_t i = 0; i < heads; ++i) {
 
 // RPC: constexpr int32_t kPeriod = 4096;
 // RPC-NEXT: /// Decode queries observed before each periodic compression.
@@ -272,33 +279,33 @@
 // RPC-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 0, 32, s1);
 // RPC-LABEL: extern "C" {
 // RPC-NOT: prefillColumnStats
-// RPC: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
-// RPC-NEXT: /*withState=*/true));
+// RPC: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads, /*withState=*/true,
 // RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 // RPC: bool periodEnds = false;
 // RPC-NEXT: for (int32_t b = 0; b < batch; ++b) {
 // RPC-NEXT: const int32_t position = positions[b];
 // RPC-NEXT: periodEnds = periodEnds || (position + 1) % kPeriod == 0;
-// RPC: bool inWindow = false;
-// RPC: inWindow = inWindow || position % kPeriod >= kPeriod - kWindow;
-// RPC: if (inWindow) {
+// RPC: // Hand the victims to the runtime's host bookkeeping after the last position
+// RPC-NEXT: // of a period; other steps do not synchronize.
+// RPC-NEXT: if (periodEnds) {
 // RPC-NEXT: kvc::cuda::VictimDownload victims;
-// RPC-NEXT: if (periodEnds)
 // RPC-NEXT: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_rpc_cuda_decode_batch"));
 // RPC-NEXT: cudaStreamSynchronize(s));
-// RPC-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_rpc_cuda_decode_batch"));
 // RPC-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_rpc_cuda_decode_batch", [&](int32_t i) {
 // RPC-NEXT: return (positions[i / kKvHeads] + 1) % kPeriod == 0;
 // RPC-NEXT: }));
-// RPC-NEXT: for (int32_t i = 0; i < heads; ++i)
-// RPC-NEXT: if (victims.count(i) > 0)
+// RPC: KVC_CUDA_TRY(tables.evicted(i, victims.count(i), victims.slots(i)));
+// RPC-NEXT: }
+// RPC-NEXT: }
+// RPC-NEXT: KVC_CUDA_TRY(tables.checkIn());
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
 // RPC-UNFUSED: decodeScoringStages(
 // RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum,
 // RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring_batch(
-// RPC-UNFUSED: inWindow = inWindow || position % kPeriod >= kPeriod - kWindow;
-// RPC-UNFUSED: if (inWindow) {
+// RPC-UNFUSED: KVC_CUDA_TRY(tables.upload(positions, nullptr, /*sameEntries=*/false, w.tables,
+// RPC-UNFUSED: if (periodEnds) {
+// RPC-UNFUSED: KVC_CUDA_TRY(tables.checkIn());
 
 kvc.policy @heavy {
   kvc.phase over_budget {

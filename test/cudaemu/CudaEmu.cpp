@@ -546,6 +546,10 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
   *event = new CUevent_st{};
   return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int) {
+  *event = new CUevent_st{};
+  return cudaSuccess;
+}
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;

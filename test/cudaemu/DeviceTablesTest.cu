@@ -1,0 +1,308 @@
+//===- DeviceTablesTest.cu - Device-resident slot tables on the emulator --===//
+//
+// kvc::cuda::DeviceTables against the runtime's host bookkeeping, over a
+// long randomized decode of two sequences: appends that grow the page
+// tables past a mirror's capacity, evictions of single entries and of whole
+// pages (holes in the page table, trailing ones trimmed, then mapped again
+// by later appends), and score state and importance bits that a stand-in
+// for the stages kernel updates on the device. After every step the
+// mirrors (detached for the look, so nothing is settled) must hold the
+// runtime's positions and page addresses exactly; every few steps the
+// state is read through kvc_get_metadata, which must write the device's
+// state back (the runtime settles the attachment), and must equal a host
+// model of it. Exits 1 on the first difference.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/kvc_cuda.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kHeads = 2;
+constexpr int kBatch = 2;
+constexpr int kPageSize = 4;
+constexpr int kPrompt = 10;
+constexpr int kSteps = 80;
+constexpr int kThreads = 64;
+constexpr int64_t kStride = 1024;
+
+/// The smallest and largest capacity (pages) of the mirrors seen.
+int minCapacity = 1 << 30, maxCapacity = 0;
+/// Per sequence, the capacity of the mirror seen after the last step (0
+/// after a write-back), and how often a step rebuilt it larger (it outgrew
+/// its capacity).
+int lastCapacity[2] = {};
+int growths = 0;
+
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
+      std::fprintf(stderr, __VA_ARGS__);                                       \
+      std::fprintf(stderr, "\n%s\n", kvc_last_error());                        \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+/// What the stages of a stateful policy do to the tables, in miniature:
+/// every live slot's state counts the steps it was live and its importance
+/// bits shift in a 1; then the victims are cleared as the runtime will.
+__global__ void stages(const kvc::cuda::HeadTable *heads,
+                       const uint8_t *victims) {
+  const kvc::cuda::HeadTable t = heads[blockIdx.x];
+  for (int32_t i = threadIdx.x; i < t.numSlots; i += kThreads)
+    if (t.positions[i] != KVC_POSITION_NONE) {
+      t.state[i] += 1.0f;
+      t.history[i] = t.history[i] << 1 | 1;
+    }
+  __syncthreads();
+  kvc::cuda::clearEvicted<kThreads>(t, victims + blockIdx.x * kStride,
+                                    t.numSlots);
+}
+
+/// The mirror of (sequence, layer 0) equals the runtime's positions and
+/// page table, but for the holes its next step writes. Detaches it for the
+/// look and attaches it again.
+void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step) {
+  kvc_attachment_t a{};
+  CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "detach");
+  CHECK(a.release == &kvc::cuda::releaseMirror, "step %d: no mirror", step);
+  const auto &m = *static_cast<const kvc::cuda::TableMirror *>(a.data);
+  growths += lastCapacity[b] && m.capPages > lastCapacity[b];
+  lastCapacity[b] = m.capPages;
+  minCapacity = std::min(minCapacity, m.capPages);
+  maxCapacity = std::max(maxCapacity, m.capPages);
+  for (int h = 0; h < kHeads; ++h) {
+    kvc_metadata_t meta;
+    CHECK(kvc_get_metadata(ctx, sequence, 0, h, &meta) == KVC_STATUS_OK,
+          "metadata");
+    int32_t pages = 0;
+    CHECK(kvc_get_num_pages(ctx, sequence, 0, h, &pages) == KVC_STATUS_OK,
+          "pages");
+    CHECK(static_cast<int32_t>(m.pages[h].size()) == pages,
+          "step %d sequence %llu head %d: mirror has %zu pages, runtime %d",
+          step, static_cast<unsigned long long>(sequence), h,
+          m.pages[h].size(), pages);
+    for (int p = 0; p < pages; ++p) {
+      void *address = nullptr;
+      CHECK(kvc_get_page(ctx, sequence, 0, h, p, nullptr, nullptr,
+                         &address) == KVC_STATUS_OK,
+            "page");
+      // Pages the step's evictions returned to the pool become holes at
+      // the next step's upload (TableMirror::recheck).
+      bool due = false;
+      for (const auto &[head, page] : m.recheck)
+        due |= head == h && page == p;
+      CHECK(m.pagesOf(h)[p] == reinterpret_cast<uint64_t>(address) ||
+                (due && address == nullptr),
+            "step %d sequence %llu head %d: device page %d is %llx, runtime "
+            "%p",
+            step, static_cast<unsigned long long>(sequence), h, p,
+            static_cast<unsigned long long>(m.pagesOf(h)[p]), address);
+    }
+    for (int s = 0; s < meta.num_slots; ++s)
+      CHECK(m.positionsOf(h)[s] == meta.position[s],
+            "step %d sequence %llu head %d: device position of slot %d is "
+            "%d, runtime %d",
+            step, static_cast<unsigned long long>(sequence), h, s,
+            m.positionsOf(h)[s], meta.position[s]);
+  }
+  CHECK(kvc_attach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "attach");
+}
+
+} // namespace
+
+int main() {
+  kvc_config_t config{};
+  config.num_layers = 1;
+  config.num_q_heads = kHeads;
+  config.num_kv_heads = kHeads;
+  config.head_dim = 8;
+  config.dtype = KVC_DTYPE_F32;
+  config.format = KVC_FORMAT_FULL;
+  config.page_size = kPageSize;
+  config.num_pages = 128;
+  config.max_sequences = kBatch;
+  config.memory = KVC_MEMORY_DEVICE;
+  uint64_t poolBytes = 0;
+  CHECK(kvc_pool_bytes_required(&config, &poolBytes) == KVC_STATUS_OK, "pool");
+  void *pool = nullptr, *region = nullptr;
+  uint8_t *victims = nullptr;
+  CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess, "pool");
+  const uint64_t regionBytes = kvc::cuda::tableBytes(kBatch * kHeads, kStride);
+  CHECK(cudaMalloc(&region, regionBytes) == cudaSuccess, "region");
+  CHECK(cudaMalloc(reinterpret_cast<void **>(&victims),
+                   kBatch * kHeads * kStride) == cudaSuccess,
+        "victims");
+  kvc_context_t *ctx = nullptr;
+  CHECK(kvc_context_create(&config, pool, poolBytes, &ctx) == KVC_STATUS_OK,
+        "context");
+  const uint64_t sequences[kBatch] = {7, 3};
+  // Host model: per (sequence, head), the steps each live position was
+  // live for.
+  std::map<int32_t, int> live[kBatch][kHeads];
+  for (int b = 0; b < kBatch; ++b) {
+    CHECK(kvc_sequence_add(ctx, sequences[b]) == KVC_STATUS_OK, "add");
+    std::vector<int32_t> positions(kPrompt);
+    for (int i = 0; i < kPrompt; ++i)
+      positions[i] = i;
+    for (int h = 0; h < kHeads; ++h) {
+      CHECK(kvc_append(ctx, sequences[b], 0, h, kPrompt, 8, nullptr, nullptr,
+                       positions.data(), nullptr) == KVC_STATUS_OK,
+            "prompt");
+      for (int i = 0; i < kPrompt; ++i)
+        live[b][h][i] = 0;
+    }
+  }
+  std::mt19937 rng(1234);
+  int holes = 0, trims = 0, rebuilds = 0;
+  std::vector<uint8_t> flags(kBatch * kHeads * kStride);
+  // Reading the metadata writes the device state back (the runtime settles
+  // the mirrors); it must equal the model.
+  auto verifyState = [&](int step) {
+    ++rebuilds;
+    for (int b = 0; b < kBatch; ++b)
+      for (int h = 0; h < kHeads; ++h) {
+        kvc_metadata_t meta;
+        CHECK(kvc_get_metadata(ctx, sequences[b], 0, h, &meta) ==
+                  KVC_STATUS_OK,
+              "metadata");
+        int counted = 0;
+        for (int s = 0; s < meta.num_slots; ++s) {
+          if (meta.position[s] == KVC_POSITION_NONE) {
+            CHECK(meta.score[s] == 0.0f && meta.history[s] == 0,
+                  "step %d: free slot %d has state %g", step, s,
+                  meta.score[s]);
+            continue;
+          }
+          auto it = live[b][h].find(meta.position[s]);
+          CHECK(it != live[b][h].end(), "step %d: position %d not live", step,
+                meta.position[s]);
+          ++counted;
+          const uint64_t bits = it->second >= 64
+                                    ? ~uint64_t{0}
+                                    : (uint64_t{1} << it->second) - 1;
+          CHECK(meta.score[s] == static_cast<float>(it->second) &&
+                    meta.history[s] == bits,
+                "step %d sequence %d head %d position %d: state %g bits "
+                "%llx, expected %d steps",
+                step, b, h, meta.position[s], meta.score[s],
+                static_cast<unsigned long long>(meta.history[s]),
+                it->second);
+        }
+        CHECK(counted == static_cast<int>(live[b][h].size()),
+              "step %d: %d live entries, model %zu", step, counted,
+              live[b][h].size());
+      }
+  };
+  for (int step = 0; step < kSteps; ++step) {
+    const int32_t positions[kBatch] = {kPrompt + step, kPrompt + 2 * step};
+    kvc::cuda::DeviceTables tables;
+    CHECK(tables.checkOut(ctx, kBatch, sequences, 0, kHeads, true, true,
+                          "test") == KVC_STATUS_OK,
+          "check out");
+    std::vector<int32_t> newSlots(kBatch * kHeads);
+    for (int i = 0; i < kBatch * kHeads; ++i) {
+      CHECK(kvc_append(ctx, sequences[i / kHeads], 0, i % kHeads, 1, 8,
+                       nullptr, nullptr, &positions[i / kHeads],
+                       &newSlots[i]) == KVC_STATUS_OK,
+            "append");
+      live[i / kHeads][i % kHeads][positions[i / kHeads]] = 0;
+    }
+    const kvc::cuda::HeadTable *heads = nullptr;
+    CHECK(tables.upload(positions, newSlots.data(), false, region, regionBytes,
+                        nullptr, &heads) == KVC_STATUS_OK,
+          "upload");
+    // Victims: now and then one entry, or every entry of one page.
+    std::vector<std::vector<int32_t>> chosen(kBatch * kHeads);
+    std::fill(flags.begin(), flags.end(), 0);
+    for (int i = 0; i < kBatch * kHeads; ++i) {
+      kvc_metadata_t meta;
+      CHECK(kvc_get_metadata(ctx, sequences[i / kHeads], 0, i % kHeads,
+                             &meta) == KVC_STATUS_OK,
+            "metadata");
+      std::vector<int32_t> liveSlots;
+      for (int s = 0; s < meta.num_slots; ++s)
+        if (meta.position[s] != KVC_POSITION_NONE)
+          liveSlots.push_back(s);
+      // The second sequence stops evicting halfway: its table grows.
+      const int roll = static_cast<int>(rng() % 10) +
+                       (i / kHeads == 1 && step > kSteps / 2 ? 10 : 0);
+      if (roll < 3 && liveSlots.size() > 4) {
+        chosen[i].push_back(liveSlots[rng() % liveSlots.size()]);
+      } else if (roll < 5 && liveSlots.size() > 8) {
+        const int32_t page = liveSlots[rng() % liveSlots.size()] / kPageSize;
+        for (int32_t s : liveSlots)
+          if (s / kPageSize == page)
+            chosen[i].push_back(s);
+      }
+      for (int32_t s : chosen[i]) {
+        flags[i * kStride + s] = 1;
+        live[i / kHeads][i % kHeads].erase(meta.position[s]);
+      }
+    }
+    for (int i = 0; i < kBatch * kHeads; ++i)
+      for (auto &entry : live[i / kHeads][i % kHeads])
+        ++entry.second;
+    CHECK(cudaMemcpy(victims, flags.data(), flags.size(),
+                     cudaMemcpyHostToDevice) == cudaSuccess,
+          "victims");
+    stages<<<kBatch * kHeads, kThreads>>>(heads, victims);
+    CHECK(cudaGetLastError() == cudaSuccess, "launch");
+    for (int i = 0; i < kBatch * kHeads; ++i) {
+      if (chosen[i].empty())
+        continue;
+      int32_t before = 0, after = 0;
+      CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
+                              &before) == KVC_STATUS_OK,
+            "pages");
+      CHECK(kvc_evict(ctx, sequences[i / kHeads], 0, i % kHeads,
+                      static_cast<int32_t>(chosen[i].size()),
+                      chosen[i].data()) == KVC_STATUS_OK,
+            "evict");
+      CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
+                              &after) == KVC_STATUS_OK,
+            "pages");
+      trims += after < before;
+      holes += chosen[i].size() > 1;
+      CHECK(tables.evicted(i, static_cast<int32_t>(chosen[i].size()),
+                           chosen[i].data()) == KVC_STATUS_OK,
+            "evicted");
+    }
+    CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+    for (int b = 0; b < kBatch; ++b)
+      expectMirror(ctx, b, sequences[b], step);
+    // Write-backs in the first half; in the second, the tables grow past
+    // their mirrors' capacity.
+    if (step % 9 != 8 || step > kSteps / 2)
+      continue;
+    lastCapacity[0] = lastCapacity[1] = 0;
+    verifyState(step);
+    kvc_attachment_t a{};
+    CHECK(kvc_detach(ctx, sequences[0], 0, &a) == KVC_STATUS_OK &&
+              a.data == nullptr,
+          "step %d: the mirror stayed attached after a metadata read", step);
+  }
+  verifyState(kSteps);
+  CHECK(holes > 3 && trims > 0 && rebuilds > 3 && growths > 0,
+        "the run made %d page evictions, %d trims, %d write-backs, %d "
+        "mirrors outgrown",
+        holes, trims, rebuilds, growths);
+  kvc_context_destroy(ctx);
+  cudaFree(victims);
+  cudaFree(region);
+  cudaFree(pool);
+  std::printf("device tables: %d steps, %d page evictions, %d trims, %d "
+              "write-backs, %d mirrors outgrown (%d to %d pages): ok\n",
+              kSteps, holes, trims, rebuilds, growths, minCapacity,
+              maxCapacity);
+  return 0;
+}
