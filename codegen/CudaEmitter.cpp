@@ -241,23 +241,26 @@ std::string CudaKernelEmitter::documentation() {
                        : periodic
                            ? ", with the policy's decode statistics on the "
                              "device and its victim selection after the last "
-                             "position of every period; synchronizes the "
-                             "stream once after that position, to hand the "
-                             "victims to the runtime"
+                             "position of every period"
                            : ", with the policy's decode statistics and "
-                             "victim selection on the device; synchronizes "
-                             "the stream once to hand the evictions to the "
-                             "runtime") +
+                             "victim selection on the device") +
            "." +
            (kivi ? ""
-                 : " The layer's slot tables and score state stay on the "
-                   "device between steps; reading or changing the layer "
-                   "through the runtime writes them back first.") +
+                 : " The layer's slot tables, score state and victims stay "
+                   "on the device between steps and the step does not "
+                   "synchronize the stream: the runtime evicts a step's "
+                   "victims when the layer's next step starts, and any "
+                   "runtime call on the layer brings its bookkeeping up to "
+                   "date first.") +
            devices;
   case KernelKind::decode_scoring:
     return "Unfused decode scoring of one layer on the GPU: recomputes the "
            "attention weights of q over the cache, folds the statistics and "
-           "evicts the victims; synchronizes the stream once." +
+           "selects the victims" +
+           std::string(kivi ? "; synchronizes the stream once to evict them."
+                            : ", which the runtime evicts when the layer's "
+                              "next step starts or a runtime call reads the "
+                              "layer (no stream synchronization).") +
            devices;
   case KernelKind::select:
     break; // Emitted by emitSelectKernel.
@@ -270,8 +273,11 @@ std::string CudaKernelEmitter::batchDocumentation() {
   return "The step of " + name +
          " for `batch` distinct sequences of any lengths, each at its "
          "positions[b], in one launch per kernel (grid: splits x batch x "
-         "kv_heads) and at most one stream synchronization for the batch. "
-         "q: batch x q_heads x head_dim" +
+         "kv_heads)" +
+         std::string(kivi ? " and at most one stream synchronization for the "
+                            "batch"
+                          : " without a stream synchronization") +
+         ". q: batch x q_heads x head_dim" +
          (hasKv ? std::string("; k, v: batch x kv_heads x head_dim") : "") +
          (writesOutput(kernel) ? "; out: batch x q_heads x head_dim" : "") +
          ". sequences and positions are host arrays of `batch` entries; q, " +
@@ -672,10 +678,13 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](EvictOp) -> LogicalResult {
         if (decode)
-          os << "  // The victims' slots, for the host to evict.\n"
+          os << "  // The victims' slots, for the host to evict: in the "
+                "device tables'\n  // victim list (DeviceTables), or in the "
+                "workspace (tables staged from\n  // the host).\n"
                 "  kvc::cuda::compactIndices<kStageThreads>(\n"
-                "      n, [&](int32_t i) { return victim[i] != 0; }, "
-                "w.victims + h * stride, &w.numVictims[h]);\n"
+                "      n, [&](int32_t i) { return victim[i] != 0; },\n"
+                "      t.victims ? t.victims + 1 : w.victims + h * stride,\n"
+                "      t.victims ? t.victims : &w.numVictims[h]);\n"
                 "  // The same eviction in the device tables.\n"
                 "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
         else
@@ -1536,6 +1545,22 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   fn[0] = static_cast<char>(std::tolower(fn[0]));
   fn += "Stages";
   const std::string outArg = attention.getOutput() ? "out" : "w.scratchOut";
+  // KIVI stages its per-slot tables from the host at every step
+  // (KiviStager); every other storage keeps them on the device.
+  const bool resident = !kivi;
+  if (resident)
+    out << "  // The slot tables of the batch's sequences stay on the device "
+           "between steps\n  // (DeviceTables). Checked out first: the "
+           "runtime then evicts the victims of\n  // the last step before "
+           "anything here reads its bookkeeping.\n"
+           "  kvc::cuda::DeviceTables tables;\n"
+           "  KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, "
+           "kKvHeads,\n"
+           "                               /*withState=*/"
+        << (state ? "true" : "false") << ", /*withHistory=*/"
+        << (history ? "true" : "false") << ",\n"
+        << "                               /*withVictims=*/"
+        << (selects ? "true" : "false") << ", \"" << name << "\"));\n";
   out << "  // Head i of the batch is kv-head i % kKvHeads of sequence i / "
          "kKvHeads.\n"
          "  const int32_t heads = batch * kKvHeads;\n"
@@ -1557,20 +1582,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
       << "Workspace w;\n  carve" << camel
       << "Workspace(carver, heads, stride, w);\n";
-  // KIVI stages its per-slot tables from the host at every step
-  // (KiviStager); every other storage keeps them on the device.
-  const bool resident = !kivi;
   out << "  try {\n";
-  if (resident)
-    out << "    // The slot tables of the batch's sequences stay on the device "
-           "between steps\n    // (DeviceTables): checked out before the "
-           "runtime's appends, the step\n    // writes only what it changes.\n"
-           "    kvc::cuda::DeviceTables tables;\n"
-           "    KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, "
-           "kKvHeads, /*withState=*/"
-        << (state ? "true" : "false") << ",\n"
-        << "                                 /*withHistory=*/"
-        << (history ? "true" : "false") << ", \"" << name << "\"));\n";
   if (append) {
     out << "    " << opComment(append) << "\n"
         << "    // The runtime takes the lowest free slot of each head (a "
@@ -1708,7 +1720,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            ";\n"
            "    }\n";
   };
-  const bool periodEnds = periodic && (crossOp || selects);
+  const bool periodEnds = periodic && (crossOp || (selects && !resident));
   if (periodEnds)
     out << "    // The rest of the phase runs once every kPeriod positions: "
            "in the blocks of\n    // the sequences that end a period.\n"
@@ -1739,37 +1751,18 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "    }));\n";
   };
   if (resident) {
-    // The score state and the importance bits stay on the device: only
-    // the victims go to the host, which the step waits for.
+    // The score state, the importance bits and the victims stay on the
+    // device; the victim lists' download is queued, and the runtime evicts
+    // them when the tables are next checked out or settled.
     if (selects) {
-      std::string block;
-      llvm::raw_string_ostream bs(block);
-      bs << "    kvc::cuda::VictimDownload victims;\n"
-            "    KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, "
-            "stride, s, \""
-         << name << "\"));\n"
-         << "    KVC_CUDA_CHECK(\"" << name
-         << "\", cudaStreamSynchronize(s));\n";
-      bs << fetchVictims();
-      bs << "    for (int32_t i = 0; i < heads; ++i) {\n"
-            "      if (victims.count(i) == 0)\n"
-            "        continue;\n"
-            "      KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], "
-            "layer, i % kKvHeads,\n"
-            "                             victims.count(i), "
-            "victims.slots(i)));\n"
-            "      KVC_CUDA_TRY(tables.evicted(i, victims.count(i), "
-            "victims.slots(i)));\n"
-            "    }\n";
+      out << "    // The victims stay in the device tables; their download is "
+             "queued, and the\n    // runtime evicts them before this layer's "
+             "next step or host access (the\n    // step does not wait for "
+             "its kernels).\n"
+             "    for (int32_t b = 0; b < batch; ++b)\n";
       if (periodic)
-        out << "    // Hand the victims to the runtime's host bookkeeping "
-               "after the last position\n    // of a period; other steps do "
-               "not synchronize.\n"
-               "    if (periodEnds) {\n"
-            << nested(block) << "    }\n";
-      else
-        out << "    // Hand the victims to the runtime's host bookkeeping.\n"
-            << block;
+        out << "      if ((positions[b] + 1) % kPeriod == 0)\n  ";
+      out << "      KVC_CUDA_TRY(tables.keepVictims(b));\n";
     }
     out << "    KVC_CUDA_TRY(tables.checkIn());\n";
   } else if (selects || state || history) {

@@ -444,12 +444,34 @@ kvc_status_t settle(kvc_context *ctx, uint64_t sequence, const HeadRef &ref,
   return status;
 }
 
+/// settle() for a query: the context is logically unchanged (the host
+/// bookkeeping only catches up with what the attached record holds), so
+/// the accessors keep their const context.
+kvc_status_t settleForQuery(const kvc_context *ctx, uint64_t sequence,
+                            const HeadRef &ref, int32_t layer) {
+  return settle(const_cast<kvc_context *>(ctx), sequence, ref, layer);
+}
+
+/// Settles every record attached to the context (for the pool-wide
+/// queries).
+kvc_status_t settleAll(const kvc_context *ctx) {
+  kvc_context *mutableCtx = const_cast<kvc_context *>(ctx);
+  for (auto &entry : mutableCtx->sequences) {
+    HeadRef ref;
+    ref.sequence = &entry.second;
+    for (int32_t layer = 0; layer < ctx->config.num_layers; ++layer)
+      KVC_CHECK(settle(mutableCtx, entry.first, ref, layer));
+  }
+  return KVC_STATUS_OK;
+}
+
 /// The page id of page-table entry `page` of a head (-1 for a hole).
 kvc_status_t lookupPage(const char *name, const kvc_context *ctx,
                         uint64_t sequence, int32_t layer, int32_t head,
                         int32_t page, int32_t &id) {
   HeadRef ref;
   KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+  KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
   int32_t size = static_cast<int32_t>(ref.head->pages.size());
   if (page < 0 || page >= size)
     return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
@@ -1553,6 +1575,7 @@ extern "C" kvc_status_t kvc_get_num_entries(const kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
     if (!num_entries)
       return fail(KVC_STATUS_NULL_POINTER, "%s: num_entries is NULL", name);
     *num_entries = ref.head->live;
@@ -1567,6 +1590,7 @@ extern "C" kvc_status_t kvc_get_num_slots(const kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
     if (!num_slots)
       return fail(KVC_STATUS_NULL_POINTER, "%s: num_slots is NULL", name);
     *num_slots = static_cast<int32_t>(ref.head->position.size());
@@ -1581,6 +1605,7 @@ extern "C" kvc_status_t kvc_get_num_pages(const kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
     if (!num_pages)
       return fail(KVC_STATUS_NULL_POINTER, "%s: num_pages is NULL", name);
     *num_pages = static_cast<int32_t>(ref.head->pages.size());
@@ -1617,6 +1642,7 @@ extern "C" kvc_status_t kvc_get_slot_location(const kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
     int32_t slots = static_cast<int32_t>(ref.head->position.size());
     if (slot < 0 || slot >= slots)
       return fail(KVC_STATUS_OUT_OF_RANGE, "%s: slot %d out of range [0, %d)",
@@ -1709,6 +1735,7 @@ extern "C" kvc_status_t kvc_kivi_pending_work(const kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
     if (!work)
       return fail(KVC_STATUS_NULL_POINTER, "%s: work is NULL", name);
     if (!ctx->isKivi())
@@ -1740,6 +1767,7 @@ extern "C" kvc_status_t kvc_read_entry(const kvc_context_t *ctx,
   return guarded(name, [&] {
     HeadRef ref;
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
     if (!ctx->isHost())
       return fail(KVC_STATUS_UNSUPPORTED,
                   "%s: the runtime does not dereference device pools", name);
@@ -1796,6 +1824,7 @@ extern "C" kvc_status_t kvc_pool_stats(const kvc_context_t *ctx,
     if (!ctx || !stats)
       return fail(KVC_STATUS_NULL_POINTER, "kvc_pool_stats: %s is NULL",
                   ctx ? "stats" : "context");
+    KVC_CHECK(settleAll(ctx));
     kvc_pool_stats_t s{};
     s.total_pages = ctx->config.num_pages;
     s.free_pages = static_cast<int32_t>(ctx->freePages.size());
@@ -1821,6 +1850,7 @@ extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
   return guarded(name, [&] {
     if (!ctx)
       return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    KVC_CHECK(settleAll(ctx));
     const int32_t n = ctx->config.num_pages, p = ctx->config.page_size;
     const int32_t k = ctx->lowPerPage;
     std::vector<int32_t> owners(static_cast<size_t>(n), 0);

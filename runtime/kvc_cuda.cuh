@@ -381,6 +381,12 @@ struct HeadTable {
   int32_t numPages;
   /// Decode: the position of the step's query (the sequence's new token).
   int32_t queryPosition;
+  /// Decode on device-resident tables (DeviceTables) of a policy that
+  /// selects: where the stages leave the step's victims, the count at [0]
+  /// and the slots after it, for the host to evict before the sequence's
+  /// next step. Null on tables staged from the host (the victims then go
+  /// to the workspace).
+  int32_t *victims;
 };
 
 /// One row pair that storeEntries writes: source row `row` of the float
@@ -2353,6 +2359,7 @@ public:
         tables[h].numSlots = slots;
         tables[h].numPages = static_cast<int32_t>(pages_[h].size());
         tables[h].queryPosition = queryPositions_[h / perSequence_];
+        tables[h].victims = nullptr;
       }
       std::memcpy(image_.data(), tables.data(), sizeof(HeadTable) * tables_);
       stateOffsets_.resize(tables_);
@@ -2541,13 +2548,20 @@ struct TableMirror {
   static constexpr uint64_t kMagic = 0x6b76632d7461626cull;
   uint64_t magic = kMagic;
   int32_t heads = 0, pageSize = 0, capPages = 0;
-  bool withState = false, withHistory = false;
+  bool withState = false, withHistory = false, withVictims = false;
   /// The device copy was uploaded (a mirror whose build failed holds
   /// nothing to write back).
   bool loaded = false;
+  /// The last step left victims that the runtime has not evicted yet: its
+  /// kernels cleared them on the device, and `hostVictims` receives their
+  /// counts and first kInlineVictims slots per head (applyVictims).
+  bool pending = false;
   char *device = nullptr;
   uint64_t headBytes = 0;
-  /// Recorded on the stream after the last step's kernels.
+  /// Pinned host memory, per head: the victim count and the first
+  /// kInlineVictims victim slots (withVictims).
+  int32_t *hostVictims = nullptr;
+  /// Recorded on the stream after the last step's kernels and copies.
   cudaEvent_t done = nullptr;
   /// Per head: the page-table entries the device holds, as many as the
   /// runtime's page table has.
@@ -2566,8 +2580,16 @@ struct TableMirror {
   uint64_t historyOffset() const {
     return stateOffset() + (withState ? align(4ull * capSlots()) : 0);
   }
-  uint64_t regionBytes() const {
+  uint64_t victimsOffset() const {
     return historyOffset() + (withHistory ? align(8ull * capSlots()) : 0);
+  }
+  /// Words of a head's victim list: the count, then room for every slot
+  /// (and at least for the kInlineVictims that a step downloads).
+  int64_t victimWords() const {
+    return 1 + (capSlots() > kInlineVictims ? capSlots() : kInlineVictims);
+  }
+  uint64_t regionBytes() const {
+    return victimsOffset() + (withVictims ? align(4ull * victimWords()) : 0);
   }
   char *head(int32_t h) const { return device + h * headBytes; }
   uint64_t *pagesOf(int32_t h) const {
@@ -2585,25 +2607,97 @@ struct TableMirror {
                ? reinterpret_cast<uint64_t *>(head(h) + historyOffset())
                : nullptr;
   }
+  /// Head h's victim list ([0]: the count), where the stages leave the
+  /// step's victims (HeadTable::victims).
+  int32_t *victimsOf(int32_t h) const {
+    return withVictims ? reinterpret_cast<int32_t *>(head(h) + victimsOffset())
+                       : nullptr;
+  }
+
+  /// After the runtime evicted `slots` of head h: the page-table entries
+  /// the eviction may have returned to the pool are compared with the
+  /// runtime's at the next upload (recheck), and trailing holes leave the
+  /// host shadow (an append that maps the entry again is written then).
+  kvc_status_t noteEvicted(kvc_context_t *context, uint64_t sequence,
+                           int32_t layer, int32_t h, int32_t count,
+                           const int32_t *slots) {
+    int32_t numPages = 0;
+    KVC_CUDA_TRY(kvc_get_num_pages(context, sequence, layer, h, &numPages));
+    std::vector<uint64_t> &shadow = pages[h];
+    try {
+      if (static_cast<size_t>(numPages) < shadow.size())
+        shadow.resize(numPages);
+      for (int32_t k = 0; k < count; ++k) {
+        const int32_t p = slots[k] / pageSize;
+        if (p < numPages && shadow[p] != 0)
+          recheck.emplace_back(h, p);
+      }
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    return KVC_STATUS_OK;
+  }
 };
+
+/// Evicts through the runtime the victims that the last step using the
+/// mirror left on the device (TableMirror::pending), once that step is
+/// done: so the runtime's host bookkeeping catches up with the device
+/// before the sequence's next step or any host access to the layer. The
+/// mirror must be detached (kvc_evict settles the layer). A list longer
+/// than kInlineVictims (a budget that shrank) is read from the device.
+inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
+                                 uint64_t sequence, int32_t layer) {
+  const char *name = "kvc cuda: evicting the last step's victims";
+  if (!m.pending)
+    return KVC_STATUS_OK;
+  m.pending = false;
+  KVC_CUDA_CHECK(name, cudaEventSynchronize(m.done));
+  std::vector<int32_t> longList;
+  for (int32_t h = 0; h < m.heads; ++h) {
+    const int32_t *row = m.hostVictims + h * (1 + kInlineVictims);
+    const int32_t count = row[0];
+    if (count <= 0)
+      continue;
+    const int32_t *slots = row + 1;
+    if (count > kInlineVictims) {
+      try {
+        longList.resize(count);
+      } catch (const std::bad_alloc &) {
+        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                "kvc cuda: host victim allocation failed");
+      }
+      KVC_CUDA_CHECK(name, cudaMemcpy(longList.data(), m.victimsOf(h) + 1,
+                                      sizeof(int32_t) * count,
+                                      cudaMemcpyDeviceToHost));
+      slots = longList.data();
+    }
+    KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, count, slots));
+    KVC_CUDA_TRY(m.noteEvicted(context, sequence, layer, h, count, slots));
+  }
+  return KVC_STATUS_OK;
+}
 
 /// kvc_attachment_t::release of a TableMirror.
 inline void releaseMirror(void *data) {
   TableMirror *m = static_cast<TableMirror *>(data);
   if (m->done)
     cudaEventDestroy(m->done);
+  if (m->hostVictims)
+    cudaFreeHost(m->hostVictims);
   if (m->device)
     cudaFree(m->device);
   delete m;
 }
 
 /// kvc_attachment_t::flush of a TableMirror: waits for the last step that
-/// used it and copies its score state and importance bits into the
-/// runtime's metadata.
+/// used it, evicts its victims through the runtime (applyVictims) and
+/// copies its score state and importance bits into the runtime's metadata.
 inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
                                 uint64_t sequence, int32_t layer) {
-  const TableMirror &m = *static_cast<const TableMirror *>(data);
+  TableMirror &m = *static_cast<TableMirror *>(data);
   const char *name = "kvc cuda: writing device score state back";
+  KVC_CUDA_TRY(applyVictims(m, context, sequence, layer));
   if (!m.loaded || (!m.withState && !m.withHistory))
     return KVC_STATUS_OK;
   if (m.done)
@@ -2627,13 +2721,16 @@ inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
 
 /// The slot tables of a decode step's batch, kept on the device between
 /// steps (one TableMirror per sequence of the batch, attached to the
-/// context). A step checks the mirrors out (kvc_detach) before the
+/// context). A step checks the mirrors out (kvc_detach; the runtime then
+/// evicts the victims the step before left, applyVictims) before the
 /// runtime's appends, writes only what changed into them (upload: the
-/// appended slots, new pages, pages that eviction released in the step
-/// before), lets its kernels update the score state in place and mirror the
-/// evictions (clearEvicted), and checks them back in. So a step moves a
-/// few words per head over the host link instead of every slot's position
-/// and state, and downloads no state at all. A mirror is built from the
+/// appended slots, new pages, pages that eviction released), lets its
+/// kernels update the score state in place, mirror their evictions
+/// (clearEvicted) and leave the victim lists in the mirror, queues the
+/// download of those lists (keepVictims) and checks the mirrors back in.
+/// So a step moves a few words per head over the host link instead of
+/// every slot's position and state, downloads no state, and never waits
+/// for its own kernels. A mirror is built from the
 /// runtime's metadata (one upload of every table) when a sequence has none,
 /// when something on the host touched the layer since (the runtime settled
 /// and released it), or when the page table outgrew it (it is then written
@@ -2665,7 +2762,7 @@ public:
   kvc_status_t checkOut(kvc_context_t *context, int32_t batch,
                         const uint64_t *sequences, int32_t layer,
                         int32_t heads, bool withState, bool withHistory,
-                        const char *name) {
+                        bool withVictims, const char *name) {
     context_ = context;
     sequences_ = sequences;
     batch_ = batch;
@@ -2673,6 +2770,7 @@ public:
     heads_ = heads;
     withState_ = withState;
     withHistory_ = withHistory;
+    withVictims_ = withVictims;
     name_ = name;
     kvc_config_t config;
     KVC_CUDA_TRY(kvc_context_config(context, &config));
@@ -2691,7 +2789,17 @@ public:
       TableMirror *m = static_cast<TableMirror *>(a.data);
       if (a.release == &releaseMirror && m && m->magic == TableMirror::kMagic &&
           m->heads == heads && m->pageSize == pageSize_ &&
-          (m->withState || !withState) && (m->withHistory || !withHistory)) {
+          (m->withState || !withState) && (m->withHistory || !withHistory) &&
+          (m->withVictims || !withVictims)) {
+        // The runtime catches up with the last step's evictions; a mirror
+        // it could not catch up with is written back and dropped.
+        const kvc_status_t status = applyVictims(*m, context, sequences[b],
+                                                 layer);
+        if (status != KVC_STATUS_OK) {
+          flushMirror(m, context, sequences[b], layer);
+          releaseMirror(m);
+          return status;
+        }
         mirrors_[b] = m;
         continue;
       }
@@ -2721,7 +2829,6 @@ public:
     std::vector<TableWord> words;
     try {
       headTables.resize(tables);
-      numSlots_.assign(tables, 0);
       maxSlots_ = 0;
       for (int32_t b = 0; b < batch_; ++b) {
         const int32_t *slots = newSlots ? newSlots + b * heads_ : nullptr;
@@ -2746,7 +2853,7 @@ public:
           t.numPages = static_cast<int32_t>(m.pages[h].size());
           t.numSlots = t.numPages * pageSize_;
           t.queryPosition = queryPositions[b];
-          numSlots_[i] = t.numSlots;
+          t.victims = m.victimsOf(h);
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
         }
       }
@@ -2795,31 +2902,26 @@ public:
     return KVC_STATUS_OK;
   }
 
-  /// After the runtime evicted `slots` of head i of the batch: the pages it
-  /// may have returned to the pool are compared at the next step (the
-  /// step's words are written in parallel, so each entry gets one word:
-  /// the value the runtime holds then).
-  kvc_status_t evicted(int32_t i, int32_t count, const int32_t *slots) {
-    TableMirror &m = *mirrors_[i / heads_];
-    const int32_t h = i % heads_;
-    int32_t numPages = 0;
-    KVC_CUDA_TRY(kvc_get_num_pages(context_, sequences_[i / heads_], layer_,
-                                   h, &numPages));
-    std::vector<uint64_t> &shadow = m.pages[h];
-    try {
-      // Trailing holes leave the page table; an append that maps the entry
-      // again later is written then.
-      if (static_cast<size_t>(numPages) < shadow.size())
-        shadow.resize(numPages);
-      for (int32_t k = 0; k < count; ++k) {
-        const int32_t p = slots[k] / pageSize_;
-        if (p < numPages && shadow[p] != 0)
-          m.recheck.emplace_back(h, p);
-      }
-    } catch (const std::bad_alloc &) {
-      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                              "kvc cuda: host table allocation failed");
-    }
+  /// Queues on the step's stream, after its kernels, the download of the
+  /// victim counts and first kInlineVictims victims that the stages left in
+  /// the mirror of sequence b (for a periodic policy: only a sequence whose
+  /// stages selected in this step). The runtime evicts them when the
+  /// mirror is next checked out or settled (applyVictims): the step itself
+  /// does not wait for them.
+  kvc_status_t keepVictims(int32_t b) {
+    TableMirror &m = *mirrors_[b];
+    if (!m.withVictims)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              (std::string(name_) +
+                               ": victims kept in tables without a victim "
+                               "list")
+                                  .c_str());
+    const size_t row = sizeof(int32_t) * (1 + kInlineVictims);
+    KVC_CUDA_CHECK(name_, cudaMemcpy2DAsync(m.hostVictims, row,
+                                            m.victimsOf(0), m.headBytes, row,
+                                            m.heads, cudaMemcpyDeviceToHost,
+                                            stream_));
+    m.pending = true;
     return KVC_STATUS_OK;
   }
 
@@ -2837,6 +2939,8 @@ public:
   }
 
   int32_t maxSlots() const { return maxSlots_; }
+  /// The mirror of sequence b of the batch (checked out).
+  const TableMirror &mirror(int32_t b) const { return *mirrors_[b]; }
   /// The address of page `page` of head i of the batch, without
   /// kLowPageTag.
   uint64_t pageAddress(int32_t i, int32_t page) const {
@@ -2944,12 +3048,18 @@ private:
     m->capPages = maxPages + maxPages / 4 + 4;
     m->withState = withState_;
     m->withHistory = withHistory_;
+    m->withVictims = withVictims_;
     m->headBytes = m->regionBytes();
     m->pages.resize(heads_);
     KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&m->done,
                                                    cudaEventDisableTiming));
     KVC_CUDA_CHECK(name_, cudaMalloc(reinterpret_cast<void **>(&m->device),
                                      m->headBytes * heads_));
+    if (withVictims_)
+      KVC_CUDA_CHECK(name_,
+                     cudaMallocHost(reinterpret_cast<void **>(&m->hostVictims),
+                                    sizeof(int32_t) * (1 + kInlineVictims) *
+                                        heads_));
     std::vector<char> image(m->headBytes * heads_, 0);
     const int32_t *firstPositions = nullptr;
     int32_t firstSlots = 0;
@@ -2997,11 +3107,11 @@ private:
   const uint64_t *sequences_ = nullptr;
   int32_t batch_ = 0, layer_ = 0, heads_ = 0, pageSize_ = 1, lowFormat_ = 0;
   int32_t maxSlots_ = 0;
-  bool withState_ = false, withHistory_ = false, mixed_ = false;
+  bool withState_ = false, withHistory_ = false, withVictims_ = false;
+  bool mixed_ = false;
   const char *name_ = "";
   cudaStream_t stream_ = nullptr;
   std::vector<TableMirror *> mirrors_;
-  std::vector<int32_t> numSlots_;
   std::vector<char> image_;
 };
 

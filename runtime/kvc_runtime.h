@@ -359,17 +359,24 @@ kvc_status_t kvc_compact(kvc_context_t *context, uint64_t sequence,
 
 /// State a backend keeps beside the runtime's bookkeeping of one (sequence,
 /// layer), such as device-resident copies of its slot tables and score
-/// state that the backend updates in place of the host metadata. The
-/// runtime owns an attached record and *settles* it before any call that
-/// reads or changes that bookkeeping on the host: kvc_get_metadata,
-/// kvc_append, kvc_append_format, kvc_evict, kvc_compact, kvc_set_budget
-/// and kvc_write_entry on any head of the layer. Settling detaches the
-/// record, calls `flush` (which writes back what the record holds newer
-/// than the host metadata; it may call the runtime, which then sees no
-/// attachment) and then `release`. A failed flush makes that call fail with
-/// the flush's status and changes nothing else; the record is released
-/// either way. kvc_sequence_remove and kvc_context_destroy release records
-/// without flushing them.
+/// state that the backend updates in place of the host metadata, or
+/// evictions the backend decided on the device and has not handed to the
+/// runtime yet. The runtime owns an attached record and *settles* it before
+/// any call that reads or changes that bookkeeping on the host: every
+/// accessor of any head of the layer (kvc_get_num_entries,
+/// kvc_get_num_slots, kvc_get_num_pages, kvc_get_page, kvc_get_page_format,
+/// kvc_get_slot_location, kvc_get_metadata, kvc_read_entry,
+/// kvc_kivi_pending_work), kvc_append, kvc_append_format, kvc_evict,
+/// kvc_compact, kvc_set_budget and kvc_write_entry; kvc_pool_stats and
+/// kvc_pool_check settle every record of the context. So every call reports
+/// the cache as the backend left it. Settling detaches the record, calls
+/// `flush` (which writes back what the record holds newer than the host
+/// bookkeeping; it may call the runtime, which then sees no attachment, for
+/// instance kvc_evict) and then `release`. A failed flush makes that call
+/// fail with the flush's status and changes nothing else; the record is
+/// released either way. Settling is the one change the accessors make to
+/// their (const) context. kvc_sequence_remove and kvc_context_destroy
+/// release records without flushing them.
 typedef struct kvc_attachment_t {
   void *data;
   kvc_status_t (*flush)(void *data, kvc_context_t *context, uint64_t sequence,

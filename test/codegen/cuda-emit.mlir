@@ -71,8 +71,15 @@
 // CHECK-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
 // CHECK: // Folded into the accumulated state by the attention pass.
-// CHECK: // The victims' slots, for the host to evict.
-// CHECK: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
+// CHECK: // The victims' slots, for the host to evict: in the device tables'
+// CHECK-NEXT: // victim list (DeviceTables), or in the workspace (tables staged from
+// CHECK-NEXT: // the host).
+// CHECK-NEXT: kvc::cuda::compactIndices<kStageThreads>(
+// CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; },
+// CHECK-NEXT: t.victims ? t.victims + 1 : w.victims + h * stride,
+// CHECK-NEXT: t.victims ? t.victims : &w.numVictims[h]);
+// CHECK-NEXT: // The same eviction in the device tables.
+// CHECK-NEXT: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
 
 // CHECK-LABEL: extern "C" {
 // CHECK: kvc_status_t kvc_heavy_cuda_prefill(kvc_context_t *context, uint64_t sequence, int32_t layer, int32_t n, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes, void *stream) {
@@ -85,9 +92,19 @@
 // CHECK: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: the batch is empty");
 // CHECK: if (sequences[b] == sequences[c])
 // CHECK-NEXT: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: a sequence appears twice in the batch");
+// The tables are checked out (and the last step's victims evicted) before
+// the slot counts are read: a query of a layer with tables attached would
+// settle them.
 // CHECK: kvc::cuda::DeviceTables tables;
-// CHECK-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads, /*withState=*/true,
-// CHECK-NEXT: /*withHistory=*/false, "kvc_heavy_cuda_decode_batch"));
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
+// CHECK-NEXT: /*withState=*/true, /*withHistory=*/false,
+// CHECK-NEXT: /*withVictims=*/true, "kvc_heavy_cuda_decode_batch"));
+// CHECK-NEXT: // Head i of the batch is kv-head i % kKvHeads of sequence i / kKvHeads.
+// CHECK-NEXT: const int32_t heads = batch * kKvHeads;
+// CHECK-NEXT: int32_t maxSlots = 0;
+// CHECK-NEXT: for (int32_t i = 0; i < heads; ++i) {
+// CHECK-NEXT: int32_t slots = 0;
+// CHECK-NEXT: KVC_CUDA_TRY(kvc_get_num_slots(
 // CHECK: // kvc.append key #kvc.format<full> value #kvc.format<full>
 // CHECK: KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim,
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
@@ -96,17 +113,16 @@
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
 // CHECK: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
-// CHECK: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_heavy_cuda_decode_batch"));
-// CHECK-NEXT: cudaStreamSynchronize(s)
-// CHECK-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_heavy_cuda_decode_batch"));
-// CHECK-NEXT: for (int32_t i = 0; i < heads; ++i) {
-// CHECK-NEXT: if (victims.count(i) == 0)
-// CHECK-NEXT: continue;
-// CHECK-NEXT: KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], layer, i % kKvHeads,
-// CHECK-NEXT: victims.count(i), victims.slots(i)));
-// CHECK-NEXT: KVC_CUDA_TRY(tables.evicted(i, victims.count(i), victims.slots(i)));
-// CHECK-NEXT: }
+// No synchronization in the step: the victims stay in the device tables.
+// CHECK-NOT: cudaStreamSynchronize
+// CHECK: KVC_CUDA_CHECK("kvc_heavy_cuda_decode_batch", cudaGetLastError());
+// CHECK-NEXT: // The victims stay in the device tables; their download is queued, and the
+// CHECK-NEXT: // runtime evicts them before this layer's next step or host access (the
+// CHECK-NEXT: // step does not wait for its kernels).
+// CHECK-NEXT: for (int32_t b = 0; b < batch; ++b)
+// CHECK-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
 // CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn());
+// CHECK-NEXT: } catch (const std::bad_alloc &) {
 // CHECK: void kvc_heavy_cuda_configure(kvc_config_t *config) {
 // CHECK: config->memory = KVC_MEMORY_DEVICE;
 
@@ -247,11 +263,12 @@
 // SCISSORHANDS: // Importance bits carried into decode.
 // SCISSORHANDS-NEXT: for (int32_t j = 0; j < count; ++j)
 // SCISSORHANDS-NEXT: meta.history[slots[j]] = persistBits[static_cast<size_t>(h) * n + index[j]];
-// SCISSORHANDS: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads, /*withState=*/false,
-// SCISSORHANDS-NEXT: /*withHistory=*/true, "kvc_scissorhands_cuda_decode_batch"));
-// SCISSORHANDS: cudaStreamSynchronize(s));
-// SCISSORHANDS-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_scissorhands_cuda_decode_batch"));
-// SCISSORHANDS-NEXT: for (int32_t i = 0; i < heads; ++i) {
+// SCISSORHANDS: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
+// SCISSORHANDS-NEXT: /*withState=*/false, /*withHistory=*/true,
+// SCISSORHANDS-NEXT: /*withVictims=*/true, "kvc_scissorhands_cuda_decode_batch"));
+// SCISSORHANDS-NOT: cudaStreamSynchronize
+// SCISSORHANDS: KVC_CUDA_TRY(tables.keepVictims(b));
+// SCISSORHANDS-NEXT: KVC_CUDA_TRY(tables.checkIn());
 
 // RPC: constexpr int32_t kPeriod = 4096;
 // RPC-NEXT: /// Decode queries observed before each periodic compression.
@@ -279,33 +296,33 @@
 // RPC-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 0, 32, s1);
 // RPC-LABEL: extern "C" {
 // RPC-NOT: prefillColumnStats
-// RPC: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads, /*withState=*/true,
+// RPC: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
+// RPC-NEXT: /*withState=*/true, /*withHistory=*/false,
+// RPC-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_batch"));
 // RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
-// RPC: bool periodEnds = false;
-// RPC-NEXT: for (int32_t b = 0; b < batch; ++b) {
-// RPC-NEXT: const int32_t position = positions[b];
-// RPC-NEXT: periodEnds = periodEnds || (position + 1) % kPeriod == 0;
-// RPC: // Hand the victims to the runtime's host bookkeeping after the last position
-// RPC-NEXT: // of a period; other steps do not synchronize.
-// RPC-NEXT: if (periodEnds) {
-// RPC-NEXT: kvc::cuda::VictimDownload victims;
-// RPC-NEXT: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_rpc_cuda_decode_batch"));
-// RPC-NEXT: cudaStreamSynchronize(s));
-// RPC-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_rpc_cuda_decode_batch", [&](int32_t i) {
-// RPC-NEXT: return (positions[i / kKvHeads] + 1) % kPeriod == 0;
-// RPC-NEXT: }));
-// RPC: KVC_CUDA_TRY(tables.evicted(i, victims.count(i), victims.slots(i)));
-// RPC-NEXT: }
-// RPC-NEXT: }
+// RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
+// Only the sequences that ended a period selected victims.
+// RPC-NEXT: // The victims stay in the device tables; their download is queued, and the
+// RPC-NEXT: // runtime evicts them before this layer's next step or host access (the
+// RPC-NEXT: // step does not wait for its kernels).
+// RPC-NEXT: for (int32_t b = 0; b < batch; ++b)
+// RPC-NEXT: if ((positions[b] + 1) % kPeriod == 0)
+// RPC-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
 // RPC-NEXT: KVC_CUDA_TRY(tables.checkIn());
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
 // RPC-UNFUSED: decodeScoringStages(
 // RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum,
 // RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring_batch(
+// The scoring kernel appends nothing; its tables keep the victims.
+// RPC-UNFUSED: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
+// RPC-UNFUSED-NEXT: /*withState=*/true, /*withHistory=*/false,
+// RPC-UNFUSED-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_scoring_batch"));
 // RPC-UNFUSED: KVC_CUDA_TRY(tables.upload(positions, nullptr, /*sameEntries=*/false, w.tables,
-// RPC-UNFUSED: if (periodEnds) {
-// RPC-UNFUSED: KVC_CUDA_TRY(tables.checkIn());
+// RPC-UNFUSED-NOT: cudaStreamSynchronize
+// RPC-UNFUSED: if ((positions[b] + 1) % kPeriod == 0)
+// RPC-UNFUSED-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
+// RPC-UNFUSED-NEXT: KVC_CUDA_TRY(tables.checkIn());
 
 kvc.policy @heavy {
   kvc.phase over_budget {

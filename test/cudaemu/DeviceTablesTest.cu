@@ -5,12 +5,17 @@
 // tables past a mirror's capacity, evictions of single entries and of whole
 // pages (holes in the page table, trailing ones trimmed, then mapped again
 // by later appends), and score state and importance bits that a stand-in
-// for the stages kernel updates on the device. After every step the
-// mirrors (detached for the look, so nothing is settled) must hold the
-// runtime's positions and page addresses exactly; every few steps the
-// state is read through kvc_get_metadata, which must write the device's
-// state back (the runtime settles the attachment), and must equal a host
-// model of it. Exits 1 on the first difference.
+// for the stages kernel updates on the device. The stand-in also clears
+// the step's victims and leaves them in the mirrors' victim lists, which
+// the runtime evicts only when the next step checks the mirrors out (or a
+// metadata read settles them). After every step the mirrors (detached for
+// the look, so nothing is settled) must hold the runtime's page addresses
+// exactly and its positions but for the step's victims, which must be
+// cleared on the device and listed, in the list and in its download;
+// every few steps the state is read through kvc_get_metadata, which must
+// evict the victims and write the device's state back (the runtime settles
+// the attachment), and must equal a host model of it. Exits 1 on the first
+// difference.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,7 +59,8 @@ int growths = 0;
 
 /// What the stages of a stateful policy do to the tables, in miniature:
 /// every live slot's state counts the steps it was live and its importance
-/// bits shift in a 1; then the victims are cleared as the runtime will.
+/// bits shift in a 1; then the victims are listed for the host and cleared
+/// as the runtime will.
 __global__ void stages(const kvc::cuda::HeadTable *heads,
                        const uint8_t *victims) {
   const kvc::cuda::HeadTable t = heads[blockIdx.x];
@@ -64,18 +70,27 @@ __global__ void stages(const kvc::cuda::HeadTable *heads,
       t.history[i] = t.history[i] << 1 | 1;
     }
   __syncthreads();
-  kvc::cuda::clearEvicted<kThreads>(t, victims + blockIdx.x * kStride,
-                                    t.numSlots);
+  const uint8_t *victim = victims + blockIdx.x * kStride;
+  kvc::cuda::compactIndices<kThreads>(
+      t.numSlots, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1,
+      t.victims);
+  kvc::cuda::clearEvicted<kThreads>(t, victim, t.numSlots);
 }
 
-/// The mirror of (sequence, layer 0) equals the runtime's positions and
-/// page table, but for the holes its next step writes. Detaches it for the
-/// look and attaches it again.
-void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step) {
+/// The mirror of (sequence, layer 0) equals the runtime's page table and
+/// positions, but for the step's victims `chosen` (per head, ascending),
+/// which the device cleared and lists while the runtime has not evicted
+/// them yet. Records the runtime's page counts in `pages`. Detaches the
+/// mirror for the look and attaches it again.
+void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step,
+                  const std::vector<int32_t> *chosen, int32_t *pageCounts) {
   kvc_attachment_t a{};
   CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "detach");
   CHECK(a.release == &kvc::cuda::releaseMirror, "step %d: no mirror", step);
   const auto &m = *static_cast<const kvc::cuda::TableMirror *>(a.data);
+  CHECK(m.pending && m.recheck.empty(),
+        "step %d: the mirror has no pending victims or stale pages", step);
+  CHECK(cudaEventSynchronize(m.done) == cudaSuccess, "event");
   growths += lastCapacity[b] && m.capPages > lastCapacity[b];
   lastCapacity[b] = m.capPages;
   minCapacity = std::min(minCapacity, m.capPages);
@@ -87,6 +102,21 @@ void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step) {
     int32_t pages = 0;
     CHECK(kvc_get_num_pages(ctx, sequence, 0, h, &pages) == KVC_STATUS_OK,
           "pages");
+    pageCounts[h] = pages;
+    const std::vector<int32_t> &victims = chosen[h];
+    const int32_t count = static_cast<int32_t>(victims.size());
+    const int32_t *row = m.hostVictims + h * (1 + kvc::cuda::kInlineVictims);
+    CHECK(row[0] == count && m.victimsOf(h)[0] == count,
+          "step %d sequence %llu head %d: %d victims listed (%d downloaded), "
+          "chose %d",
+          step, static_cast<unsigned long long>(sequence), h,
+          m.victimsOf(h)[0], row[0], count);
+    for (int32_t k = 0; k < count; ++k)
+      CHECK(m.victimsOf(h)[1 + k] == victims[k] &&
+                (k >= kvc::cuda::kInlineVictims || row[1 + k] == victims[k]),
+            "step %d head %d: victim %d is slot %d (downloaded %d), chose %d",
+            step, h, k, m.victimsOf(h)[1 + k],
+            k < kvc::cuda::kInlineVictims ? row[1 + k] : -1, victims[k]);
     CHECK(static_cast<int32_t>(m.pages[h].size()) == pages,
           "step %d sequence %llu head %d: mirror has %zu pages, runtime %d",
           step, static_cast<unsigned long long>(sequence), h,
@@ -96,24 +126,24 @@ void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step) {
       CHECK(kvc_get_page(ctx, sequence, 0, h, p, nullptr, nullptr,
                          &address) == KVC_STATUS_OK,
             "page");
-      // Pages the step's evictions returned to the pool become holes at
-      // the next step's upload (TableMirror::recheck).
-      bool due = false;
-      for (const auto &[head, page] : m.recheck)
-        due |= head == h && page == p;
-      CHECK(m.pagesOf(h)[p] == reinterpret_cast<uint64_t>(address) ||
-                (due && address == nullptr),
+      CHECK(m.pagesOf(h)[p] == reinterpret_cast<uint64_t>(address),
             "step %d sequence %llu head %d: device page %d is %llx, runtime "
             "%p",
             step, static_cast<unsigned long long>(sequence), h, p,
             static_cast<unsigned long long>(m.pagesOf(h)[p]), address);
     }
-    for (int s = 0; s < meta.num_slots; ++s)
-      CHECK(m.positionsOf(h)[s] == meta.position[s],
+    for (int s = 0; s < meta.num_slots; ++s) {
+      const bool victim =
+          std::binary_search(victims.begin(), victims.end(), s);
+      CHECK(victim == (meta.position[s] != KVC_POSITION_NONE &&
+                       m.positionsOf(h)[s] == KVC_POSITION_NONE) &&
+                (victim || m.positionsOf(h)[s] == meta.position[s]),
             "step %d sequence %llu head %d: device position of slot %d is "
-            "%d, runtime %d",
+            "%d, runtime %d%s",
             step, static_cast<unsigned long long>(sequence), h, s,
-            m.positionsOf(h)[s], meta.position[s]);
+            m.positionsOf(h)[s], meta.position[s],
+            victim ? " (a victim)" : "");
+    }
   }
   CHECK(kvc_attach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "attach");
 }
@@ -163,7 +193,11 @@ int main() {
     }
   }
   std::mt19937 rng(1234);
-  int holes = 0, trims = 0, rebuilds = 0;
+  int holes = 0, trims = 0, rebuilds = 0, longLists = 0;
+  // Per head of the batch: the runtime's page count after the last step,
+  // before its victims were evicted, and whether it had victims.
+  std::vector<int32_t> pagesBefore(kBatch * kHeads, 0);
+  std::vector<bool> evicting(kBatch * kHeads, false);
   std::vector<uint8_t> flags(kBatch * kHeads * kStride);
   // Reading the metadata writes the device state back (the runtime settles
   // the mirrors); it must equal the model.
@@ -206,9 +240,18 @@ int main() {
   for (int step = 0; step < kSteps; ++step) {
     const int32_t positions[kBatch] = {kPrompt + step, kPrompt + 2 * step};
     kvc::cuda::DeviceTables tables;
-    CHECK(tables.checkOut(ctx, kBatch, sequences, 0, kHeads, true, true,
+    CHECK(tables.checkOut(ctx, kBatch, sequences, 0, kHeads, true, true, true,
                           "test") == KVC_STATUS_OK,
           "check out");
+    // The runtime has evicted the last step's victims now (at the check-out
+    // or at the metadata read that settled the mirror).
+    for (int i = 0; i < kBatch * kHeads; ++i) {
+      int32_t after = 0;
+      CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
+                              &after) == KVC_STATUS_OK,
+            "pages");
+      trims += evicting[i] && after < pagesBefore[i];
+    }
     std::vector<int32_t> newSlots(kBatch * kHeads);
     for (int i = 0; i < kBatch * kHeads; ++i) {
       CHECK(kvc_append(ctx, sequences[i / kHeads], 0, i % kHeads, 1, 8,
@@ -236,7 +279,13 @@ int main() {
       // The second sequence stops evicting halfway: its table grows.
       const int roll = static_cast<int>(rng() % 10) +
                        (i / kHeads == 1 && step > kSteps / 2 ? 10 : 0);
-      if (roll < 3 && liveSlots.size() > 4) {
+      if (step % 16 == 5 && i % kHeads == 0 && liveSlots.size() > 16) {
+        // Now and then more victims than a step downloads with the counts
+        // (a budget that shrank): the list is read from the device.
+        std::shuffle(liveSlots.begin(), liveSlots.end(), rng);
+        chosen[i].assign(liveSlots.begin(),
+                         liveSlots.begin() + kvc::cuda::kInlineVictims + 2);
+      } else if (roll < 3 && liveSlots.size() > 4) {
         chosen[i].push_back(liveSlots[rng() % liveSlots.size()]);
       } else if (roll < 5 && liveSlots.size() > 8) {
         const int32_t page = liveSlots[rng() % liveSlots.size()] / kPageSize;
@@ -257,29 +306,19 @@ int main() {
           "victims");
     stages<<<kBatch * kHeads, kThreads>>>(heads, victims);
     CHECK(cudaGetLastError() == cudaSuccess, "launch");
-    for (int i = 0; i < kBatch * kHeads; ++i) {
-      if (chosen[i].empty())
-        continue;
-      int32_t before = 0, after = 0;
-      CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
-                              &before) == KVC_STATUS_OK,
-            "pages");
-      CHECK(kvc_evict(ctx, sequences[i / kHeads], 0, i % kHeads,
-                      static_cast<int32_t>(chosen[i].size()),
-                      chosen[i].data()) == KVC_STATUS_OK,
-            "evict");
-      CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
-                              &after) == KVC_STATUS_OK,
-            "pages");
-      trims += after < before;
-      holes += chosen[i].size() > 1;
-      CHECK(tables.evicted(i, static_cast<int32_t>(chosen[i].size()),
-                           chosen[i].data()) == KVC_STATUS_OK,
-            "evicted");
-    }
-    CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
     for (int b = 0; b < kBatch; ++b)
-      expectMirror(ctx, b, sequences[b], step);
+      CHECK(tables.keepVictims(b) == KVC_STATUS_OK, "keep victims");
+    CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+    for (int i = 0; i < kBatch * kHeads; ++i) {
+      std::sort(chosen[i].begin(), chosen[i].end());
+      holes += chosen[i].size() > 1 &&
+               chosen[i].size() <= static_cast<size_t>(kPageSize);
+      longLists += chosen[i].size() > kvc::cuda::kInlineVictims;
+      evicting[i] = !chosen[i].empty();
+    }
+    for (int b = 0; b < kBatch; ++b)
+      expectMirror(ctx, b, sequences[b], step, &chosen[b * kHeads],
+                   &pagesBefore[b * kHeads]);
     // Write-backs in the first half; in the second, the tables grow past
     // their mirrors' capacity.
     if (step % 9 != 8 || step > kSteps / 2)
@@ -292,17 +331,19 @@ int main() {
           "step %d: the mirror stayed attached after a metadata read", step);
   }
   verifyState(kSteps);
-  CHECK(holes > 3 && trims > 0 && rebuilds > 3 && growths > 0,
+  CHECK(holes > 3 && trims > 0 && rebuilds > 3 && growths > 0 &&
+            longLists > 0,
         "the run made %d page evictions, %d trims, %d write-backs, %d "
-        "mirrors outgrown",
-        holes, trims, rebuilds, growths);
+        "mirrors outgrown, %d long victim lists",
+        holes, trims, rebuilds, growths, longLists);
   kvc_context_destroy(ctx);
   cudaFree(victims);
   cudaFree(region);
   cudaFree(pool);
   std::printf("device tables: %d steps, %d page evictions, %d trims, %d "
-              "write-backs, %d mirrors outgrown (%d to %d pages): ok\n",
+              "write-backs, %d mirrors outgrown (%d to %d pages), %d long "
+              "victim lists: ok\n",
               kSteps, holes, trims, rebuilds, growths, minCapacity,
-              maxCapacity);
+              maxCapacity, longLists);
   return 0;
 }

@@ -1,10 +1,11 @@
 //===- AttachmentTest.cpp - Backend records beside (sequence, layer) ------===//
 //
 // kvc_attach / kvc_detach and the settling contract of kvc_attachment_t:
-// which calls flush and release a record, in which order, that a flush sees
-// no attachment and may write the host metadata, that a failed flush fails
-// the call with nothing else changed, and that removal and destruction
-// release without flushing.
+// which calls flush and release a record (every access of its layer, every
+// record for the pool-wide queries), in which order, that a flush sees no
+// attachment and may write the host metadata or evict (and the call then
+// reports the result), that a failed flush fails the call with nothing
+// else changed, and that removal and destruction release without flushing.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,7 @@
 
 #include "gtest/gtest.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -29,6 +31,9 @@ struct Record {
   float flushScore = 0.0f;
   kvc_status_t flushStatus = KVC_STATUS_OK;
   bool sawAttachmentInFlush = false;
+  /// Evicts slot 0 of head 0 on flush (a backend handing over an eviction
+  /// it decided on the device).
+  bool evictOnFlush = false;
 };
 
 kvc_status_t flushRecord(void *data, kvc_context_t *ctx, uint64_t sequence,
@@ -48,6 +53,10 @@ kvc_status_t flushRecord(void *data, kvc_context_t *ctx, uint64_t sequence,
     return status;
   if (m.num_slots > 0)
     m.score[0] = r.flushScore;
+  if (r.evictOnFlush) {
+    const int32_t slot = 0;
+    return kvc_evict(ctx, sequence, layer, 0, 1, &slot);
+  }
   return KVC_STATUS_OK;
 }
 
@@ -83,7 +92,9 @@ TEST(Attachment, MetadataAccessFlushesThenReleases) {
   ASSERT_EQ(kvc_attach(f.ctx, 1, 0, &a), KVC_STATUS_OK) << kvc_last_error();
   // Calls that do not touch the layer's bookkeeping leave it attached.
   int32_t n = 0;
-  ASSERT_EQ(kvc_get_num_slots(f.ctx, 1, 0, 0, &n), KVC_STATUS_OK);
+  ASSERT_EQ(kvc_get_num_slots(f.ctx, 1, 1, 0, &n), KVC_STATUS_OK);
+  kvc_config_t config;
+  ASSERT_EQ(kvc_context_config(f.ctx, &config), KVC_STATUS_OK);
   kvc_metadata_t other;
   ASSERT_EQ(kvc_get_metadata(f.ctx, 1, 1, 0, &other), KVC_STATUS_OK);
   EXPECT_TRUE(log.empty());
@@ -114,11 +125,44 @@ TEST(Attachment, EveryHostAccessOfTheLayerSettles) {
   struct Call {
     const char *what;
     std::function<kvc_status_t()> run;
+    kvc_status_t expected = KVC_STATUS_OK;
   };
   int32_t position = 8, slot = 0;
   kvc_move_t moves[8];
   int32_t numMoves = 0, released = 0;
+  int32_t out = 0, poolPage = 0, pageIndex = 0, pageOffset = 0;
+  uint64_t offset = 0;
+  void *address = nullptr;
+  kvc_metadata_t meta;
+  kvc_kivi_work_t work;
+  float key[8], value[8];
   const std::vector<Call> calls = {
+      {"kvc_get_num_entries",
+       [&] { return kvc_get_num_entries(f.ctx, 1, 0, 1, &out); }},
+      {"kvc_get_num_slots",
+       [&] { return kvc_get_num_slots(f.ctx, 1, 0, 1, &out); }},
+      {"kvc_get_num_pages",
+       [&] { return kvc_get_num_pages(f.ctx, 1, 0, 1, &out); }},
+      {"kvc_get_page",
+       [&] {
+         return kvc_get_page(f.ctx, 1, 0, 0, 0, &poolPage, &offset, &address);
+       }},
+      {"kvc_get_page_format",
+       [&] { return kvc_get_page_format(f.ctx, 1, 0, 0, 0, &out); }},
+      {"kvc_get_slot_location",
+       [&] {
+         return kvc_get_slot_location(f.ctx, 1, 0, 0, 0, &pageIndex,
+                                      &pageOffset, &poolPage);
+       }},
+      {"kvc_get_metadata",
+       [&] { return kvc_get_metadata(f.ctx, 1, 0, 1, &meta); }},
+      // Device pool and full format: these fail, after settling.
+      {"kvc_read_entry",
+       [&] { return kvc_read_entry(f.ctx, 1, 0, 0, 0, 8, key, value); },
+       KVC_STATUS_UNSUPPORTED},
+      {"kvc_kivi_pending_work",
+       [&] { return kvc_kivi_pending_work(f.ctx, 1, 0, 0, &work); },
+       KVC_STATUS_UNSUPPORTED},
       {"kvc_append",
        [&] {
          return kvc_append(f.ctx, 1, 0, 1, 1, 8, nullptr, nullptr, &position,
@@ -140,10 +184,65 @@ TEST(Attachment, EveryHostAccessOfTheLayerSettles) {
   for (const Call &call : calls) {
     log.clear();
     ASSERT_EQ(kvc_attach(f.ctx, 1, 0, &a), KVC_STATUS_OK);
-    EXPECT_EQ(call.run(), KVC_STATUS_OK) << call.what << ": "
+    EXPECT_EQ(call.run(), call.expected) << call.what << ": "
                                          << kvc_last_error();
     EXPECT_EQ(log, settled) << call.what;
   }
+}
+
+TEST(Attachment, PoolQueriesSettleEveryRecord) {
+  Fixture f(deviceConfig());
+  ASSERT_EQ(kvc_sequence_add(f.ctx, 1), KVC_STATUS_OK);
+  ASSERT_EQ(kvc_sequence_add(f.ctx, 2), KVC_STATUS_OK);
+  appendOne(f.ctx);
+  std::vector<std::string> log;
+  Record r{&log};
+  const kvc_attachment_t a = attachmentOf(r);
+  for (int round = 0; round < 2; ++round) {
+    log.clear();
+    ASSERT_EQ(kvc_attach(f.ctx, 1, 1, &a), KVC_STATUS_OK);
+    ASSERT_EQ(kvc_attach(f.ctx, 2, 0, &a), KVC_STATUS_OK);
+    if (round == 0) {
+      kvc_pool_stats_t stats;
+      ASSERT_EQ(kvc_pool_stats(f.ctx, &stats), KVC_STATUS_OK)
+          << kvc_last_error();
+    } else {
+      ASSERT_EQ(kvc_pool_check(f.ctx), KVC_STATUS_OK) << kvc_last_error();
+    }
+    std::vector<std::string> flushed;
+    for (const std::string &line : log)
+      if (line != "release")
+        flushed.push_back(line);
+    std::sort(flushed.begin(), flushed.end());
+    EXPECT_EQ(flushed, (std::vector<std::string>{"flush 1/1", "flush 2/0"}))
+        << "round " << round;
+    EXPECT_EQ(log.size(), 4u) << "round " << round;
+  }
+}
+
+TEST(Attachment, QueriesReportWhatTheFlushEvicted) {
+  Fixture f(deviceConfig());
+  ASSERT_EQ(kvc_sequence_add(f.ctx, 1), KVC_STATUS_OK);
+  appendOne(f.ctx, 7);
+  appendOne(f.ctx, 8);
+  std::vector<std::string> log;
+  Record r{&log};
+  r.evictOnFlush = true;
+  const kvc_attachment_t a = attachmentOf(r);
+  ASSERT_EQ(kvc_attach(f.ctx, 1, 0, &a), KVC_STATUS_OK);
+  // The entry at position 7 (slot 0) is gone by the time the count is read.
+  int32_t entries = 0;
+  ASSERT_EQ(kvc_get_num_entries(f.ctx, 1, 0, 0, &entries), KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(entries, 1);
+  EXPECT_EQ(log, (std::vector<std::string>{"flush 1/0", "release"}));
+  kvc_metadata_t m;
+  ASSERT_EQ(kvc_get_metadata(f.ctx, 1, 0, 0, &m), KVC_STATUS_OK);
+  EXPECT_EQ(m.position[0], KVC_POSITION_NONE);
+  EXPECT_EQ(m.position[1], 8);
+  kvc_pool_stats_t stats;
+  ASSERT_EQ(kvc_pool_stats(f.ctx, &stats), KVC_STATUS_OK);
+  EXPECT_EQ(stats.live_entries, 1);
 }
 
 TEST(Attachment, FailedFlushFailsTheCallAndChangesNothingElse) {
