@@ -1588,12 +1588,31 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
         << "    // The runtime takes the lowest free slot of each head (a "
            "victim's slot\n"
            "    // after an eviction); storeEntries writes the row there.\n"
-           "    std::vector<int32_t> newSlots(heads);\n"
-           "    for (int32_t i = 0; i < heads; ++i)\n"
-           "      KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], "
-           "layer, i % kKvHeads, 1, kHeadDim,\n"
-           "                              nullptr, nullptr, &positions[i / "
-           "kKvHeads], &newSlots[i]));\n";
+           "    std::vector<int32_t> newSlots(heads);\n";
+    if (kivi)
+      out << "    for (int32_t i = 0; i < heads; ++i)\n"
+             "      KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], "
+             "layer, i % kKvHeads, 1, kHeadDim,\n"
+             "                              nullptr, nullptr, &positions[i / "
+             "kKvHeads], &newSlots[i]));\n";
+    else
+      out << "    for (int32_t i = 0; i < heads; ++i) {\n"
+             "      const kvc_status_t status = kvc_append(\n"
+             "          context, sequences[i / kKvHeads], layer, i % kKvHeads, "
+             "1, kHeadDim, nullptr, nullptr,\n"
+             "          &positions[i / kKvHeads], &newSlots[i]);\n"
+             "      if (status == KVC_STATUS_OK)\n"
+             "        continue;\n"
+             "      // All or nothing (a full pool): the heads appended "
+             "before give their slots\n"
+             "      // back. An append moves no data, so evicting its slot "
+             "restores the tables.\n"
+             "      const std::string error = kvc_last_error();\n"
+             "      for (int32_t j = i - 1; j >= 0; --j)\n"
+             "        kvc_evict(context, sequences[j / kKvHeads], layer, j % "
+             "kKvHeads, 1, &newSlots[j]);\n"
+             "      return kvc_report_error(status, error.c_str());\n"
+             "    }\n";
     if (kivi)
       out << "    // KIVI: the new row goes to the residual window; the value "
              "that leaves it\n"

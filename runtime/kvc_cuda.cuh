@@ -2741,8 +2741,16 @@ public:
   DeviceTables(const DeviceTables &) = delete;
   DeviceTables &operator=(const DeviceTables &) = delete;
   /// Mirrors a failed step did not check in are written back (best effort)
-  /// and released: the runtime's metadata stays the authority.
+  /// and released: the runtime's metadata stays the authority. The step's
+  /// error message (kvc_last_error) outlives the runtime calls this makes.
   ~DeviceTables() {
+    bool failed = false;
+    for (TableMirror *m : mirrors_)
+      failed = failed || m != nullptr;
+    if (!failed)
+      return;
+    char message[512];
+    std::snprintf(message, sizeof(message), "%s", kvc_last_error());
     for (size_t b = 0; b < mirrors_.size(); ++b) {
       if (!mirrors_[b])
         continue;
@@ -2751,6 +2759,7 @@ public:
       flushMirror(mirrors_[b], context_, sequences_[b], layer_);
       releaseMirror(mirrors_[b]);
     }
+    kvc_report_error(KVC_STATUS_OK, message);
   }
 
   /// Takes the mirrors of the batch's sequences off the context, before the

@@ -106,7 +106,19 @@
 // CHECK-NEXT: int32_t slots = 0;
 // CHECK-NEXT: KVC_CUDA_TRY(kvc_get_num_slots(
 // CHECK: // kvc.append key #kvc.format<full> value #kvc.format<full>
-// CHECK: KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim,
+// CHECK: for (int32_t i = 0; i < heads; ++i) {
+// CHECK-NEXT: const kvc_status_t status = kvc_append(
+// CHECK-NEXT: context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim, nullptr, nullptr,
+// CHECK-NEXT: &positions[i / kKvHeads], &newSlots[i]);
+// CHECK-NEXT: if (status == KVC_STATUS_OK)
+// CHECK-NEXT: continue;
+// CHECK-NEXT: // All or nothing (a full pool): the heads appended before give their slots
+// CHECK-NEXT: // back. An append moves no data, so evicting its slot restores the tables.
+// CHECK-NEXT: const std::string error = kvc_last_error();
+// CHECK-NEXT: for (int32_t j = i - 1; j >= 0; --j)
+// CHECK-NEXT: kvc_evict(context, sequences[j / kKvHeads], layer, j % kKvHeads, 1, &newSlots[j]);
+// CHECK-NEXT: return kvc_report_error(status, error.c_str());
+// CHECK-NEXT: }
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
 // CHECK-NEXT: kvc::cuda::tableBytes(heads, stride), s, &w.heads));
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);

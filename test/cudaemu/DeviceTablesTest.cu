@@ -20,6 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/kvc_cuda.cuh"
+#include "test/cudaemu/EmuCheck.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -46,16 +47,6 @@ int minCapacity = 1 << 30, maxCapacity = 0;
 /// its capacity).
 int lastCapacity[2] = {};
 int growths = 0;
-
-#define CHECK(cond, ...)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
-      std::fprintf(stderr, __VA_ARGS__);                                       \
-      std::fprintf(stderr, "\n%s\n", kvc_last_error());                        \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 /// What the stages of a stateful policy do to the tables, in miniature:
 /// every live slot's state counts the steps it was live and its importance
