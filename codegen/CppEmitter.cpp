@@ -137,15 +137,59 @@ public:
            (kernel.getKind() != KernelKind::decode_scoring ? ", k, v" : "") +
            (writesOutput(kernel) ? " and out" : "") +
            ", one after another in one workspace. Every sequence, the "
-           "workspace and the arguments are checked before the first step.";
+           "workspace and the arguments are checked before the first step" +
+           (appendOp ? std::string(", and every head of every sequence "
+                                   "appends before any computes") +
+                           appendFailure()
+                     : std::string("."));
   }
-  /// Emits the batch entry point of a decode kernel: checks, then the
-  /// single-sequence entry once per sequence.
+  /// What a failed append leaves (documentation).
+  std::string appendFailure() {
+    return undoableAppend() ? ": a full pool fails the call with nothing "
+                              "appended."
+                            : " (a full pool fails the call; KIVI heads "
+                              "appended before the failure keep their "
+                              "entry).";
+  }
+  /// Emits the batch entry point of a decode kernel: checks, every
+  /// sequence's appends, then the heads function once per sequence.
   void emitBatch(raw_ostream &os);
 
   LogicalResult emit(raw_ostream &os);
 
 private:
+  /// Writes the entry point: `prologue` (its declaration and checks) and
+  /// `loops` (the heads, up to the closing brace). A decode kernel's loops
+  /// become the heads function the entry and the batch entry call once its
+  /// appends are made.
+  void emitEntry(raw_ostream &os, const std::string &prologue,
+                 const std::string &loops);
+  /// The append's op comment and what the step does with it.
+  std::string appendComment() {
+    return opComment(appendOp) + "\n" +
+           (undoableAppend()
+                ? "  // Every head appends before any computes, all or "
+                  "nothing: a full pool\n  // gives the slots taken before "
+                  "back.\n"
+                : "  // Every head appends before any computes; a KIVI "
+                  "append quantizes the value\n  // leaving the window, so "
+                  "the heads before a failed append keep theirs.\n");
+  }
+  /// An eviction of the new slot undoes the append: false for KIVI storage
+  /// (kvc::cpu::appendStep).
+  bool undoableAppend() {
+    if (!appendOp)
+      return true;
+    FormatKind kind = appendOp.getKey().getKind();
+    return kind != FormatKind::int2 && kind != FormatKind::int4;
+  }
+  /// Decode: the arguments of the heads function for sequence `sequence`,
+  /// position `position`, rows of q and out at `q` and `out`.
+  std::string headsArguments(const std::string &sequence,
+                             const std::string &q,
+                             const std::string &position,
+                             const std::string &out);
+
   /// A score buffer of the current head: `perQuery` ones hold G rows.
   struct Buffer {
     std::string name;
@@ -213,12 +257,30 @@ private:
   Operation *crossOp = nullptr;
   /// The merge that folds evicted prompt entries into kept ones, if any.
   Operation *merge = nullptr;
+  /// The kernel's append, if any (a decode step's new entry).
+  AppendOp appendOp;
+  /// The heads function of a decode kernel reads `position`.
+  bool headsUsePosition = false;
   /// The group-reduced accumulated state exists (decode: in the runtime's
   /// score metadata; prefill: computed for the gather).
   bool hasState = false;
   /// The score state holds a periodic kernel's window sum.
   bool windowState = false;
 };
+
+/// True if the C++ `text` names the identifier `word`.
+static bool mentions(StringRef text, StringRef word) {
+  auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
+  for (size_t at = text.find(word); at != StringRef::npos;
+       at = text.find(word, at + 1)) {
+    bool before = at > 0 && isWord(text[at - 1]);
+    size_t end = at + word.size();
+    bool after = end < text.size() && isWord(text[end]);
+    if (!before && !after)
+      return true;
+  }
+  return false;
+}
 
 std::string KernelEmitter::documentation() {
   switch (kernel.getKind()) {
@@ -246,7 +308,9 @@ std::string KernelEmitter::documentation() {
                                              "statistics and victim "
                                              "selection in the same pass"
                                            : "") +
-           ".";
+           (appendOp ? ". Every head appends before any computes" +
+                           appendFailure()
+                     : std::string("."));
   case KernelKind::decode_scoring:
     return "Unfused decode scoring of one layer: recomputes the attention "
            "weights of q over the cache in a second pass, folds the "
@@ -294,14 +358,70 @@ void KernelEmitter::emitBatch(raw_ostream &out) {
       << batchName << ": workspace smaller than " << name
       << "_workspace_bytes(slots + page_size)\");\n"
       << "    }\n";
+  if (appendOp)
+    out << "  " << appendComment()
+        << "  KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, "
+           "layer, kKvHeads, kHeadDim, k, v,\n"
+           "                                   kKvStride, positions, "
+           "/*giveBack=*/"
+        << (undoableAppend() ? "true" : "false") << "));\n";
   out << "  for (int32_t b = 0; b < batch; ++b)\n"
-      << "    KVC_CPU_TRY(" << name
-      << "(context, sequences[b], layer, q + b * kQStride, "
-      << (hasKv ? "k + b * kKvStride, v + b * kKvStride, " : "")
-      << "positions[b],\n"
-      << "                " << (writesOutput(kernel) ? "out + b * kQStride, " : "")
-      << "workspace, workspace_bytes));\n";
+      << "    KVC_CPU_TRY(" << name << "_heads("
+      << headsArguments("sequences[b]", "q + b * kQStride", "positions[b]",
+                        "out + b * kQStride")
+      << "));\n";
   out << "  return KVC_STATUS_OK;\n}\n\n";
+}
+
+std::string KernelEmitter::headsArguments(const std::string &sequence,
+                                          const std::string &q,
+                                          const std::string &position,
+                                          const std::string &out) {
+  return "context, " + sequence + ", layer, " + q + ", " +
+         (headsUsePosition ? position + ", " : "") +
+         (writesOutput(kernel) ? out + ", " : "") + "workspace";
+}
+
+void KernelEmitter::emitEntry(raw_ostream &out, const std::string &prologue,
+                              const std::string &loops) {
+  if (!decode) {
+    out << prologue << loops;
+    return;
+  }
+  headsUsePosition = mentions(loops, "position");
+  out << "/// The heads of " << name
+      << " once its checks passed and its appends are made"
+      << (crossOp ? ": two loops over the kv-heads around the cross-head "
+                    "stage.\n"
+                  : ": one kv-head after another.\n")
+      << "static kvc_status_t " << name
+      << "_heads(kvc_context_t *context, uint64_t sequence, int32_t layer, "
+         "const float *q, "
+      << (headsUsePosition ? "int32_t position, " : "")
+      << (writesOutput(kernel) ? "float *out, " : "")
+      << "void *workspace) {\n"
+      << loops << "\n";
+  out << prologue;
+  out << "  // Every head fits the workspace before the step changes "
+         "anything.\n"
+         "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+         "    int32_t slots = 0;\n"
+         "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
+         "&slots));\n"
+      << "    if (workspace_bytes < " << name
+      << "_workspace_bytes(slots + config.page_size))\n"
+      << "      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+      << name << ": workspace smaller than " << name
+      << "_workspace_bytes(slots + page_size)\");\n"
+      << "  }\n";
+  if (appendOp)
+    out << "  " << appendComment()
+        << "  KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, "
+           "kKvHeads, kHeadDim, k, v, kKvStride,\n"
+           "                                   &position, /*giveBack=*/"
+        << (undoableAppend() ? "true" : "false") << "));\n";
+  out << "  return " << name << "_heads("
+      << headsArguments("sequence", "q", "position", "out") << ");\n}\n";
 }
 
 void KernelEmitter::forRows(raw_ostream &os, bool perQuery,
@@ -780,7 +900,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
 /// Rows of a buffer, as a C++ expression.
 static std::string rowsOf(bool perQuery) { return perQuery ? "kGroup" : "1"; }
 
-LogicalResult KernelEmitter::emit(raw_ostream &out) {
+LogicalResult KernelEmitter::emit(raw_ostream &outer) {
   Block &block = kernel.getBody().front();
   for (Operation &op : block)
     if (isa<LayerReduceOp, BudgetAdaptiveOp>(op)) {
@@ -797,7 +917,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   bool afterCross = false;
   for (Operation &op : block) {
     if (auto a = dyn_cast<AppendOp>(op))
-      append = a;
+      append = appendOp = a;
     if (&op == crossOp) {
       afterCross = true;
       continue; // Emitted below, once the live-outs are known.
@@ -993,35 +1113,39 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
   std::string entries = decode ? "num_slots" : "n";
 
   // The workspace query.
-  out << "/// Rows of " << entries
+  outer << "/// Rows of " << entries
       << " floats or ints this kernel carves from its workspace";
   if (crossOp)
-    out << ", after what it keeps of every head between its two loops";
-  out << ".\n" << workspaceDeclaration() << " {\n";
-  out << "  return sizeof(float) * (static_cast<uint64_t>(" << entries
+    outer << ", after what it keeps of every head between its two loops";
+  outer << ".\n" << workspaceDeclaration() << " {\n";
+  outer << "  return sizeof(float) * (static_cast<uint64_t>(" << entries
       << ") * (" << rowSum << persistRows << ")"
       << (crossOp ? " + 16" + crossConstant : "") << ");\n}\n\n";
 
-  // The entry point.
-  out << "/// " << documentation() << "\n";
-  out << declaration() << " {\n";
-  out << "  if (!context || !q" << (append || !decode ? " || !k || !v" : "")
+  // The entry point: its checks first. A decode entry then appends every
+  // head and calls the heads function (below), which holds the loops; a
+  // prefill entry holds the loops itself.
+  std::string prologue, loops;
+  llvm::raw_string_ostream pro(prologue);
+  pro << "/// " << documentation() << "\n";
+  pro << declaration() << " {\n";
+  pro << "  if (!context || !q" << (append || !decode ? " || !k || !v" : "")
       << (decode ? "" : " || !positions")
       << (writesOutput(kernel) ? " || !out" : "") << " || !workspace)\n"
       << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
       << ": null argument\");\n";
-  out << "  if (layer < 0 || layer >= kLayers)\n"
+  pro << "  if (layer < 0 || layer >= kLayers)\n"
       << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
       << ": layer out of range\");\n";
   if (!decode) {
-    out << "  if (n <= 0)\n"
+    pro << "  if (n <= 0)\n"
         << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
         << ": the prompt is empty\");\n";
-    out << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
+    pro << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
         << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
         << ": workspace smaller than " << name << "_workspace_bytes(n)\");\n";
   }
-  out << "  kvc_config_t config;\n"
+  pro << "  kvc_config_t config;\n"
          "  KVC_CPU_TRY(kvc_context_config(context, &config));\n"
          "  if (config.num_layers != kLayers || config.num_q_heads != kQHeads "
          "||\n"
@@ -1029,26 +1153,23 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
          "kHeadDim)\n"
       << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
       << ": the context's geometry is not the policy's\");\n";
+  llvm::raw_string_ostream out(loops);
 
   // Cross-head kernels: the region kept between the loops comes first.
   std::string carveBase = "static_cast<float *>(workspace)";
   if (crossOp) {
     if (decode) {
+      // The entry checked the workspace against the slots before the
+      // append plus a page, which bounds the slots after it.
       out << "  // Every head's buffers share one stride: the largest slot "
-             "count after the append.\n"
+             "count.\n"
              "  int64_t stride = 0;\n"
              "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
              "    int32_t slots = 0;\n"
              "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
              "&slots));\n"
-             "    stride = std::max<int64_t>(stride, slots + "
-             "config.page_size);\n"
-             "  }\n"
-          << "  if (workspace_bytes < " << name
-          << "_workspace_bytes(static_cast<int32_t>(stride)))\n"
-          << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
-          << name << ": workspace smaller than " << name
-          << "_workspace_bytes(slots + page_size)\");\n";
+             "    stride = std::max<int64_t>(stride, slots);\n"
+             "  }\n";
     } else {
       out << "  const int64_t stride = n;\n";
     }
@@ -1078,18 +1199,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
 
   // Carves the buffers that `uses` (the loop's code) names.
   auto emitCarve = [&](raw_ostream &o, const std::string &uses) {
-    auto used = [&](StringRef bufName) {
-      for (size_t at = uses.find(bufName.str()); at != std::string::npos;
-           at = uses.find(bufName.str(), at + 1)) {
-        auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
-        bool before = at > 0 && isWord(uses[at - 1]);
-        size_t end = at + bufName.size();
-        bool after = end < uses.size() && isWord(uses[end]);
-        if (!before && !after)
-          return true;
-      }
-      return false;
-    };
+    auto used = [&](StringRef bufName) { return mentions(uses, bufName); };
     o << "    float *ws = " << carveBase << ";\n";
     for (auto &[bufName, rows] : floats) {
       if (!used(bufName) &&
@@ -1128,22 +1238,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     if (first && writesOutput(kernel))
       o << "    float *oh = out + h * kGroup * kHeadDim;\n";
   };
-  auto emitDecodeHead = [&](raw_ostream &o, bool first) {
-    if (first && !crossOp)
-      o << "    int32_t slotsBefore = 0;\n"
-           "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
-           "&slotsBefore));\n"
-        << "    if (workspace_bytes < " << name
-        << "_workspace_bytes(slotsBefore + config.page_size))\n"
-        << "      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
-        << name << ": workspace smaller than " << name
-        << "_workspace_bytes(slots + page_size)\");\n";
-    if (first && append) {
-      o << "    " << opComment(append) << "\n";
-      o << "    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, 1, "
-           "kHeadDim, k + h * kHeadDim, v + h * kHeadDim, &position, "
-           "nullptr));\n";
-    }
+  auto emitDecodeHead = [&](raw_ostream &o, bool) {
     o << "    kvc::cpu::HeadView head;\n"
          "    KVC_CPU_TRY(head.bind(context, sequence, layer, h));\n"
          "    const int32_t n = head.numSlots();\n";
@@ -1157,6 +1252,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
     emitCarve(out, bodyA);
     out << bodyA;
     out << "  }\n  return KVC_STATUS_OK;\n}\n";
+    emitEntry(outer, prologue, loops);
     return success();
   }
 
@@ -1198,6 +1294,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &out) {
         << budgetExprs.lookup(budget->getResult(0)) << ";\n";
   out << bodyB;
   out << "  }\n  return KVC_STATUS_OK;\n}\n";
+  emitEntry(outer, prologue, loops);
   return success();
 }
 

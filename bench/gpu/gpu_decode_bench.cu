@@ -19,6 +19,9 @@
 //    16-bit decode of the same cell, with the bytes each reads per step
 //    computed from the page layout, next to the target (int2 >= 3x faster
 //    at context >= 16k);
+//  - a model step: the fused decode of every layer per token as an engine
+//    calls it (no host synchronization inside a call) against the same
+//    calls each followed by a stream synchronization;
 //  - prefill compression (SnapKV, H2O) as a fraction of a plain prefill
 //    (attention, every entry stored) over the same prompt, batch 1.
 // Batch B is B sequences of one context stepped by one
@@ -135,6 +138,8 @@ struct Options {
   std::vector<int> batches{1, 8, 32};
   std::vector<int> contexts{1024, 4096, 16384, 32768};
   std::vector<int> prefillContexts{1024, 4096, 16384};
+  /// Contexts of the model-step table (every batch of `batches`).
+  std::vector<int> modelContexts{4096, 16384};
   std::vector<int> dims, groups; // empty: every compiled-in one
   double minMs = 100.0;
   int steps = 8;
@@ -350,19 +355,21 @@ struct Buffers {
 };
 
 /// A context of `batch` sequences holding `n` entries in every kv-head of
-/// layer 0, over the shared pool, configured by `configure` (a policy's
-/// kvc_<p>_cuda_configure).
+/// layers 0 .. layers-1, over the shared pool, configured by `configure` (a
+/// policy's kvc_<p>_cuda_configure).
 struct Context {
   kvc_context_t *context = nullptr;
   kvc_config_t config{};
   uint64_t poolBytes = 0;
   int pagesPerHead = 0;
+  int layers = 1;
   Context(ConfigureFn configure, int dim, Buffers &buffers, int batch, int n,
-          int headroom, int pageSize) {
+          int headroom, int pageSize, int layerCount = 1)
+      : layers(layerCount) {
     configure(&config);
     config.page_size = pageSize;
     pagesPerHead = (n + headroom + pageSize - 1) / pageSize + 1;
-    config.num_pages = batch * kKvHeads * pagesPerHead;
+    config.num_pages = batch * layers * kKvHeads * pagesPerHead;
     config.max_sequences = batch;
     KVC_CHECK(kvc_pool_bytes_required(&config, &poolBytes));
     buffers.reservePool(poolBytes);
@@ -374,9 +381,10 @@ struct Context {
     for (int b = 0; b < batch; ++b) {
       KVC_CHECK(kvc_sequence_add(context, b));
       if (n > 0)
-        for (int h = 0; h < kKvHeads; ++h)
-          KVC_CHECK(kvc_append(context, b, 0, h, n, dim, nullptr, nullptr,
-                               positions.data(), nullptr));
+        for (int l = 0; l < layers; ++l)
+          for (int h = 0; h < kKvHeads; ++h)
+            KVC_CHECK(kvc_append(context, b, l, h, n, dim, nullptr, nullptr,
+                                 positions.data(), nullptr));
     }
   }
   ~Context() { kvc_context_destroy(context); }
@@ -388,17 +396,18 @@ struct Context {
   void restore(int batch, int n) {
     std::vector<int32_t> slots;
     for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < kKvHeads; ++h) {
-        kvc_metadata_t meta{};
-        KVC_CHECK(kvc_get_metadata(context, b, 0, h, &meta));
-        slots.clear();
-        for (int s = 0; s < meta.num_slots; ++s)
-          if (meta.position[s] >= n)
-            slots.push_back(s);
-        if (!slots.empty())
-          KVC_CHECK(kvc_evict(context, b, 0, h, int32_t(slots.size()),
-                              slots.data()));
-      }
+      for (int l = 0; l < layers; ++l)
+        for (int h = 0; h < kKvHeads; ++h) {
+          kvc_metadata_t meta{};
+          KVC_CHECK(kvc_get_metadata(context, b, l, h, &meta));
+          slots.clear();
+          for (int s = 0; s < meta.num_slots; ++s)
+            if (meta.position[s] >= n)
+              slots.push_back(s);
+          if (!slots.empty())
+            KVC_CHECK(kvc_evict(context, b, l, h, int32_t(slots.size()),
+                                slots.data()));
+        }
   }
 
   /// Evicts the oldest entries of every head down to n (KIVI: the round's
@@ -558,6 +567,92 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
   // Step i of a round sees n + i + 2 entries (the untimed step's token and
   // the new one included).
   r.meanEntries = n + 1 + (steps + 1) / 2.0;
+  return r;
+}
+
+//===--- Model step -----------------------------------------------------===//
+
+/// A model step: every layer of the fused policy per token, "pipelined" as
+/// an engine calls it (no host synchronization inside a call), and
+/// "synchronized", the same calls each followed by cudaStreamSynchronize
+/// (what a step that waits for its own kernels, to hand its victims to the
+/// host, costs).
+enum ModelVariant { kPipelined = 0, kSynchronized = 1, kNumModel = 2 };
+
+struct ModelResult {
+  bool ok[kNumModel] = {};
+  double usPerToken[kNumModel] = {};
+  std::string error[kNumModel];
+  int layers = 0;
+};
+
+ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
+                       int n, const Options &o, cudaStream_t stream) {
+  ModelResult r;
+  kvc_config_t config{};
+  g.configure[kFused](&config);
+  r.layers = config.num_layers;
+  const int qHeads = kKvHeads * g.group;
+  const int steps = o.steps;
+  Context ctx(g.configure[kFused], g.dim, buffers, batch, n, steps + 2,
+              o.pageSize, r.layers);
+  // One workspace for every layer: the calls are ordered on the stream.
+  const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+  buffers.workspace.reserve(g.fusedBytes(batch, stride));
+  Batch in(buffers, batch, qHeads, g.dim);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  auto token = [&](int32_t position, bool synchronize) {
+    const int32_t *positions = in.at(position);
+    for (int layer = 0; layer < r.layers; ++layer) {
+      KVC_CHECK(g.fusedDecode(ctx.context, batch, in.sequences.data(), layer,
+                              in.q, in.k, in.v, positions, in.out,
+                              buffers.workspace.ptr, buffers.workspace.bytes,
+                              stream));
+      if (synchronize)
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  };
+  EventTimer timer;
+  for (int variant = 0; variant < kNumModel; ++variant) {
+    const bool synchronize = variant == kSynchronized;
+    try {
+      // As in benchDecode: an untimed token after every restore moves the
+      // slot tables back to the device.
+      auto prime = [&] {
+        token(n, false);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      };
+      auto round = [&] {
+        for (int i = 0; i < steps; ++i)
+          token(n + 1 + i, synchronize);
+      };
+      if (o.warmUp) {
+        prime();
+        timer.time(stream, round);
+        ctx.restore(batch, n);
+      }
+      double ms = 0.0;
+      int rounds = 0;
+      while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
+        prime();
+        ms += timer.time(stream, round);
+        ++rounds;
+        ctx.restore(batch, n);
+      }
+      CUDA_CHECK(cudaGetLastError());
+      r.usPerToken[variant] = 1e3 * ms / (double(rounds) * steps);
+      r.ok[variant] = true;
+    } catch (const BenchError &e) {
+      r.error[variant] = e.what();
+      ++gCellErrors;
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+      try {
+        ctx.restore(batch, n);
+      } catch (const BenchError &) {
+      }
+    }
+  }
   return r;
 }
 
@@ -820,6 +915,8 @@ void usage(const char *argv0) {
       "1k,4k,16k,32k)\n"
       "  --prefill-context=LIST  prompt lengths of the prefill table, batch 1 "
       "(default 1k,4k,16k; 'none' skips it)\n"
+      "  --model-context=LIST    contexts of the model-step table (default "
+      "4k,16k; 'none' skips it)\n"
       "  --dim=LIST, --group=LIST  restrict to these head dims / GQA groups\n"
       "  --min-ms=X              timed milliseconds per measurement (default "
       "100)\n"
@@ -865,6 +962,7 @@ int parseOptions(int argc, char **argv, Options &o) {
       o.batches = {1};
       o.contexts = {1024};
       o.prefillContexts = {1024};
+      o.modelContexts = {1024};
       o.minMs = 20.0;
       if (key == "--check") {
         o.minMs = 1e-3;
@@ -879,6 +977,8 @@ int parseOptions(int argc, char **argv, Options &o) {
       good = takeValue() && parseList(value.c_str(), o.contexts);
     } else if (key == "--prefill-context") {
       good = takeValue() && parseList(value.c_str(), o.prefillContexts);
+    } else if (key == "--model-context") {
+      good = takeValue() && parseList(value.c_str(), o.modelContexts);
     } else if (key == "--dim") {
       good = takeValue() && parseList(value.c_str(), o.dims);
     } else if (key == "--group") {
@@ -926,9 +1026,11 @@ bool selected(const std::vector<int> &filter, int x) {
 }
 
 void printList(const Options &o) {
-  std::printf("kvc-bench-gpu: compiled-in geometries (layers=1, kv_heads=%d, "
+  kvc_config_t config{};
+  kBenchGeometries[0].configure[kFused](&config);
+  std::printf("kvc-bench-gpu: compiled-in geometries (layers=%d, kv_heads=%d, "
               "f16 cache):\n",
-              kKvHeads);
+              config.num_layers, kKvHeads);
   for (const BenchGeometry &g : kBenchGeometries)
     std::printf("  head_dim=%-4d group=%d q_heads=%-3d %s\n", g.dim, g.group,
                 kKvHeads * g.group,
@@ -948,6 +1050,10 @@ void printList(const Options &o) {
               o.pageSize);
   std::printf("KIVI decode variants: int2 (policies/kivi2.mlir), int4 "
               "(policies/kivi4.mlir), against plain (16-bit)\n");
+  std::printf("model step: every layer of the fused policy per token, "
+              "pipelined against synchronized after each layer; contexts "
+              "%s\n",
+              joinList(o.modelContexts).c_str());
 }
 
 } // namespace
@@ -1009,7 +1115,8 @@ int main(int argc, char **argv) {
     // decode rows: times in microseconds per step of plain, fused, unfused;
     // int2 and int4 rows (KIVI): bytes per step of that format, the 16-bit
     // (plain) time, that format's time, its GB/s; prefill rows:
-    // milliseconds per call of plain, snapkv, h2o.
+    // milliseconds per call of plain, snapkv, h2o; model rows:
+    // microseconds per token (every layer) pipelined, then synchronized.
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
@@ -1111,6 +1218,65 @@ int main(int argc, char **argv) {
                 fused ? r.usPerStep[kFused] : NAN,
                 unfused ? r.usPerStep[kUnfused] : NAN,
                 fused ? gbs(kFused) : NAN, copy.best());
+            std::fflush(stdout);
+          }
+      }
+    }
+
+    if (o.variants[kFused] && !o.modelContexts.empty()) {
+      kvc_config_t config{};
+      kBenchGeometries[0].configure[kFused](&config);
+      std::printf(
+          "\nModel step: the fused decode (H2O's statistics and victim "
+          "selection) of every one of the %d layers per token, batch B, as "
+          "an engine calls it: pipelined = one _decode_batch call per layer "
+          "(the calls do not synchronize: a layer's victims are evicted when "
+          "its next step checks its tables out); synchronized = the same "
+          "calls, each followed by cudaStreamSynchronize (what a step that "
+          "waits for its kernels to hand the victims to the host costs). "
+          "cudaEvent time per token over %d tokens per round, >= %g ms per "
+          "cell. sync/pipe = synchronized / pipelined.\n\n",
+          config.num_layers, o.steps, o.minMs);
+      std::printf("%4s %3s %4s %3s %7s %6s | %11s %11s %9s | %8s\n", "dim",
+                  "G", "qh", "B", "context", "layers", "pipe us/tok",
+                  "sync us/tok", "sync/pipe", "us/layer");
+      for (const BenchGeometry &g : kBenchGeometries) {
+        if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+          continue;
+        for (int batch : o.batches)
+          for (int n : o.modelContexts) {
+            ModelResult r;
+            try {
+              r = benchModel(g, buffers, batch, n, o, stream);
+            } catch (const BenchError &e) {
+              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                          kKvHeads * g.group, batch, n, e.what());
+              cudaGetLastError();
+              ++gCellErrors;
+              continue;
+            }
+            const bool pipe = r.ok[kPipelined], sync = r.ok[kSynchronized];
+            std::printf(
+                "%4d %3d %4d %3d %7d %6d | %11s %11s %9s | %8s\n", g.dim,
+                g.group, kKvHeads * g.group, batch, n, r.layers,
+                cell(pipe, "%.1f", r.usPerToken[kPipelined]).c_str(),
+                cell(sync, "%.1f", r.usPerToken[kSynchronized]).c_str(),
+                cell(pipe && sync, "%.2fx",
+                     pipe && sync ? r.usPerToken[kSynchronized] /
+                                        r.usPerToken[kPipelined]
+                                  : 0)
+                    .c_str(),
+                cell(pipe, "%.1f", r.usPerToken[kPipelined] / r.layers)
+                    .c_str());
+            for (int v = 0; v < kNumModel; ++v)
+              if (!r.ok[v])
+                std::printf("     %s: %s\n",
+                            v == kPipelined ? "pipelined" : "synchronized",
+                            r.error[v].c_str());
+            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,,,\n", g.dim,
+                g.group, kKvHeads * g.group, batch, n,
+                pipe ? r.usPerToken[kPipelined] : NAN,
+                sync ? r.usPerToken[kSynchronized] : NAN);
             std::fflush(stdout);
           }
       }

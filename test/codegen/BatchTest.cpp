@@ -4,7 +4,9 @@
 // one call. It must give exactly what one kvc_<p>_cpu_decode call per
 // sequence gives (outputs byte for byte, the same kept entries and score
 // state), read row b of q, k, v and write row b of out for sequence b, and
-// check its arguments before any sequence takes its step.
+// check its arguments before any sequence takes its step. A step whose
+// appends do not fit the pool fails and leaves every cache as it was, in
+// the single-sequence entry and in the batch.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,11 +37,11 @@ struct HostContext {
   std::unique_ptr<char, void (*)(void *)> pool{nullptr, std::free};
   kvc_context_t *context = nullptr;
 
-  HostContext() {
+  explicit HostContext(int32_t numPages = 4 * kKvHeads * 40) {
     kvc_config_t config{};
     kvc_h2o_cpu_configure(&config);
     config.page_size = kPageSize;
-    config.num_pages = 4 * kKvHeads * 40;
+    config.num_pages = numPages;
     config.max_sequences = 4;
     config.memory = KVC_MEMORY_HOST;
     uint64_t bytes = 0;
@@ -199,6 +202,106 @@ TEST(GeneratedPolicyBatch, ChecksItsArgumentsBeforeAnyStep) {
   EXPECT_EQ(call(3, kSequences.data(), ws.size()), KVC_STATUS_OK)
       << kvc_last_error();
   EXPECT_EQ(entries(a.context, 2), (300 + 1) * kKvHeads);
+}
+
+/// Slots, positions and live scores of every head of layer 0 of a
+/// sequence.
+struct CacheImage {
+  std::vector<int32_t> slots;
+  std::vector<std::vector<int32_t>> positions;
+  std::vector<std::vector<float>> scores;
+};
+
+CacheImage image(kvc_context_t *c, uint64_t sequence) {
+  CacheImage im;
+  for (int h = 0; h < kKvHeads; ++h) {
+    kvc_metadata_t m;
+    EXPECT_EQ(kvc_get_metadata(c, sequence, 0, h, &m), KVC_STATUS_OK);
+    im.slots.push_back(m.num_slots);
+    im.positions.emplace_back(m.position, m.position + m.num_slots);
+    std::vector<float> live;
+    for (int32_t s = 0; s < m.num_slots; ++s)
+      if (m.position[s] != KVC_POSITION_NONE)
+        live.push_back(m.score[s]);
+    im.scores.push_back(live);
+  }
+  return im;
+}
+
+void expectImage(kvc_context_t *c, uint64_t sequence, const CacheImage &was,
+                 const std::string &where) {
+  const CacheImage now = image(c, sequence);
+  EXPECT_EQ(now.slots, was.slots) << where << ": slots";
+  EXPECT_EQ(now.positions, was.positions) << where << ": positions";
+  EXPECT_EQ(now.scores, was.scores) << where << ": score state";
+}
+
+TEST(GeneratedPolicyBatch, AFullPoolChangesNothing) {
+  // Sequence 7 fills one page per head (its next step needs a page per
+  // head), sequence 2 has room in its pages; the pool has one page fewer
+  // than sequence 7's step needs.
+  HostContext a(3 * kKvHeads - 1);
+  std::mt19937 rng(11);
+  auto prefill = [&](uint64_t sequence, int32_t n) {
+    std::vector<float> q = randomRows(rng, size_t(n) * kQHeads * kDim);
+    std::vector<float> k = randomRows(rng, size_t(n) * kKvHeads * kDim), v = k;
+    std::vector<int32_t> positions(n);
+    std::iota(positions.begin(), positions.end(), 0);
+    std::vector<float> out(q.size());
+    std::vector<char> ws(kvc_h2o_cpu_prefill_workspace_bytes(n));
+    ASSERT_EQ(kvc_sequence_add(a.context, sequence), KVC_STATUS_OK);
+    ASSERT_EQ(kvc_h2o_cpu_prefill(a.context, sequence, 0, n, q.data(),
+                                  k.data(), v.data(), positions.data(),
+                                  out.data(), ws.data(), ws.size()),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+  };
+  prefill(7, kPageSize);
+  prefill(2, 5);
+  kvc_pool_stats_t stats;
+  ASSERT_EQ(kvc_pool_stats(a.context, &stats), KVC_STATUS_OK);
+  ASSERT_EQ(stats.free_pages, kKvHeads - 1);
+  const CacheImage long0 = image(a.context, 7), short0 = image(a.context, 2);
+
+  std::vector<float> q = randomRows(rng, 2 * size_t(kQHeads) * kDim);
+  std::vector<float> k = randomRows(rng, 2 * size_t(kKvHeads) * kDim), v = k;
+  std::vector<float> out(q.size(), 0.5f);
+  std::vector<char> ws(kvc_h2o_cpu_decode_batch_workspace_bytes(2, 4 * kPageSize));
+  const std::string exhausted = "kvc_append: 1 new pages needed, 0 free";
+
+  // One sequence: the heads before the last get a page, the last cannot.
+  EXPECT_EQ(kvc_h2o_cpu_decode(a.context, 7, 0, q.data(), k.data(), v.data(),
+                               kPageSize, out.data(), ws.data(), ws.size()),
+            KVC_STATUS_POOL_EXHAUSTED);
+  EXPECT_EQ(kvc_last_error(), exhausted);
+  expectImage(a.context, 7, long0, "after the failed step");
+  ASSERT_EQ(kvc_pool_stats(a.context, &stats), KVC_STATUS_OK);
+  EXPECT_EQ(stats.free_pages, kKvHeads - 1) << "after the failed step";
+
+  // A batch whose first sequence fits: it gives its slots back too.
+  const uint64_t sequences[2] = {2, 7};
+  const int32_t positions[2] = {5, kPageSize};
+  EXPECT_EQ(kvc_h2o_cpu_decode_batch(a.context, 2, sequences, 0, q.data(),
+                                     k.data(), v.data(), positions,
+                                     out.data(), ws.data(), ws.size()),
+            KVC_STATUS_POOL_EXHAUSTED);
+  EXPECT_EQ(kvc_last_error(), exhausted);
+  expectImage(a.context, 2, short0, "after the failed batch");
+  expectImage(a.context, 7, long0, "after the failed batch");
+  for (float x : out)
+    ASSERT_EQ(x, 0.5f) << "a failed step wrote its output";
+  ASSERT_EQ(kvc_pool_stats(a.context, &stats), KVC_STATUS_OK);
+  EXPECT_EQ(stats.free_pages, kKvHeads - 1) << "after the failed batch";
+  EXPECT_EQ(kvc_pool_check(a.context), KVC_STATUS_OK);
+
+  // Without sequence 2 the pool has room: the same batch minus it steps.
+  ASSERT_EQ(kvc_sequence_remove(a.context, 2), KVC_STATUS_OK);
+  EXPECT_EQ(kvc_h2o_cpu_decode_batch(a.context, 1, sequences + 1, 0, q.data(),
+                                     k.data(), v.data(), positions + 1,
+                                     out.data(), ws.data(), ws.size()),
+            KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(entries(a.context, 7), (kPageSize + 1) * kKvHeads);
 }
 
 } // namespace

@@ -8,7 +8,7 @@
 // RUN: FileCheck %s --input-file=%t/kvc_adaptive_decode_cpu.cpp
 // RUN: %cxx -std=c++17 -fsyntax-only -I%kvc_src_root -I%t %t/kvc_adaptive_decode_cpu.cpp
 
-// CHECK-LABEL: kvc_status_t kvc_adaptive_decode_cpu_decode(
+// CHECK-LABEL: static kvc_status_t kvc_adaptive_decode_cpu_decode_heads(
 // CHECK:       // %4 = kvc.budget_adaptive %3, %2 alpha 2.000000e-01
 // CHECK-NEXT:  kvc::cpu::adaptiveBudgets(persisted_s1, persistedPositions, stride, kKvHeads, static_cast<int32_t>(stride), stride, 64, 0.2f, adaptiveBudgets, adaptiveOrder);
 

@@ -5,6 +5,8 @@
 // RUN: kvc-opt %s --kvc-specialize="layers=4 q-heads=8 kv-heads=2 head-dim=128 dtype=bf16" --kvc-form-kernels --kvc-emit="target=cpu output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --input-file=%t/kvc_window_cpu.cpp
 // RUN: FileCheck %s --input-file=%t/kvc_window_cpu.h --check-prefix=HEADER
+// RUN: kvc-opt %kvc_src_root/policies/kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cpu output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --input-file=%t/kvc_kivi2_cpu.cpp --check-prefix=KIVI
 
 // CHECK:      constexpr int32_t kLayers = 4;
 // CHECK:      constexpr int32_t kGroup = 4;
@@ -33,10 +35,27 @@
 // CHECK-NEXT: // %6 = kvc.budget_uniform ratio 7.500000e-01
 // CHECK-NEXT: const int64_t budget0 = static_cast<int64_t>(n * (1.0 - 0.75f));
 // CHECK:      // kvc.gather key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
-// CHECK-LABEL: kvc_status_t kvc_window_cpu_decode(
+// CHECK-LABEL: static kvc_status_t kvc_window_cpu_decode_heads(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, float *out, void *workspace) {
 // CHECK-NOT:  kvc::cpu::protect
 // CHECK:      KVC_CPU_TRY(kvc::cpu::decodeAttention<kGroup, kHeadDim>(head, q + h * kGroup * kHeadDim, kSoftmaxScale, out + h * kGroup * kHeadDim, nullptr, logits));
 // CHECK-NEXT: }
+// The entry point checks, appends every head (int8: all or nothing), then
+// calls the heads.
+// CHECK-LABEL: kvc_status_t kvc_window_cpu_decode(
+// CHECK:      // kvc.append key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
+// CHECK:      KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v, kKvStride,
+// CHECK-NEXT:   &position, /*giveBack=*/true));
+// CHECK-NEXT: return kvc_window_cpu_decode_heads(context, sequence, layer, q, out, workspace);
+
+// A KIVI append also quantizes the value leaving the residual window, which
+// an eviction does not undo: no give-back, in both entries.
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cpu_decode(
+// KIVI:       // Every head appends before any computes; a KIVI append quantizes the value
+// KIVI:       KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v, kKvStride,
+// KIVI-NEXT:    &position, /*giveBack=*/false));
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cpu_decode_batch(
+// KIVI:       KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, layer, kKvHeads, kHeadDim, k, v,
+// KIVI-NEXT:    kKvStride, positions, /*giveBack=*/false));
 
 // HEADER: void kvc_window_cpu_configure(kvc_config_t *config);
 // HEADER: uint64_t kvc_window_cpu_prefill_workspace_bytes(int32_t n);

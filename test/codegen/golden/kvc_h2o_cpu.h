@@ -22,13 +22,13 @@ kvc_status_t kvc_h2o_cpu_prefill(kvc_context_t *context, uint64_t sequence, int3
 
 /// Workspace bytes of kvc_h2o_cpu_decode.
 uint64_t kvc_h2o_cpu_decode_workspace_bytes(int32_t num_slots);
-/// Decode step of one layer for one new token: appends k, v (kv_heads x head_dim) at `position` into the lowest free slot, then attention of q (q_heads x head_dim) over the cache into out, with the policy's decode statistics and victim selection in the same pass.
+/// Decode step of one layer for one new token: appends k, v (kv_heads x head_dim) at `position` into the lowest free slot, then attention of q (q_heads x head_dim) over the cache into out, with the policy's decode statistics and victim selection in the same pass. Every head appends before any computes: a full pool fails the call with nothing appended.
 kvc_status_t kvc_h2o_cpu_decode(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, const float *k, const float *v, int32_t position, float *out, void *workspace, uint64_t workspace_bytes);
 
 /// Workspace bytes of the batch entry point below, for sequences of at most
 /// `num_slots` slots per kv-head.
 uint64_t kvc_h2o_cpu_decode_batch_workspace_bytes(int32_t batch, int32_t num_slots);
-/// The step of kvc_h2o_cpu_decode for `batch` distinct sequences of any lengths, sequence sequences[b] at positions[b] with row b of q, k, v and out, one after another in one workspace. Every sequence, the workspace and the arguments are checked before the first step.
+/// The step of kvc_h2o_cpu_decode for `batch` distinct sequences of any lengths, sequence sequences[b] at positions[b] with row b of q, k, v and out, one after another in one workspace. Every sequence, the workspace and the arguments are checked before the first step, and every head of every sequence appends before any computes: a full pool fails the call with nothing appended.
 kvc_status_t kvc_h2o_cpu_decode_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes);
 
 #ifdef __cplusplus

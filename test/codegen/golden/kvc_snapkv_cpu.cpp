@@ -131,24 +131,9 @@ uint64_t kvc_snapkv_cpu_decode_workspace_bytes(int32_t num_slots) {
   return sizeof(float) * (static_cast<uint64_t>(num_slots) * (kGroup));
 }
 
-/// Decode step of one layer for one new token: appends k, v (kv_heads x head_dim) at `position` into the lowest free slot, then attention of q (q_heads x head_dim) over the cache into out.
-kvc_status_t kvc_snapkv_cpu_decode(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, const float *k, const float *v, int32_t position, float *out, void *workspace, uint64_t workspace_bytes) {
-  if (!context || !q || !k || !v || !out || !workspace)
-    return kvc_report_error(KVC_STATUS_NULL_POINTER, "kvc_snapkv_cpu_decode: null argument");
-  if (layer < 0 || layer >= kLayers)
-    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, "kvc_snapkv_cpu_decode: layer out of range");
-  kvc_config_t config;
-  KVC_CPU_TRY(kvc_context_config(context, &config));
-  if (config.num_layers != kLayers || config.num_q_heads != kQHeads ||
-      config.num_kv_heads != kKvHeads || config.head_dim != kHeadDim)
-    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, "kvc_snapkv_cpu_decode: the context's geometry is not the policy's");
+/// The heads of kvc_snapkv_cpu_decode once its checks passed and its appends are made: one kv-head after another.
+static kvc_status_t kvc_snapkv_cpu_decode_heads(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, float *out, void *workspace) {
   for (int32_t h = 0; h < kKvHeads; ++h) {
-    int32_t slotsBefore = 0;
-    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, &slotsBefore));
-    if (workspace_bytes < kvc_snapkv_cpu_decode_workspace_bytes(slotsBefore + config.page_size))
-      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, "kvc_snapkv_cpu_decode: workspace smaller than kvc_snapkv_cpu_decode_workspace_bytes(slots + page_size)");
-    // kvc.append key #kvc.format<full> value #kvc.format<full>
-    KVC_CPU_TRY(kvc_append(context, sequence, layer, h, 1, kHeadDim, k + h * kHeadDim, v + h * kHeadDim, &position, nullptr));
     kvc::cpu::HeadView head;
     KVC_CPU_TRY(head.bind(context, sequence, layer, h));
     const int32_t n = head.numSlots();
@@ -161,13 +146,39 @@ kvc_status_t kvc_snapkv_cpu_decode(kvc_context_t *context, uint64_t sequence, in
   return KVC_STATUS_OK;
 }
 
+/// Decode step of one layer for one new token: appends k, v (kv_heads x head_dim) at `position` into the lowest free slot, then attention of q (q_heads x head_dim) over the cache into out. Every head appends before any computes: a full pool fails the call with nothing appended.
+kvc_status_t kvc_snapkv_cpu_decode(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, const float *k, const float *v, int32_t position, float *out, void *workspace, uint64_t workspace_bytes) {
+  if (!context || !q || !k || !v || !out || !workspace)
+    return kvc_report_error(KVC_STATUS_NULL_POINTER, "kvc_snapkv_cpu_decode: null argument");
+  if (layer < 0 || layer >= kLayers)
+    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, "kvc_snapkv_cpu_decode: layer out of range");
+  kvc_config_t config;
+  KVC_CPU_TRY(kvc_context_config(context, &config));
+  if (config.num_layers != kLayers || config.num_q_heads != kQHeads ||
+      config.num_kv_heads != kKvHeads || config.head_dim != kHeadDim)
+    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, "kvc_snapkv_cpu_decode: the context's geometry is not the policy's");
+  // Every head fits the workspace before the step changes anything.
+  for (int32_t h = 0; h < kKvHeads; ++h) {
+    int32_t slots = 0;
+    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, &slots));
+    if (workspace_bytes < kvc_snapkv_cpu_decode_workspace_bytes(slots + config.page_size))
+      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, "kvc_snapkv_cpu_decode: workspace smaller than kvc_snapkv_cpu_decode_workspace_bytes(slots + page_size)");
+  }
+  // kvc.append key #kvc.format<full> value #kvc.format<full>
+  // Every head appends before any computes, all or nothing: a full pool
+  // gives the slots taken before back.
+  KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v, kKvStride,
+                                   &position, /*giveBack=*/true));
+  return kvc_snapkv_cpu_decode_heads(context, sequence, layer, q, out, workspace);
+}
+
 /// Workspace bytes of kvc_snapkv_cpu_decode_batch: the steps share one workspace.
 uint64_t kvc_snapkv_cpu_decode_batch_workspace_bytes(int32_t batch, int32_t num_slots) {
   (void)batch;
   return kvc_snapkv_cpu_decode_workspace_bytes(num_slots);
 }
 
-/// The step of kvc_snapkv_cpu_decode for `batch` distinct sequences of any lengths, sequence sequences[b] at positions[b] with row b of q, k, v and out, one after another in one workspace. Every sequence, the workspace and the arguments are checked before the first step.
+/// The step of kvc_snapkv_cpu_decode for `batch` distinct sequences of any lengths, sequence sequences[b] at positions[b] with row b of q, k, v and out, one after another in one workspace. Every sequence, the workspace and the arguments are checked before the first step, and every head of every sequence appends before any computes: a full pool fails the call with nothing appended.
 kvc_status_t kvc_snapkv_cpu_decode_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes) {
   if (!context || !sequences || !q || !k || !v || !positions || !out || !workspace)
     return kvc_report_error(KVC_STATUS_NULL_POINTER, "kvc_snapkv_cpu_decode_batch: null argument");
@@ -192,9 +203,13 @@ kvc_status_t kvc_snapkv_cpu_decode_batch(kvc_context_t *context, int32_t batch, 
       if (workspace_bytes < kvc_snapkv_cpu_decode_workspace_bytes(slots + config.page_size))
         return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, "kvc_snapkv_cpu_decode_batch: workspace smaller than kvc_snapkv_cpu_decode_workspace_bytes(slots + page_size)");
     }
+  // kvc.append key #kvc.format<full> value #kvc.format<full>
+  // Every head appends before any computes, all or nothing: a full pool
+  // gives the slots taken before back.
+  KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, layer, kKvHeads, kHeadDim, k, v,
+                                   kKvStride, positions, /*giveBack=*/true));
   for (int32_t b = 0; b < batch; ++b)
-    KVC_CPU_TRY(kvc_snapkv_cpu_decode(context, sequences[b], layer, q + b * kQStride, k + b * kKvStride, v + b * kKvStride, positions[b],
-                out + b * kQStride, workspace, workspace_bytes));
+    KVC_CPU_TRY(kvc_snapkv_cpu_decode_heads(context, sequences[b], layer, q + b * kQStride, out + b * kQStride, workspace));
   return KVC_STATUS_OK;
 }
 
