@@ -268,20 +268,6 @@ private:
   bool windowState = false;
 };
 
-/// True if the C++ `text` names the identifier `word`.
-static bool mentions(StringRef text, StringRef word) {
-  auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
-  for (size_t at = text.find(word); at != StringRef::npos;
-       at = text.find(word, at + 1)) {
-    bool before = at > 0 && isWord(text[at - 1]);
-    size_t end = at + word.size();
-    bool after = end < text.size() && isWord(text[end]);
-    if (!before && !after)
-      return true;
-  }
-  return false;
-}
-
 std::string KernelEmitter::documentation() {
   switch (kernel.getKind()) {
   case KernelKind::prefill:
@@ -388,7 +374,7 @@ void KernelEmitter::emitEntry(raw_ostream &out, const std::string &prologue,
     out << prologue << loops;
     return;
   }
-  headsUsePosition = mentions(loops, "position");
+  headsUsePosition = usesWord(loops, "position");
   out << "/// The heads of " << name
       << " once its checks passed and its appends are made"
       << (crossOp ? ": two loops over the kv-heads around the cross-head "
@@ -1199,7 +1185,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
 
   // Carves the buffers that `uses` (the loop's code) names.
   auto emitCarve = [&](raw_ostream &o, const std::string &uses) {
-    auto used = [&](StringRef bufName) { return mentions(uses, bufName); };
+    auto used = [&](StringRef bufName) { return usesWord(uses, bufName); };
     o << "    float *ws = " << carveBase << ";\n";
     for (auto &[bufName, rows] : floats) {
       if (!used(bufName) &&

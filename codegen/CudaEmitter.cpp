@@ -677,15 +677,23 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](EvictOp) -> LogicalResult {
-        if (decode)
+        if (decode && !kivi)
           os << "  // The victims' slots, for the host to evict: in the "
-                "device tables'\n  // victim list (DeviceTables), or in the "
-                "workspace (tables staged from\n  // the host).\n"
+                "device tables' victim\n  // list (DeviceTables: the "
+                "count, then the slots).\n"
                 "  kvc::cuda::compactIndices<kStageThreads>(\n"
-                "      n, [&](int32_t i) { return victim[i] != 0; },\n"
-                "      t.victims ? t.victims + 1 : w.victims + h * stride,\n"
-                "      t.victims ? t.victims : &w.numVictims[h]);\n"
+                "      n, [&](int32_t i) { return victim[i] != 0; }, "
+                "t.victims + 1, t.victims);\n"
                 "  // The same eviction in the device tables.\n"
+                "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
+        else if (decode)
+          os << "  // The victims' slots, for the host to evict (tables "
+                "staged from the host).\n"
+                "  kvc::cuda::compactIndices<kStageThreads>(\n"
+                "      n, [&](int32_t i) { return victim[i] != 0; }, "
+                "w.victims + h * stride,\n"
+                "      &w.numVictims[h]);\n"
+                "  // The same eviction in the staged tables.\n"
                 "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
         else
           os << "  // The gather below skips the victims.\n";
@@ -729,7 +737,12 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     std::string type, name, count, doc;
   };
   SmallVector<Field> fields;
-  if (decode) {
+  if (decode && !kivi) {
+    fields.push_back({"char", "tables",
+                      "kvc::cuda::deviceTableBytes(kKvHeads, stride)",
+                      "The HeadTables and the words that change the slot "
+                      "tables kept on the\n  /// device (DeviceTables)."});
+  } else if (decode) {
     fields.push_back({"char", "tables",
                       history ? "kvc::cuda::tableBytes(kKvHeads, stride, "
                                 "/*withHistory=*/true)"
@@ -739,6 +752,8 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                                 "(TableStager)."
                               : "Snapshot of the runtime's page tables, "
                                 "positions and score state (TableStager)."});
+  }
+  if (decode) {
     fields.push_back({"float", "logits", "kKvHeads * kGroup * stride",
                       "Per head, G rows of unnormalized logits per slot."});
     fields.push_back(
@@ -819,7 +834,8 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     fields.push_back({"float", "mergedValues", "stride * kKvHeads * kHeadDim",
                       "Kept values after the merge, in kept-list order."});
   }
-  if (decode && selects) {
+  // Tables kept on the device hold their victim lists themselves.
+  if (decode && selects && kivi) {
     fields.push_back({"int32_t", "victims", "kKvHeads * stride",
                       "Victim slots per head, ascending."});
     fields.push_back(
@@ -890,19 +906,6 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     os << "  w." << f.name << " = c.take<" << f.type << ">(" << f.count
        << ");\n";
   os << "}\n\n";
-}
-
-/// True when `word` occurs in `text` as a whole identifier.
-static bool usesWord(StringRef text, StringRef word) {
-  auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
-  for (size_t at = text.find(word); at != StringRef::npos;
-       at = text.find(word, at + 1)) {
-    const size_t end = at + word.size();
-    if ((at == 0 || !isWord(text[at - 1])) &&
-        (end >= text.size() || !isWord(text[end])))
-      return true;
-  }
-  return false;
 }
 
 /// Keeps the declarations (name, line) that `body` reads, directly or
@@ -1637,7 +1640,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
         << (append ? "newSlots.data()" : "nullptr") << ", /*sameEntries=*/"
         << (isa_and_nonnull<LayerReduceOp>(crossOp) ? "true" : "false")
         << ", w.tables,\n"
-           "                               kvc::cuda::tableBytes(heads, "
+           "                               kvc::cuda::deviceTableBytes(heads, "
            "stride), s, &w.heads));\n";
   else
     out << "    kvc::cuda::TableStager tables;\n"

@@ -3,6 +3,7 @@
 #include "codegen/Emitter.h"
 
 #include "mlir/IR/AsmState.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
@@ -52,6 +53,18 @@ std::string kvc::normalizeEnumerator(StringRef ns, NormalizeKind kind) {
     break;
   }
   return ("kvc::" + ns + "::Normalize::" + name).str();
+}
+
+bool kvc::usesWord(StringRef text, StringRef word) {
+  auto isWord = [](char c) { return llvm::isAlnum(c) || c == '_'; };
+  for (size_t at = text.find(word); at != StringRef::npos;
+       at = text.find(word, at + 1)) {
+    const size_t end = at + word.size();
+    if ((at == 0 || !isWord(text[at - 1])) &&
+        (end >= text.size() || !isWord(text[end])))
+      return true;
+  }
+  return false;
 }
 
 bool kvc::isQueryScore(Value v) {

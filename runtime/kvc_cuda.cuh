@@ -2719,6 +2719,25 @@ inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
   return KVC_STATUS_OK;
 }
 
+/// Table words per head that DeviceTables::upload has room for besides one
+/// head's worth of `slots` (deviceTableBytes): a step's appended slot
+/// writes at most three (position, state, importance bits) and a new page
+/// one.
+constexpr int64_t kTableWordsPerHead = 16;
+
+/// Workspace bytes of DeviceTables::upload for `heads` heads of at most
+/// `slots` slots: the HeadTables and kTableWordsPerHead words per head plus
+/// `slots` more (the pages that a long eviction released). It does not grow
+/// with the batch's slots, as TableStager's snapshot does: a step whose
+/// words exceed it uploads them in chunks.
+inline uint64_t deviceTableBytes(int32_t heads, int64_t slots) {
+  return TableMirror::align(sizeof(HeadTable) * static_cast<uint64_t>(heads)) +
+         sizeof(TableWord) *
+             (static_cast<uint64_t>(heads) * kTableWordsPerHead +
+              static_cast<uint64_t>(slots)) +
+         kWorkspaceAlignment;
+}
+
 /// The slot tables of a decode step's batch, kept on the device between
 /// steps (one TableMirror per sequence of the batch, attached to the
 /// context). A step checks the mirrors out (kvc_detach; the runtime then

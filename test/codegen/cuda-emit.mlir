@@ -71,13 +71,10 @@
 // CHECK-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
 // CHECK: // Folded into the accumulated state by the attention pass.
-// CHECK: // The victims' slots, for the host to evict: in the device tables'
-// CHECK-NEXT: // victim list (DeviceTables), or in the workspace (tables staged from
-// CHECK-NEXT: // the host).
+// CHECK: // The victims' slots, for the host to evict: in the device tables' victim
+// CHECK-NEXT: // list (DeviceTables: the count, then the slots).
 // CHECK-NEXT: kvc::cuda::compactIndices<kStageThreads>(
-// CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; },
-// CHECK-NEXT: t.victims ? t.victims + 1 : w.victims + h * stride,
-// CHECK-NEXT: t.victims ? t.victims : &w.numVictims[h]);
+// CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1, t.victims);
 // CHECK-NEXT: // The same eviction in the device tables.
 // CHECK-NEXT: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
 
@@ -120,7 +117,7 @@
 // CHECK-NEXT: return kvc_report_error(status, error.c_str());
 // CHECK-NEXT: }
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
-// CHECK-NEXT: kvc::cuda::tableBytes(heads, stride), s, &w.heads));
+// CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads));
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
@@ -258,7 +255,11 @@
 // SCISSORHANDS: // %1 = kvc.protect %0 sinks 0 recent 64 : !kvc.score<kv_head>
 // SCISSORHANDS-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 0, 64, s1);
 // SCISSORHANDS-LABEL: //===--- kvc_scissorhands_cuda_decode: device part ---===//
-// SCISSORHANDS: w.tables = c.take<char>(kvc::cuda::tableBytes(heads, stride, /*withHistory=*/true));
+// The decode workspace holds no snapshot of the tables and no victim lists:
+// both stay in the device tables.
+// SCISSORHANDS: w.tables = c.take<char>(kvc::cuda::deviceTableBytes(heads, stride));
+// SCISSORHANDS-NOT: w.victims = c.take
+// SCISSORHANDS: }
 // SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
 // SCISSORHANDS-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // SCISSORHANDS-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);

@@ -5,10 +5,11 @@
 // tables past a mirror's capacity, evictions of single entries and of whole
 // pages (holes in the page table, trailing ones trimmed, then mapped again
 // by later appends), and score state and importance bits that a stand-in
-// for the stages kernel updates on the device. The stand-in also clears
-// the step's victims and leaves them in the mirrors' victim lists, which
-// the runtime evicts only when the next step checks the mirrors out (or a
-// metadata read settles them). After every step the mirrors (detached for
+// for the stages kernel updates on the device; the words that change the
+// tables go up through a region of three words, in chunks. The stand-in
+// also clears the step's victims and leaves them in the mirrors' victim
+// lists, which the runtime evicts only when the next step checks the
+// mirrors out (or a metadata read settles them). After every step the mirrors (detached for
 // the look, so nothing is settled) must hold the runtime's page addresses
 // exactly and its positions but for the step's victims, which must be
 // cleared on the device and listed, in the list and in its download;
@@ -158,7 +159,12 @@ int main() {
   void *pool = nullptr, *region = nullptr;
   uint8_t *victims = nullptr;
   CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess, "pool");
-  const uint64_t regionBytes = kvc::cuda::tableBytes(kBatch * kHeads, kStride);
+  // Room for the HeadTables and three words only (the generated code gives
+  // deviceTableBytes): every step's words go up in chunks.
+  const uint64_t regionBytes =
+      kvc::cuda::TableMirror::align(sizeof(kvc::cuda::HeadTable) * kBatch *
+                                    kHeads) +
+      3 * sizeof(kvc::cuda::TableWord);
   CHECK(cudaMalloc(&region, regionBytes) == cudaSuccess, "region");
   CHECK(cudaMalloc(reinterpret_cast<void **>(&victims),
                    kBatch * kHeads * kStride) == cudaSuccess,
