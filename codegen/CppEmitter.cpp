@@ -183,6 +183,21 @@ private:
     FormatKind kind = appendOp.getKey().getKind();
     return kind != FormatKind::int2 && kind != FormatKind::int4;
   }
+  /// Decode: a loop over the kv-heads of `sequence`, indented by `indent`,
+  /// that returns the error of entry `entry` when the workspace is too
+  /// small for a head's slots plus a page.
+  std::string workspaceCheck(const std::string &indent,
+                             const std::string &sequence,
+                             const std::string &entry) {
+    return indent + "  for (int32_t h = 0; h < kKvHeads; ++h) {\n" + indent +
+           "    int32_t slots = 0;\n" + indent +
+           "    KVC_CPU_TRY(kvc_get_num_slots(context, " + sequence +
+           ", layer, h, &slots));\n" + indent + "    if (workspace_bytes < " +
+           name + "_workspace_bytes(slots + config.page_size))\n" + indent +
+           "      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" +
+           entry + ": workspace smaller than " + name +
+           "_workspace_bytes(slots + page_size)\");\n" + indent + "  }\n";
+  }
   /// Decode: the arguments of the heads function for sequence `sequence`,
   /// position `position`, rows of q and out at `q` and `out`.
   std::string headsArguments(const std::string &sequence,
@@ -334,16 +349,7 @@ void KernelEmitter::emitBatch(raw_ostream &out) {
   out << "  // Every sequence exists and fits the workspace before the first "
          "step.\n"
          "  for (int32_t b = 0; b < batch; ++b)\n"
-         "    for (int32_t h = 0; h < kKvHeads; ++h) {\n"
-         "      int32_t slots = 0;\n"
-         "      KVC_CPU_TRY(kvc_get_num_slots(context, sequences[b], layer, h, "
-         "&slots));\n"
-         "      if (workspace_bytes < "
-      << name << "_workspace_bytes(slots + config.page_size))\n"
-      << "        return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
-      << batchName << ": workspace smaller than " << name
-      << "_workspace_bytes(slots + page_size)\");\n"
-      << "    }\n";
+      << workspaceCheck("  ", "sequences[b]", batchName);
   if (appendOp)
     out << "  " << appendComment()
         << "  KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, "
@@ -390,16 +396,7 @@ void KernelEmitter::emitEntry(raw_ostream &out, const std::string &prologue,
   out << prologue;
   out << "  // Every head fits the workspace before the step changes "
          "anything.\n"
-         "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
-         "    int32_t slots = 0;\n"
-         "    KVC_CPU_TRY(kvc_get_num_slots(context, sequence, layer, h, "
-         "&slots));\n"
-      << "    if (workspace_bytes < " << name
-      << "_workspace_bytes(slots + config.page_size))\n"
-      << "      return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
-      << name << ": workspace smaller than " << name
-      << "_workspace_bytes(slots + page_size)\");\n"
-      << "  }\n";
+      << workspaceCheck("", "sequence", name);
   if (appendOp)
     out << "  " << appendComment()
         << "  KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, "

@@ -472,6 +472,53 @@ struct DecodeResult {
   double meanEntries = 0.0;
 };
 
+/// Microseconds per step of `step(position, timed)`: rounds of o.steps
+/// timed steps from position n + 1 until o.minMs and o.minRounds are met,
+/// after a warm-up round. Before each round an untimed step at position n
+/// (the restore after the last round changed the runtime's host
+/// bookkeeping, so this step rebuilds the device-resident slot tables,
+/// DeviceTables, and the timed steps run on tables kept on the device, as
+/// in a long decode); after it ctx.restore(batch, n). A BenchError is
+/// rethrown once the stream is drained and the context restored.
+template <typename Step>
+double timeSteps(EventTimer &timer, Context &ctx, int batch, int n,
+                 const Options &o, cudaStream_t stream, Step &&step) {
+  try {
+    auto prime = [&] {
+      step(n, false);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+    };
+    auto round = [&] {
+      for (int i = 0; i < o.steps; ++i)
+        step(n + 1 + i, true);
+    };
+    // Warm-up round (first launches, host allocations).
+    if (o.warmUp) {
+      prime();
+      timer.time(stream, round);
+      ctx.restore(batch, n);
+    }
+    double ms = 0.0;
+    int rounds = 0;
+    while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
+      prime();
+      ms += timer.time(stream, round);
+      ++rounds;
+      ctx.restore(batch, n);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    return 1e3 * ms / (double(rounds) * o.steps);
+  } catch (const BenchError &) {
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+    try {
+      ctx.restore(batch, n);
+    } catch (const BenchError &) {
+    }
+    throw;
+  }
+}
+
 /// Times every variant at one (geometry, batch, context).
 DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
                          int n, const Options &o, cudaStream_t stream) {
@@ -524,44 +571,15 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
       continue;
     }
     try {
-      // An untimed step at position n after every restore: the restore
-      // changed the runtime's host bookkeeping, so this step rebuilds the
-      // device-resident slot tables (DeviceTables) from it, and the timed
-      // steps run on tables kept on the device, as in a long decode.
-      auto prime = [&] {
-        call(Variant(variant), n);
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-      };
-      auto round = [&] {
-        for (int i = 0; i < steps; ++i)
-          call(Variant(variant), n + 1 + i);
-      };
-      // Warm-up round (first launches, host allocations).
-      if (o.warmUp) {
-        prime();
-        timer.time(stream, round);
-        ctx.restore(batch, n);
-      }
-      double ms = 0.0;
-      int rounds = 0;
-      while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
-        prime();
-        ms += timer.time(stream, round);
-        ++rounds;
-        ctx.restore(batch, n);
-      }
-      CUDA_CHECK(cudaGetLastError());
-      r.usPerStep[variant] = 1e3 * ms / (double(rounds) * steps);
+      r.usPerStep[variant] =
+          timeSteps(timer, ctx, batch, n, o, stream,
+                    [&](int32_t position, bool) {
+                      call(Variant(variant), position);
+                    });
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
       ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
-      try {
-        ctx.restore(batch, n);
-      } catch (const BenchError &) {
-      }
     }
   }
   // Step i of a round sees n + i + 2 entries (the untimed step's token and
@@ -616,41 +634,14 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
   for (int variant = 0; variant < kNumModel; ++variant) {
     const bool synchronize = variant == kSynchronized;
     try {
-      // As in benchDecode: an untimed token after every restore moves the
-      // slot tables back to the device.
-      auto prime = [&] {
-        token(n, false);
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-      };
-      auto round = [&] {
-        for (int i = 0; i < steps; ++i)
-          token(n + 1 + i, synchronize);
-      };
-      if (o.warmUp) {
-        prime();
-        timer.time(stream, round);
-        ctx.restore(batch, n);
-      }
-      double ms = 0.0;
-      int rounds = 0;
-      while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
-        prime();
-        ms += timer.time(stream, round);
-        ++rounds;
-        ctx.restore(batch, n);
-      }
-      CUDA_CHECK(cudaGetLastError());
-      r.usPerToken[variant] = 1e3 * ms / (double(rounds) * steps);
+      r.usPerToken[variant] = timeSteps(
+          timer, ctx, batch, n, o, stream, [&](int32_t position, bool timed) {
+            token(position, synchronize && timed);
+          });
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
       ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
-      try {
-        ctx.restore(batch, n);
-      } catch (const BenchError &) {
-      }
     }
   }
   return r;
