@@ -468,6 +468,30 @@ __device__ int32_t blockExclusiveScan(int32_t x, int32_t *total) {
   return before + inclusive - x;
 }
 
+/// Calls emit(i, rank) for every i < n with pred(i), where rank counts the
+/// i' < i with pred(i'), and returns their number (every thread). Thread t
+/// walks the contiguous chunk [t * c, (t + 1) * c), c = ceil(n / kThreads),
+/// twice: once to count, once to emit after one block-wide scan of the
+/// counts, so a pass over n entries costs one scan rather than one per
+/// kThreads entries. pred is called twice per entry and must not change.
+template <int kThreads, typename Pred, typename Emit>
+__device__ int32_t forEachRanked(int32_t n, Pred pred, Emit emit) {
+  const int32_t chunk = (n + kThreads - 1) / kThreads;
+  const int32_t first = min(n, static_cast<int32_t>(threadIdx.x) * chunk);
+  const int32_t last = min(n, first + chunk);
+  int32_t mine = 0;
+  for (int32_t i = first; i < last; ++i)
+    mine += pred(i) ? 1 : 0;
+  int32_t total = 0;
+  int32_t rank = blockExclusiveScan<kThreads>(mine, &total);
+  if (mine != 0)
+    for (int32_t i = first; i < last; ++i)
+      if (pred(i))
+        emit(i, rank++);
+  __syncthreads();
+  return total;
+}
+
 /// Number of live entries (position != KVC_POSITION_NONE).
 template <int kThreads>
 __device__ int32_t countLive(const int32_t *positions, int32_t n) {
@@ -480,10 +504,21 @@ __device__ int32_t countLive(const int32_t *positions, int32_t n) {
 /// The k-th smallest (1-based, 1 <= k <= number of keys) of the keys that
 /// keyOf(i, &key) reports for i in [0, n), by radix selection: one pass of
 /// 8-bit digits per byte of `kBits`, each a shared-memory histogram. Runs in
-/// O(n * kBits / 8) without sorting.
+/// O(n * kBits / 8) without sorting. k == 1 (a single victim, the common
+/// decode step) is one block-wide minimum instead.
 template <int kThreads, int kBits, typename KeyOf>
 __device__ uint64_t blockSelectKth(int32_t n, int64_t k, KeyOf keyOf) {
   static_assert(kBits % 8 == 0 && kBits <= 64, "whole bytes");
+  if (k == 1) {
+    // The minimum as the maximum of the complements (0: no key).
+    unsigned long long best = 0;
+    for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+      uint64_t key;
+      if (keyOf(i, &key))
+        best = max(best, static_cast<unsigned long long>(~key));
+    }
+    return ~static_cast<uint64_t>(blockReduce<kThreads, true>(best));
+  }
   __shared__ int32_t histogram[256];
   __shared__ uint64_t sharedPrefix;
   __shared__ int64_t sharedRank;
@@ -492,10 +527,20 @@ __device__ uint64_t blockSelectKth(int32_t n, int64_t k, KeyOf keyOf) {
     for (int d = threadIdx.x; d < 256; d += kThreads)
       histogram[d] = 0;
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < n; i += kThreads) {
-      uint64_t key;
-      if (keyOf(i, &key) && (key & mask) == prefix)
-        atomicAdd(&histogram[(key >> shift) & 0xffu], 1);
+    // Keys share their leading digits (positions, close scores): the lanes
+    // of a warp with the same digit add their count in one atomic rather
+    // than contending for one histogram bin. Uniform trip count, so that
+    // every lane takes part in the match.
+    for (int32_t base = 0; base < n; base += kThreads) {
+      const int32_t i = base + threadIdx.x;
+      uint64_t key = 0;
+      const bool counted = i < n && keyOf(i, &key) && (key & mask) == prefix;
+      const unsigned digit =
+          counted ? static_cast<unsigned>((key >> shift) & 0xffu) : 256u;
+      const unsigned peers = __match_any_sync(kFullMask, digit);
+      const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+      if (counted && lane == __ffs(peers) - 1)
+        atomicAdd(&histogram[digit], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -706,6 +751,17 @@ __device__ void combineRowGroups(const DecodeSplitArgs &a, int32_t h,
   }
 }
 
+/// Rows each thread of decodeAttentionSplit loads before it uses the first
+/// (a tile of its online softmax). More rows keep more bytes in flight and
+/// rescale the accumulators less often, but each holds its key and value
+/// vectors in registers beside the G query and accumulator rows: with f16
+/// and head dim 128 (ptxas, sm_90a), G = 4 takes 128 registers at 2 rows
+/// (4 blocks of 128 threads per SM) and 154 at 4 (3 blocks); G = 8 takes
+/// 193 at 1 row and 216 at 2 (2 blocks either way).
+template <int G> struct DecodeRowsInFlight {
+  static constexpr int value = G <= 2 ? 4 : 2;
+};
+
 /// One block per (split, kv-head): the G query heads of the group read each
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
@@ -750,126 +806,165 @@ __global__ void __launch_bounds__(kThreads)
       }
   }
 
-  // Every thread runs the same trip count so that the shuffles stay
-  // convergent; rows past the split or free are masked.
-  for (int32_t base = begin; base < end; base += kRowGroups) {
-    const int32_t slot = base + rowGroup;
-    const bool inRange = slot < end;
-    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
+  // A row's loads, issued kRowsInFlight rows ahead of their use.
+  struct Row {
+    int32_t slot;
+    bool inRange, live, low;
     uint4 kRaw[Shape::kVecsPerLane], vRaw[Shape::kVecsPerLane];
-    float kScale = 1.0f, vScale = 1.0f;
+    float kScale, vScale;
     // Mixed precision: the codes and records of a low slot.
-    bool low = false;
-    [[maybe_unused]] uint64_t kCodes[Shape::kVecsPerLane],
-        vCodes[Shape::kVecsPerLane];
-    [[maybe_unused]] const float *kRecord = nullptr, *vRecord = nullptr;
-    if (live) {
-      const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
-      const int32_t o = slot % a.layout.pageSize;
-      if constexpr (kMixed) {
-        const uint64_t address = reinterpret_cast<uint64_t>(page);
-        low = (address & kLowPageTag) != 0;
-        page = reinterpret_cast<const uint8_t *>(address & ~kLowPageTag);
-        if (low) {
-          const uint8_t *kRow = page + a.layout.lowKeyOffset +
-                                static_cast<uint64_t>(o) * Low::kRowBytes;
-          const uint8_t *vRow = page + a.layout.lowValueOffset +
-                                static_cast<uint64_t>(o) * Low::kRowBytes;
-#pragma unroll
-          for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-            kCodes[j] = Low::load(kRow, j, lane);
-            vCodes[j] = Low::load(vRow, j, lane);
-          }
-          kRecord = reinterpret_cast<const float *>(
-              page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
-          vRecord = reinterpret_cast<const float *>(
-              page + a.layout.lowValueParamOffset + o * Low::kRecordBytes);
-        }
-      }
-      if (!low) {
-        const uint4 *kRow = reinterpret_cast<const uint4 *>(
-            page + a.layout.keyOffset +
-            static_cast<uint64_t>(o) * Shape::kRowBytes);
-        const uint4 *vRow = reinterpret_cast<const uint4 *>(
-            page + a.layout.valueOffset +
-            static_cast<uint64_t>(o) * Shape::kRowBytes);
+    uint64_t kCodes[kMixed ? Shape::kVecsPerLane : 1],
+        vCodes[kMixed ? Shape::kVecsPerLane : 1];
+    const float *kRecord, *vRecord;
+  };
+  auto load = [&](int32_t slot, Row &r) {
+    r.slot = slot;
+    r.inRange = slot < end;
+    r.live = r.inRange && t.positions[slot] != KVC_POSITION_NONE;
+    r.low = false;
+    r.kScale = 1.0f;
+    r.vScale = 1.0f;
+    if (!r.live)
+      return;
+    const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
+    const int32_t o = slot % a.layout.pageSize;
+    if constexpr (kMixed) {
+      const uint64_t address = reinterpret_cast<uint64_t>(page);
+      r.low = (address & kLowPageTag) != 0;
+      page = reinterpret_cast<const uint8_t *>(address & ~kLowPageTag);
+      if (r.low) {
+        const uint8_t *kRow = page + a.layout.lowKeyOffset +
+                              static_cast<uint64_t>(o) * Low::kRowBytes;
+        const uint8_t *vRow = page + a.layout.lowValueOffset +
+                              static_cast<uint64_t>(o) * Low::kRowBytes;
 #pragma unroll
         for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-          kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
-          vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
+          r.kCodes[j] = Low::load(kRow, j, lane);
+          r.vCodes[j] = Low::load(vRow, j, lane);
         }
-        if constexpr (Codec<S>::kScaled) {
-          kScale = __ldg(reinterpret_cast<const float *>(
-                             page + a.layout.keyParamOffset) +
-                         o);
-          vScale = __ldg(reinterpret_cast<const float *>(
-                             page + a.layout.valueParamOffset) +
-                         o);
-        }
+        r.kRecord = reinterpret_cast<const float *>(
+            page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
+        r.vRecord = reinterpret_cast<const float *>(
+            page + a.layout.lowValueParamOffset + o * Low::kRecordBytes);
+        return;
       }
     }
-    float dot[G];
+    const uint4 *kRow = reinterpret_cast<const uint4 *>(
+        page + a.layout.keyOffset +
+        static_cast<uint64_t>(o) * Shape::kRowBytes);
+    const uint4 *vRow = reinterpret_cast<const uint4 *>(
+        page + a.layout.valueOffset +
+        static_cast<uint64_t>(o) * Shape::kRowBytes);
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+      r.kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
+      r.vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
+    }
+    if constexpr (Codec<S>::kScaled) {
+      r.kScale = __ldg(reinterpret_cast<const float *>(
+                           page + a.layout.keyParamOffset) +
+                       o);
+      r.vScale = __ldg(reinterpret_cast<const float *>(
+                           page + a.layout.valueParamOffset) +
+                       o);
+    }
+  };
+  // Channels j of a loaded row, as floats.
+  auto decode = [&](const Row &r, bool value, int j, float *out) {
+    if constexpr (kMixed) {
+      if (r.low) {
+        Low::decode(value ? r.vCodes[j] : r.kCodes[j],
+                    value ? r.vRecord : r.kRecord, j, lane, out);
+        return;
+      }
+    }
+    Codec<S>::decode(value ? r.vRaw[j] : r.kRaw[j],
+                     value ? r.vScale : r.kScale, out);
+  };
+  // The scaled logits of a loaded row (every lane of the row gets them),
+  // stored for the statistics.
+  auto logitsOf = [&](const Row &r, float (&l)[G]) {
 #pragma unroll
     for (int g = 0; g < G; ++g)
-      dot[g] = 0.0f;
-    if (live) {
+      l[g] = 0.0f;
+    if (r.live) {
 #pragma unroll
       for (int j = 0; j < Shape::kVecsPerLane; ++j) {
         float kf[Shape::kElemsPerVec];
-        if constexpr (kMixed) {
-          if (low)
-            Low::decode(kCodes[j], kRecord, j, lane, kf);
-          else
-            Codec<S>::decode(kRaw[j], kScale, kf);
-        } else {
-          Codec<S>::decode(kRaw[j], kScale, kf);
-        }
+        decode(r, false, j, kf);
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
           for (int e = 0; e < Shape::kElemsPerVec; ++e)
-            dot[g] += q[g][j * Shape::kElemsPerVec + e] * kf[e];
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-      for (int o = Shape::kLanes / 2; o > 0; o /= 2)
-        dot[g] += __shfl_xor_sync(kFullMask, dot[g], o);
-    if (inRange && lane == 0)
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
-            live ? dot[g] * a.scale : kNegInf;
-    if (!live)
-      continue;
-    float vf[Shape::kVecsPerLane][Shape::kElemsPerVec];
-#pragma unroll
-    for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-      if constexpr (kMixed) {
-        if (low)
-          Low::decode(vCodes[j], vRecord, j, lane, vf[j]);
-        else
-          Codec<S>::decode(vRaw[j], vScale, vf[j]);
-      } else {
-        Codec<S>::decode(vRaw[j], vScale, vf[j]);
+            l[g] += q[g][j * Shape::kElemsPerVec + e] * kf[e];
       }
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const float l = dot[g] * a.scale;
-      const float mNew = fmaxf(m[g], l);
-      const float r = expf(m[g] - mNew);
-      const float p = expf(l - mNew);
-      z[g] = z[g] * r + p;
+#pragma unroll
+      for (int o = Shape::kLanes / 2; o > 0; o /= 2)
+        l[g] += __shfl_xor_sync(kFullMask, l[g], o);
+      l[g] = r.live ? l[g] * a.scale : kNegInf;
+    }
+    if (r.inRange && lane == 0)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + r.slot] = l[g];
+  };
+
+  // Row group r takes the slots begin + r, begin + r + kRowGroups, ... in
+  // order, kRowsInFlight at a time: their loads are all issued before the
+  // first is used, so that more bytes are in flight per thread, and the
+  // online softmax moves its maximum once per tile of rows (one rescale of
+  // the accumulators per tile rather than per row). Every thread runs the
+  // same trip count so that the shuffles stay convergent; rows past the
+  // split or free are masked (logit -inf, weight 0).
+  constexpr int kRowsInFlight = DecodeRowsInFlight<G>::value;
+  for (int32_t base = begin; base < end;
+       base += kRowGroups * kRowsInFlight) {
+    Row rows[kRowsInFlight];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u)
+      load(base + u * kRowGroups + rowGroup, rows[u]);
+    float l[kRowsInFlight][G];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u)
+      logitsOf(rows[u], l[u]);
+    // The tile's maximum, the accumulators' rescale and the rows' weights.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float mNew = m[g];
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u)
+        mNew = fmaxf(mNew, l[u][g]);
+      if (mNew == kNegInf)
+        continue; // no live row yet: nothing to add
+      const float rescale = expf(m[g] - mNew);
       m[g] = mNew;
+      z[g] *= rescale;
 #pragma unroll
-      for (int j = 0; j < Shape::kVecsPerLane; ++j)
+      for (int x = 0; x < kChunk; ++x)
+        acc[g][x] *= rescale;
 #pragma unroll
-        for (int e = 0; e < Shape::kElemsPerVec; ++e) {
-          float &x = acc[g][j * Shape::kElemsPerVec + e];
-          x = x * r + p * vf[j][e];
-        }
+      for (int u = 0; u < kRowsInFlight; ++u) {
+        l[u][g] = expf(l[u][g] - mNew); // exp(-inf) = 0 for a masked row
+        z[g] += l[u][g];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      if (!rows[u].live)
+        continue;
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        float vf[Shape::kElemsPerVec];
+        decode(rows[u], true, j, vf);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            acc[g][j * Shape::kElemsPerVec + e] += l[u][g] * vf[e];
+      }
     }
   }
 
@@ -1724,18 +1819,18 @@ __device__ void flagThrough(int32_t n, KeyOf keyOf, uint64_t threshold,
     }
   }
   beyond = blockReduce<kThreads>(beyond);
-  int32_t taken = 0;
-  for (int32_t base = 0; base < n; base += kThreads) {
-    const int32_t i = base + threadIdx.x;
-    uint64_t key = 0;
-    const bool equal = i < n && keyOf(i, &key) && key == threshold;
-    int32_t total = 0;
-    const int32_t rank = blockExclusiveScan<kThreads>(equal, &total);
-    if (equal && beyond + taken + rank < want)
-      flag[i] = 1;
-    taken += total;
-  }
-  __syncthreads();
+  if (beyond >= want)
+    return;
+  forEachRanked<kThreads>(
+      n,
+      [&](int32_t i) {
+        uint64_t key = 0;
+        return keyOf(i, &key) && key == threshold;
+      },
+      [&](int32_t i, int32_t rank) {
+        if (beyond + rank < want)
+          flag[i] = 1;
+      });
 }
 
 /// Flags in `victim` the live entries outside the top `budget` by score and
@@ -1806,16 +1901,8 @@ __device__ int32_t markHighPrecision(const float *scores,
 template <int kThreads, typename Keep>
 __device__ void compactIndices(int32_t n, Keep keep, int32_t *list,
                                int32_t *count) {
-  int32_t written = 0;
-  for (int32_t base = 0; base < n; base += kThreads) {
-    const int32_t i = base + threadIdx.x;
-    const bool k = i < n && keep(i);
-    int32_t total = 0;
-    const int32_t at = blockExclusiveScan<kThreads>(k, &total);
-    if (k)
-      list[written + at] = i;
-    written += total;
-  }
+  const int32_t written = forEachRanked<kThreads>(
+      n, keep, [&](int32_t i, int32_t at) { list[at] = i; });
   if (threadIdx.x == 0)
     *count = written;
   __syncthreads();

@@ -594,8 +594,15 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
 /// an engine calls it (no host synchronization inside a call), and
 /// "synchronized", the same calls each followed by cudaStreamSynchronize
 /// (what a step that waits for its own kernels, to hand its victims to the
-/// host, costs).
-enum ModelVariant { kPipelined = 0, kSynchronized = 1, kNumModel = 2 };
+/// host, costs); and every layer of the plain decode (attention only),
+/// pipelined, so that the policy's cost is measured where a layer's host
+/// work overlaps the kernels of the layers before it.
+enum ModelVariant {
+  kPipelined = 0,
+  kSynchronized = 1,
+  kPlainPipelined = 2,
+  kNumModel = 3
+};
 
 struct ModelResult {
   bool ok[kNumModel] = {};
@@ -616,16 +623,17 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
               o.pageSize, r.layers);
   // One workspace for every layer: the calls are ordered on the stream.
   const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
-  buffers.workspace.reserve(g.fusedBytes(batch, stride));
+  buffers.workspace.reserve(
+      std::max(g.fusedBytes(batch, stride), g.plainBytes(batch, stride)));
   Batch in(buffers, batch, qHeads, g.dim);
   CUDA_CHECK(cudaDeviceSynchronize());
-  auto token = [&](int32_t position, bool synchronize) {
+  auto token = [&](int32_t position, bool synchronize, bool plain) {
     const int32_t *positions = in.at(position);
     for (int layer = 0; layer < r.layers; ++layer) {
-      KVC_CHECK(g.fusedDecode(ctx.context, batch, in.sequences.data(), layer,
-                              in.q, in.k, in.v, positions, in.out,
-                              buffers.workspace.ptr, buffers.workspace.bytes,
-                              stream));
+      KVC_CHECK((plain ? g.plainDecode : g.fusedDecode)(
+          ctx.context, batch, in.sequences.data(), layer, in.q, in.k, in.v,
+          positions, in.out, buffers.workspace.ptr, buffers.workspace.bytes,
+          stream));
       if (synchronize)
         CUDA_CHECK(cudaStreamSynchronize(stream));
     }
@@ -633,10 +641,15 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
   EventTimer timer;
   for (int variant = 0; variant < kNumModel; ++variant) {
     const bool synchronize = variant == kSynchronized;
+    const bool plain = variant == kPlainPipelined;
+    if (plain && !o.variants[kPlain]) {
+      r.error[variant] = "not selected (--variants)";
+      continue;
+    }
     try {
       r.usPerToken[variant] = timeSteps(
           timer, ctx, batch, n, o, stream, [&](int32_t position, bool timed) {
-            token(position, synchronize && timed);
+            token(position, synchronize && timed, plain);
           });
       r.ok[variant] = true;
     } catch (const BenchError &e) {
@@ -1107,7 +1120,8 @@ int main(int argc, char **argv) {
     // int2 and int4 rows (KIVI): bytes per step of that format, the 16-bit
     // (plain) time, that format's time, its GB/s; prefill rows:
     // milliseconds per call of plain, snapkv, h2o; model rows:
-    // microseconds per token (every layer) pipelined, then synchronized.
+    // microseconds per token (every layer) of the fused policy pipelined,
+    // then synchronized, then of the plain decode pipelined.
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
@@ -1224,13 +1238,18 @@ int main(int argc, char **argv) {
           "(the calls do not synchronize: a layer's victims are evicted when "
           "its next step checks its tables out); synchronized = the same "
           "calls, each followed by cudaStreamSynchronize (what a step that "
-          "waits for its kernels to hand the victims to the host costs). "
-          "cudaEvent time per token over %d tokens per round, >= %g ms per "
-          "cell. sync/pipe = synchronized / pipelined.\n\n",
-          config.num_layers, o.steps, o.minMs);
-      std::printf("%4s %3s %4s %3s %7s %6s | %11s %11s %9s | %8s\n", "dim",
-                  "G", "qh", "B", "context", "layers", "pipe us/tok",
-                  "sync us/tok", "sync/pipe", "us/layer");
+          "waits for its kernels to hand the victims to the host costs); "
+          "plain = the plain decode (attention only) of every layer, "
+          "pipelined. cudaEvent time per token over %d tokens per round, >= "
+          "%g ms per cell. sync/pipe = synchronized / pipelined; ovh = "
+          "pipelined / plain - 1, the policy's cost where each layer's host "
+          "work overlaps the kernels before it (target <= %.0f%%).\n\n",
+          config.num_layers, o.steps, o.minMs, 100 * kTargetStatsOverhead);
+      std::printf("%4s %3s %4s %3s %7s %6s | %11s %11s %9s | %12s %8s %4s | "
+                  "%8s\n",
+                  "dim", "G", "qh", "B", "context", "layers", "pipe us/tok",
+                  "sync us/tok", "sync/pipe", "plain us/tok", "ovh", "tgt",
+                  "us/layer");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
           continue;
@@ -1247,9 +1266,16 @@ int main(int argc, char **argv) {
               continue;
             }
             const bool pipe = r.ok[kPipelined], sync = r.ok[kSynchronized];
+            const bool plain = r.ok[kPlainPipelined];
+            const double overhead =
+                pipe && plain
+                    ? r.usPerToken[kPipelined] / r.usPerToken[kPlainPipelined] -
+                          1.0
+                    : 0.0;
             std::printf(
-                "%4d %3d %4d %3d %7d %6d | %11s %11s %9s | %8s\n", g.dim,
-                g.group, kKvHeads * g.group, batch, n, r.layers,
+                "%4d %3d %4d %3d %7d %6d | %11s %11s %9s | %12s %8s %4s | "
+                "%8s\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n, r.layers,
                 cell(pipe, "%.1f", r.usPerToken[kPipelined]).c_str(),
                 cell(sync, "%.1f", r.usPerToken[kSynchronized]).c_str(),
                 cell(pipe && sync, "%.2fx",
@@ -1257,17 +1283,22 @@ int main(int argc, char **argv) {
                                         r.usPerToken[kPipelined]
                                   : 0)
                     .c_str(),
+                cell(plain, "%.1f", r.usPerToken[kPlainPipelined]).c_str(),
+                cell(pipe && plain, "%+.1f%%", 100 * overhead).c_str(),
+                mark(pipe && plain, overhead <= kTargetStatsOverhead),
                 cell(pipe, "%.1f", r.usPerToken[kPipelined] / r.layers)
                     .c_str());
+            const char *kModelNames[] = {"pipelined", "synchronized",
+                                         "plain"};
             for (int v = 0; v < kNumModel; ++v)
               if (!r.ok[v])
-                std::printf("     %s: %s\n",
-                            v == kPipelined ? "pipelined" : "synchronized",
+                std::printf("     %s: %s\n", kModelNames[v],
                             r.error[v].c_str());
-            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,,,\n", g.dim,
-                g.group, kKvHeads * g.group, batch, n,
+            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,%.3f,,\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n,
                 pipe ? r.usPerToken[kPipelined] : NAN,
-                sync ? r.usPerToken[kSynchronized] : NAN);
+                sync ? r.usPerToken[kSynchronized] : NAN,
+                plain ? r.usPerToken[kPlainPipelined] : NAN);
             std::fflush(stdout);
           }
       }

@@ -3,7 +3,7 @@
 // Kernels whose results on a device are known exactly, run on the emulator
 // (built like the GPU test: launches rewritten, kvc_cuda_emu.h first):
 //  - warp collectives: __shfl_sync, __shfl_xor_sync, __shfl_up_sync with a
-//    width, __ballot_sync;
+//    width, __ballot_sync, __match_any_sync;
 //  - __syncthreads orders shared memory: a block reverses an array through
 //    it; threads that exit early do not hold the barrier;
 //  - built-in variables of a 3-D grid of 2-D blocks;
@@ -39,7 +39,7 @@ void expect(bool ok, const char *what) {
 
 __global__ void collectives(int *out) {
   const int t = threadIdx.x, lane = t % 32;
-  const int base = t * 6;
+  const int base = t * 7;
   out[base + 0] = __shfl_sync(kFull, t * 10, 3);          // lane 3 of my warp
   out[base + 1] = __shfl_xor_sync(kFull, t, 1);           // neighbour
   out[base + 2] = __shfl_up_sync(kFull, t, 2);            // 2 below, or mine
@@ -49,6 +49,7 @@ __global__ void collectives(int *out) {
   for (int o = 16; o > 0; o /= 2)
     sum += __shfl_xor_sync(kFull, sum, o);
   out[base + 5] = sum;
+  out[base + 6] = static_cast<int>(__match_any_sync(kFull, lane / 5));
 }
 
 __global__ void reverse(const int *in, int *out, int n) {
@@ -107,9 +108,9 @@ __global__ void sharedOverflow(int index, int *out) {
 void checkCollectives() {
   constexpr int kThreads = 64;
   int *d = nullptr;
-  cudaMalloc(&d, sizeof(int) * kThreads * 6);
+  cudaMalloc(&d, sizeof(int) * kThreads * 7);
   collectives<<<1, kThreads>>>(d);
-  std::vector<int> h(kThreads * 6);
+  std::vector<int> h(kThreads * 7);
   cudaMemcpy(h.data(), d, sizeof(int) * h.size(), cudaMemcpyDeviceToHost);
   cudaFree(d);
   unsigned ballot = 0;
@@ -118,13 +119,17 @@ void checkCollectives() {
   bool ok = true;
   for (int t = 0; t < kThreads; ++t) {
     const int lane = t % 32, warp0 = t - lane;
-    const int *r = &h[t * 6];
+    const int *r = &h[t * 7];
+    unsigned peers = 0;
+    for (int other = 0; other < 32; ++other)
+      peers |= (other / 5 == lane / 5 ? 1u : 0u) << other;
     ok &= r[0] == (warp0 + 3) * 10;
     ok &= r[1] == (t ^ 1);
     ok &= r[2] == (lane >= 2 ? t - 2 : t);
     ok &= r[3] == (t ^ 8);
     ok &= static_cast<unsigned>(r[4]) == ballot;
     ok &= r[5] == 31 * 32 / 2;
+    ok &= static_cast<unsigned>(r[6]) == peers;
   }
   expect(ok, "warp collectives");
 }

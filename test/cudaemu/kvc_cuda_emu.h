@@ -174,6 +174,19 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return ballot;
 }
 
+template <typename T> unsigned __match_any_sync(unsigned mask, T value) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) &&
+                std::is_trivially_copyable_v<T>);
+  uint64_t word = 0;
+  std::memcpy(&word, &value, sizeof(T));
+  const uint64_t *words = ::kvc::emu::publish(mask, word);
+  unsigned peers = 0;
+  for (int lane = 0; lane < ::kvc::emu::lanes(); ++lane)
+    if ((mask >> lane & 1u) && words[lane] == word)
+      peers |= 1u << lane;
+  return peers;
+}
+
 template <typename T> T __ldg(const T *p) { return *p; }
 
 // The device's overloaded min and max (the floating-point ones ignore a NaN

@@ -1,0 +1,258 @@
+//===- BlockPrimitivesTest.cu - Block-wide selection and compaction -------===//
+//
+// The block primitives of runtime/kvc_cuda.cuh that the stage kernels build
+// on, run on the emulator against host references computed with the
+// standard library, for blocks of 256 and 512 threads:
+//  - blockSelectKth: the k-th smallest key, for k = 1 (the block-wide
+//    minimum) and larger k (radix selection), over 64-bit keys with ties
+//    and invalid entries, and over 32-bit positions whose leading bytes are
+//    all equal (every lane of a warp counts into the same histogram bin);
+//  - forEachRanked and compactIndices: the indices of a predicate in
+//    ascending order with their ranks, for n below, at and far above the
+//    block size, and n = 0;
+//  - selectVictims: exactly `drop` victims, the smallest keys (score,
+//    position), ties in index order, for drop = 1 and larger.
+// Exits 1 on the first difference.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/kvc_cuda.cuh"
+#include "test/cudaemu/EmuCheck.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+template <int kThreads, int kBits>
+__global__ void selectKth(const uint64_t *keys, const uint8_t *valid, int32_t n,
+                          const int64_t *ks, int32_t numK, uint64_t *out) {
+  for (int32_t j = 0; j < numK; ++j) {
+    const uint64_t r = kvc::cuda::blockSelectKth<kThreads, kBits>(
+        n, ks[j], [&](int32_t i, uint64_t *key) {
+          *key = keys[i];
+          return valid[i] != 0;
+        });
+    if (threadIdx.x == 0)
+      out[j] = r;
+  }
+}
+
+template <int kThreads>
+__global__ void ranked(const uint8_t *flags, int32_t n, int32_t *list,
+                       int32_t *ranks, int32_t *counts) {
+  const int32_t total = kvc::cuda::forEachRanked<kThreads>(
+      n, [&](int32_t i) { return flags[i] != 0; },
+      [&](int32_t i, int32_t rank) {
+        list[rank] = i;
+        ranks[i] = rank;
+      });
+  kvc::cuda::compactIndices<kThreads>(
+      n, [&](int32_t i) { return flags[i] != 0; }, list + n, &counts[1]);
+  if (threadIdx.x == 0)
+    counts[0] = total;
+}
+
+template <int kThreads>
+__global__ void victims(const float *scores, const int32_t *positions,
+                        int32_t n, int64_t budget, uint8_t *victim,
+                        int32_t *count) {
+  const int32_t drop = kvc::cuda::selectVictims<kThreads>(
+      scores, positions, n, budget, /*tieRecent=*/true, victim);
+  if (threadIdx.x == 0)
+    *count = drop;
+}
+
+template <typename T> T *upload(const std::vector<T> &host) {
+  T *d = nullptr;
+  CHECK(cudaMalloc(&d, sizeof(T) * std::max<size_t>(host.size(), 1)) ==
+            cudaSuccess,
+        "cudaMalloc");
+  if (!host.empty())
+    cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice);
+  return d;
+}
+
+template <typename T> std::vector<T> download(const T *d, size_t n) {
+  std::vector<T> host(n);
+  if (n)
+    cudaMemcpy(host.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost);
+  return host;
+}
+
+template <int kThreads, int kBits>
+void checkSelect(const char *what, const std::vector<uint64_t> &keys,
+                 const std::vector<uint8_t> &valid) {
+  std::vector<uint64_t> sorted;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (valid[i])
+      sorted.push_back(keys[i]);
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t m = static_cast<int64_t>(sorted.size());
+  std::vector<int64_t> ks = {1, 2, 3, m / 2, m - 511, m - 1, m};
+  ks.erase(std::remove_if(ks.begin(), ks.end(),
+                          [&](int64_t k) { return k < 1 || k > m; }),
+           ks.end());
+  uint64_t *dKeys = upload(keys);
+  uint8_t *dValid = upload(valid);
+  int64_t *dKs = upload(ks);
+  uint64_t *dOut = upload(std::vector<uint64_t>(ks.size(), 0));
+  selectKth<kThreads, kBits>
+      <<<1, kThreads>>>(dKeys, dValid, static_cast<int32_t>(keys.size()), dKs,
+                        static_cast<int32_t>(ks.size()), dOut);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "%s: launch", what);
+  const std::vector<uint64_t> got = download(dOut, ks.size());
+  for (size_t j = 0; j < ks.size(); ++j)
+    CHECK(got[j] == sorted[ks[j] - 1],
+          "%s, %d threads: key %lld of %lld is %llu, expected %llu", what,
+          kThreads, static_cast<long long>(ks[j]), static_cast<long long>(m),
+          static_cast<unsigned long long>(got[j]),
+          static_cast<unsigned long long>(sorted[ks[j] - 1]));
+  cudaFree(dKeys);
+  cudaFree(dValid);
+  cudaFree(dKs);
+  cudaFree(dOut);
+}
+
+template <int kThreads> void checkRanked(int32_t n, std::mt19937 &rng) {
+  std::vector<uint8_t> flags(n);
+  std::vector<int32_t> expected;
+  for (int32_t i = 0; i < n; ++i) {
+    flags[i] = rng() % 3 == 0;
+    if (flags[i])
+      expected.push_back(i);
+  }
+  uint8_t *dFlags = upload(flags);
+  int32_t *dList = upload(std::vector<int32_t>(2 * n, -1));
+  int32_t *dRanks = upload(std::vector<int32_t>(n, -1));
+  int32_t *dCounts = upload(std::vector<int32_t>(2, -1));
+  ranked<kThreads><<<1, kThreads>>>(dFlags, n, dList, dRanks, dCounts);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "ranked: launch");
+  const std::vector<int32_t> list = download(dList, 2 * n);
+  const std::vector<int32_t> ranks = download(dRanks, n);
+  const std::vector<int32_t> counts = download(dCounts, 2);
+  const int32_t m = static_cast<int32_t>(expected.size());
+  CHECK(counts[0] == m && counts[1] == m,
+        "ranked, %d threads, n = %d: counts %d and %d, expected %d", kThreads,
+        n, counts[0], counts[1], m);
+  for (int32_t r = 0; r < m; ++r)
+    CHECK(list[r] == expected[r] && list[n + r] == expected[r] &&
+              ranks[expected[r]] == r,
+          "ranked, %d threads, n = %d: rank %d is %d (compacted %d), "
+          "expected %d",
+          kThreads, n, r, list[r], list[n + r], expected[r]);
+  for (int32_t i = 0; i < n; ++i)
+    CHECK(flags[i] || ranks[i] == -1,
+          "ranked, %d threads: index %d emitted but not selected", kThreads, i);
+  cudaFree(dFlags);
+  cudaFree(dList);
+  cudaFree(dRanks);
+  cudaFree(dCounts);
+}
+
+/// kvc::cuda::orderedBits on the host.
+uint32_t orderedBits(float x) {
+  uint32_t b = 0;
+  const float y = x == 0.0f ? 0.0f : x;
+  std::memcpy(&b, &y, sizeof b);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/// A budget of `want` entries fewer than the live ones (want <= 0: no
+/// victim is due).
+template <int kThreads>
+void checkVictims(int32_t n, int64_t want, std::mt19937 &rng) {
+  // Few distinct scores and repeated positions: ties at the cut.
+  std::vector<float> scores(n);
+  std::vector<int32_t> positions(n);
+  for (int32_t i = 0; i < n; ++i) {
+    scores[i] = static_cast<float>(rng() % 7) * 0.25f;
+    positions[i] = rng() % 5 == 0 ? KVC_POSITION_NONE
+                                  : static_cast<int32_t>(rng() % (n / 2));
+  }
+  // Host reference: keys (score, position) ascending, ties in index order.
+  std::vector<int32_t> live;
+  for (int32_t i = 0; i < n; ++i)
+    if (positions[i] != KVC_POSITION_NONE)
+      live.push_back(i);
+  auto key = [&](int32_t i) {
+    return static_cast<uint64_t>(orderedBits(scores[i])) << 32 |
+           static_cast<uint32_t>(positions[i]);
+  };
+  std::stable_sort(live.begin(), live.end(),
+                   [&](int32_t a, int32_t b) { return key(a) < key(b); });
+  const int64_t budget = std::max<int64_t>(0, live.size() - want);
+  const int64_t drop =
+      static_cast<int64_t>(live.size()) > budget ? live.size() - budget : 0;
+  std::vector<uint8_t> expected(n, 0);
+  for (int64_t j = 0; j < drop; ++j)
+    expected[live[j]] = 1;
+
+  float *dScores = upload(scores);
+  int32_t *dPositions = upload(positions);
+  uint8_t *dVictim = upload(std::vector<uint8_t>(n, 7));
+  int32_t *dCount = upload(std::vector<int32_t>(1, -1));
+  victims<kThreads>
+      <<<1, kThreads>>>(dScores, dPositions, n, budget, dVictim, dCount);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "victims: launch");
+  const std::vector<uint8_t> got = download(dVictim, n);
+  const int32_t count = download(dCount, 1)[0];
+  CHECK(count == drop,
+        "victims, %d threads, n = %d, budget %lld: %d, "
+        "expected %lld",
+        kThreads, n, static_cast<long long>(budget), count,
+        static_cast<long long>(drop));
+  for (int32_t i = 0; i < n; ++i)
+    CHECK(got[i] == expected[i],
+          "victims, %d threads, n = %d, budget %lld: entry %d (score %g, "
+          "position %d) flagged %d, expected %d",
+          kThreads, n, static_cast<long long>(budget), i, scores[i],
+          positions[i], got[i], expected[i]);
+  cudaFree(dScores);
+  cudaFree(dPositions);
+  cudaFree(dVictim);
+  cudaFree(dCount);
+}
+
+template <int kThreads> void checkAll(std::mt19937 &rng) {
+  // 64-bit keys: random, with ties and invalid entries.
+  {
+    const int32_t n = 3001;
+    std::vector<uint64_t> keys(n);
+    std::vector<uint8_t> valid(n);
+    for (int32_t i = 0; i < n; ++i) {
+      keys[i] = (static_cast<uint64_t>(rng()) << 32 | rng()) >> (rng() % 40);
+      if (i % 9 == 0)
+        keys[i] = keys[i / 2];
+      valid[i] = rng() % 6 != 0;
+    }
+    checkSelect<kThreads, 64>("64-bit keys", keys, valid);
+  }
+  // 32-bit positions below 2^12, shuffled: the leading bytes are equal.
+  {
+    const int32_t n = 4000;
+    std::vector<uint64_t> keys(n);
+    std::vector<uint8_t> valid(n, 1);
+    for (int32_t i = 0; i < n; ++i)
+      keys[i] = static_cast<uint64_t>(i);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    checkSelect<kThreads, 32>("positions", keys, valid);
+  }
+  for (int32_t n : {0, 5, kThreads, kThreads + 1, 5000})
+    checkRanked<kThreads>(n, rng);
+  for (int64_t want : {0, 1, 2, 37, 1500})
+    checkVictims<kThreads>(3100, want, rng);
+}
+
+} // namespace
+
+int main() {
+  std::mt19937 rng(20261122);
+  checkAll<256>(rng);
+  checkAll<512>(rng);
+  std::printf("block primitives: ok\n");
+  return 0;
+}
