@@ -1029,6 +1029,30 @@ bool selected(const std::vector<int> &filter, int x) {
   return filter.empty() || std::find(filter.begin(), filter.end(), x) != filter.end();
 }
 
+/// One table's sweep: bench(g, batch, n) for every selected geometry, batch
+/// and context of `contexts`, then print(g, batch, n, result) for each cell
+/// that succeeded; a cell that throws prints its error row instead and
+/// counts in gCellErrors.
+template <typename Bench, typename Print>
+void sweepCells(const Options &o, const std::vector<int> &contexts, Bench bench,
+                Print print) {
+  for (const BenchGeometry &g : kBenchGeometries) {
+    if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+      continue;
+    for (int batch : o.batches)
+      for (int n : contexts) {
+        try {
+          print(g, batch, n, bench(g, batch, n));
+        } catch (const BenchError &e) {
+          std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                      kKvHeads * g.group, batch, n, e.what());
+          cudaGetLastError();
+          ++gCellErrors;
+        }
+      }
+  }
+}
+
 void printList(const Options &o) {
   kvc_config_t config{};
   kBenchGeometries[0].configure[kFused](&config);
@@ -1157,6 +1181,7 @@ int main(int argc, char **argv) {
                   "dim", "G", "qh", "B", "context", "MB/step", "plain us",
                   "fused us", "unfus us", "plainGB/s", "fusGB/s", "%copy",
                   "tgt", "ovh", "tgt", "unf/fus", "tgt");
+      // Every variant of a geometry decodes the same context.
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
           continue;
@@ -1169,18 +1194,13 @@ int main(int argc, char **argv) {
             throw BenchError("the policies of a geometry configure different "
                              "contexts");
         }
-        for (int batch : o.batches)
-          for (int n : o.contexts) {
-            DecodeResult r;
-            try {
-              r = benchDecode(g, buffers, batch, n, o, stream);
-            } catch (const BenchError &e) {
-              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
-                          kKvHeads * g.group, batch, n, e.what());
-              cudaGetLastError();
-              ++gCellErrors;
-              continue;
-            }
+      }
+      sweepCells(
+          o, o.contexts,
+          [&](const BenchGeometry &g, int batch, int n) {
+            return benchDecode(g, buffers, batch, n, o, stream);
+          },
+          [&](const BenchGeometry &g, int batch, int n, const DecodeResult &r) {
             const double bytes = double(batch) * r.meanEntries * kKvHeads *
                                  (2.0 * g.dim * 2 + 8);
             auto gbs = [&](int v) {
@@ -1224,8 +1244,7 @@ int main(int argc, char **argv) {
                 unfused ? r.usPerStep[kUnfused] : NAN,
                 fused ? gbs(kFused) : NAN, copy.best());
             std::fflush(stdout);
-          }
-      }
+          });
     }
 
     if (o.variants[kFused] && !o.modelContexts.empty()) {
@@ -1250,21 +1269,12 @@ int main(int argc, char **argv) {
                   "dim", "G", "qh", "B", "context", "layers", "pipe us/tok",
                   "sync us/tok", "sync/pipe", "plain us/tok", "ovh", "tgt",
                   "us/layer");
-      for (const BenchGeometry &g : kBenchGeometries) {
-        if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
-          continue;
-        for (int batch : o.batches)
-          for (int n : o.modelContexts) {
-            ModelResult r;
-            try {
-              r = benchModel(g, buffers, batch, n, o, stream);
-            } catch (const BenchError &e) {
-              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
-                          kKvHeads * g.group, batch, n, e.what());
-              cudaGetLastError();
-              ++gCellErrors;
-              continue;
-            }
+      sweepCells(
+          o, o.modelContexts,
+          [&](const BenchGeometry &g, int batch, int n) {
+            return benchModel(g, buffers, batch, n, o, stream);
+          },
+          [&](const BenchGeometry &g, int batch, int n, const ModelResult &r) {
             const bool pipe = r.ok[kPipelined], sync = r.ok[kSynchronized];
             const bool plain = r.ok[kPlainPipelined];
             const double overhead =
@@ -1288,20 +1298,18 @@ int main(int argc, char **argv) {
                 mark(pipe && plain, overhead <= kTargetStatsOverhead),
                 cell(pipe, "%.1f", r.usPerToken[kPipelined] / r.layers)
                     .c_str());
-            const char *kModelNames[] = {"pipelined", "synchronized",
-                                         "plain"};
+            const char *kModelNames[] = {"pipelined", "synchronized", "plain"};
             for (int v = 0; v < kNumModel; ++v)
               if (!r.ok[v])
                 std::printf("     %s: %s\n", kModelNames[v],
                             r.error[v].c_str());
-            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,%.3f,,\n",
-                g.dim, g.group, kKvHeads * g.group, batch, n,
+            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,%.3f,,\n", g.dim,
+                g.group, kKvHeads * g.group, batch, n,
                 pipe ? r.usPerToken[kPipelined] : NAN,
                 sync ? r.usPerToken[kSynchronized] : NAN,
                 plain ? r.usPerToken[kPlainPipelined] : NAN);
             std::fflush(stdout);
-          }
-      }
+          });
     }
 
     if (o.variants[kNumVariants + kInt2] || o.variants[kNumVariants + kInt4]) {
@@ -1333,21 +1341,12 @@ int main(int argc, char **argv) {
                   "dim", "G", "qh", "B", "context", "16b MB", "16b us",
                   "int2 MB", "int2 us", "GB/s", "x16b", "tgt", "int4 MB",
                   "int4 us", "GB/s", "x16b");
-      for (const BenchGeometry &g : kBenchGeometries) {
-        if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
-          continue;
-        for (int batch : o.batches)
-          for (int n : o.contexts) {
-            KiviResult r;
-            try {
-              r = benchKivi(g, buffers, batch, n, o, stream);
-            } catch (const BenchError &e) {
-              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
-                          kKvHeads * g.group, batch, n, e.what());
-              cudaGetLastError();
-              ++gCellErrors;
-              continue;
-            }
+      sweepCells(
+          o, o.contexts,
+          [&](const BenchGeometry &g, int batch, int n) {
+            return benchKivi(g, buffers, batch, n, o, stream);
+          },
+          [&](const BenchGeometry &g, int batch, int n, const KiviResult &r) {
             auto found = plainUs.find({g.dim, g.group, batch, n});
             const bool reference = found != plainUs.end();
             const double t16 = reference ? found->second : 0.0;
@@ -1390,8 +1389,7 @@ int main(int argc, char **argv) {
                     reference ? t16 : NAN, r.usPerStep[v], gbs(v), copy.best());
             }
             std::fflush(stdout);
-          }
-      }
+          });
     }
 
     if (!o.prefillContexts.empty()) {
