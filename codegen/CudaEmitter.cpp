@@ -233,34 +233,24 @@ std::string CudaKernelEmitter::documentation() {
            "slot, then split-KV attention of q (q_heads x head_dim) over the "
            "cache into out" +
            std::string(!kernel.getTrigger() ? ""
-                       : kivi
-                           ? ", with the policy's decode statistics and "
-                             "victim selection on the device; synchronizes "
-                             "the stream once to hand the evictions and the "
-                             "score state to the runtime"
                        : periodic
                            ? ", with the policy's decode statistics on the "
                              "device and its victim selection after the last "
                              "position of every period"
                            : ", with the policy's decode statistics and "
                              "victim selection on the device") +
-           "." +
-           (kivi ? ""
-                 : " The layer's slot tables, score state and victims stay "
-                   "on the device between steps and the step does not "
-                   "synchronize the stream: the runtime evicts a step's "
-                   "victims when the layer's next step starts, and any "
-                   "runtime call on the layer brings its bookkeeping up to "
-                   "date first.") +
+           ". The layer's slot tables, score state and victims stay on the "
+           "device between steps and the step does not synchronize the "
+           "stream: the runtime evicts a step's victims when the layer's "
+           "next step starts, and any runtime call on the layer brings its "
+           "bookkeeping up to date first." +
            devices;
   case KernelKind::decode_scoring:
     return "Unfused decode scoring of one layer on the GPU: recomputes the "
            "attention weights of q over the cache, folds the statistics and "
-           "selects the victims" +
-           std::string(kivi ? "; synchronizes the stream once to evict them."
-                            : ", which the runtime evicts when the layer's "
-                              "next step starts or a runtime call reads the "
-                              "layer (no stream synchronization).") +
+           "selects the victims, which the runtime evicts when the layer's "
+           "next step starts or a runtime call reads the layer (no stream "
+           "synchronization)." +
            devices;
   case KernelKind::select:
     break; // Emitted by emitSelectKernel.
@@ -273,11 +263,7 @@ std::string CudaKernelEmitter::batchDocumentation() {
   return "The step of " + name +
          " for `batch` distinct sequences of any lengths, each at its "
          "positions[b], in one launch per kernel (grid: splits x batch x "
-         "kv_heads)" +
-         std::string(kivi ? " and at most one stream synchronization for the "
-                            "batch"
-                          : " without a stream synchronization") +
-         ". q: batch x q_heads x head_dim" +
+         "kv_heads) without a stream synchronization. q: batch x q_heads x head_dim" +
          (hasKv ? std::string("; k, v: batch x kv_heads x head_dim") : "") +
          (writesOutput(kernel) ? "; out: batch x q_heads x head_dim" : "") +
          ". sequences and positions are host arrays of `batch` entries; q, " +
@@ -677,7 +663,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](EvictOp) -> LogicalResult {
-        if (decode && !kivi)
+        if (decode)
           os << "  // The victims' slots, for the host to evict: in the "
                 "device tables' victim\n  // list (DeviceTables: the "
                 "count, then the slots).\n"
@@ -685,15 +671,6 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
                 "      n, [&](int32_t i) { return victim[i] != 0; }, "
                 "t.victims + 1, t.victims);\n"
                 "  // The same eviction in the device tables.\n"
-                "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
-        else if (decode)
-          os << "  // The victims' slots, for the host to evict (tables "
-                "staged from the host).\n"
-                "  kvc::cuda::compactIndices<kStageThreads>(\n"
-                "      n, [&](int32_t i) { return victim[i] != 0; }, "
-                "w.victims + h * stride,\n"
-                "      &w.numVictims[h]);\n"
-                "  // The same eviction in the staged tables.\n"
                 "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
         else
           os << "  // The gather below skips the victims.\n";
@@ -737,22 +714,13 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     std::string type, name, count, doc;
   };
   SmallVector<Field> fields;
-  if (decode && !kivi) {
+  if (decode)
     fields.push_back({"char", "tables",
-                      "kvc::cuda::deviceTableBytes(kKvHeads, stride)",
+                      kivi ? "kvc::cuda::deviceTableBytes(kKvHeads, stride, "
+                             "kResidual)"
+                           : "kvc::cuda::deviceTableBytes(kKvHeads, stride)",
                       "The HeadTables and the words that change the slot "
                       "tables kept on the\n  /// device (DeviceTables)."});
-  } else if (decode) {
-    fields.push_back({"char", "tables",
-                      history ? "kvc::cuda::tableBytes(kKvHeads, stride, "
-                                "/*withHistory=*/true)"
-                              : "kvc::cuda::tableBytes(kKvHeads, stride)",
-                      history ? "Snapshot of the runtime's page tables, "
-                                "positions, score state and importance bits "
-                                "(TableStager)."
-                              : "Snapshot of the runtime's page tables, "
-                                "positions and score state (TableStager)."});
-  }
   if (decode) {
     fields.push_back({"float", "logits", "kKvHeads * kGroup * stride",
                       "Per head, G rows of unnormalized logits per slot."});
@@ -834,13 +802,6 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
     fields.push_back({"float", "mergedValues", "stride * kKvHeads * kHeadDim",
                       "Kept values after the merge, in kept-list order."});
   }
-  // Tables kept on the device hold their victim lists themselves.
-  if (decode && selects && kivi) {
-    fields.push_back({"int32_t", "victims", "kKvHeads * stride",
-                      "Victim slots per head, ascending."});
-    fields.push_back(
-        {"int32_t", "numVictims", "kKvHeads", "Victims per head."});
-  }
   if (!decode && selects) {
     fields.push_back({"int32_t", "kept", "kKvHeads * stride",
                       "Kept prompt indices per head, ascending."});
@@ -855,9 +816,6 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                       "kvc::cuda::kiviWorkBytes(kKvHeads, 1, kResidual, "
                       "kKiviGroup)",
                       "KIVI jobs of the new entries (KiviWorkPlan)."});
-    fields.push_back({"char", "kiviTables",
-                      "kvc::cuda::kiviTableBytes(kKvHeads, stride)",
-                      "Residual rows and formats per slot (KiviStager)."});
   } else if (append) {
     fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads",
                       "The new entry's destination in each head."});
@@ -1548,11 +1506,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   fn[0] = static_cast<char>(std::tolower(fn[0]));
   fn += "Stages";
   const std::string outArg = attention.getOutput() ? "out" : "w.scratchOut";
-  // KIVI stages its per-slot tables from the host at every step
-  // (KiviStager); every other storage keeps them on the device.
-  const bool resident = !kivi;
-  if (resident)
-    out << "  // The slot tables of the batch's sequences stay on the device "
+  out << "  // The slot tables of the batch's sequences stay on the device "
            "between steps\n  // (DeviceTables). Checked out first: the "
            "runtime then evicts the victims of\n  // the last step before "
            "anything here reads its bookkeeping.\n"
@@ -1560,10 +1514,12 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "  KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, "
            "kKvHeads,\n"
            "                               /*withState=*/"
-        << (state ? "true" : "false") << ", /*withHistory=*/"
-        << (history ? "true" : "false") << ",\n"
-        << "                               /*withVictims=*/"
-        << (selects ? "true" : "false") << ", \"" << name << "\"));\n";
+      << (state ? "true" : "false") << ", /*withHistory=*/"
+      << (history ? "true" : "false") << ",\n"
+      << "                               /*withVictims=*/"
+      << (selects ? "true" : "false") << ", \"" << name << "\""
+      << (kivi ? ",\n                               /*withKivi=*/true" : "")
+      << "));\n";
   out << "  // Head i of the batch is kv-head i % kKvHeads of sequence i / "
          "kKvHeads.\n"
          "  const int32_t heads = batch * kKvHeads;\n"
@@ -1586,84 +1542,78 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << "Workspace w;\n  carve" << camel
       << "Workspace(carver, heads, stride, w);\n";
   out << "  try {\n";
-  if (append) {
+  if (append && kivi) {
+    out << "    " << opComment(append) << "\n"
+        << "    // The runtime takes the lowest free slot of each head and "
+           "records the KIVI\n"
+           "    // work of the append (kvc_kivi_pending_work): the new row "
+           "goes to the residual\n"
+           "    // window, the value that leaves it and, every G appends, a "
+           "block of keys are\n"
+           "    // quantized; kiviQuantize and kiviStageRows perform it.\n"
+           "    std::vector<int32_t> newSlots(heads);\n"
+           "    kvc::cuda::KiviWorkPlan kivi;\n"
+           "    for (int32_t i = 0; i < heads; ++i) {\n"
+           "      const int32_t row = i / kKvHeads;\n"
+           "      const kvc_status_t status = kvc_append(context, "
+           "sequences[row], layer, i % kKvHeads, 1,\n"
+           "                                             kHeadDim, nullptr, "
+           "nullptr, &positions[row],\n"
+           "                                             &newSlots[i]);\n"
+           "      if (status != KVC_STATUS_OK) {\n"
+           "        // A KIVI append cannot be taken back (it advanced the "
+           "window): the heads\n"
+           "        // appended before keep their entry, whose work is "
+           "performed; the step fails.\n"
+           "        const std::string error = kvc_last_error();\n"
+           "        kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(\n"
+           "            w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, kResidual, "
+           "kKiviGroup), s, \""
+        << name
+        << "\");\n"
+           "        return kvc_report_error(status, error.c_str());\n"
+           "      }\n"
+           "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, "
+           "sequences[row], layer, i % kKvHeads, layout,\n"
+           "                                               "
+           "config.page_size, kKiviGroup, &row, k, v, kKvStride)));\n"
+           "    }\n"
+           "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
+           "kDtype>(\n"
+           "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
+           "kResidual, kKiviGroup), s, \""
+        << name << "\")));\n";
+  } else if (append) {
     out << "    " << opComment(append) << "\n"
         << "    // The runtime takes the lowest free slot of each head (a "
            "victim's slot\n"
            "    // after an eviction); storeEntries writes the row there.\n"
-           "    std::vector<int32_t> newSlots(heads);\n";
-    if (kivi)
-      out << "    for (int32_t i = 0; i < heads; ++i)\n"
-             "      KVC_CUDA_TRY(kvc_append(context, sequences[i / kKvHeads], "
-             "layer, i % kKvHeads, 1, kHeadDim,\n"
-             "                              nullptr, nullptr, &positions[i / "
-             "kKvHeads], &newSlots[i]));\n";
-    else
-      out << "    for (int32_t i = 0; i < heads; ++i) {\n"
-             "      const kvc_status_t status = kvc_append(\n"
-             "          context, sequences[i / kKvHeads], layer, i % kKvHeads, "
-             "1, kHeadDim, nullptr, nullptr,\n"
-             "          &positions[i / kKvHeads], &newSlots[i]);\n"
-             "      if (status == KVC_STATUS_OK)\n"
-             "        continue;\n"
-             "      // All or nothing (a full pool): the heads appended "
-             "before give their slots\n"
-             "      // back. An append moves no data, so evicting its slot "
-             "restores the tables.\n"
-             "      const std::string error = kvc_last_error();\n"
-             "      for (int32_t j = i - 1; j >= 0; --j)\n"
-             "        kvc_evict(context, sequences[j / kKvHeads], layer, j % "
-             "kKvHeads, 1, &newSlots[j]);\n"
-             "      return kvc_report_error(status, error.c_str());\n"
-             "    }\n";
-    if (kivi)
-      out << "    // KIVI: the new row goes to the residual window; the value "
-             "that leaves it\n"
-             "    // and, every R appends, a block of keys are quantized "
-             "(kvc_kivi_pending_work).\n"
-             "    kvc::cuda::KiviWorkPlan kivi;\n"
-             "    for (int32_t i = 0; i < heads; ++i) {\n"
-             "      const int32_t row = i / kKvHeads;\n"
-             "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, "
-             "sequences[row], layer, i % kKvHeads, layout,\n"
-             "                                               "
-             "config.page_size, kKiviGroup, &row, k, v, kKvStride)));\n"
-             "    }\n"
-             "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
-             "kDtype>(\n"
-             "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
-             "kResidual, kKiviGroup), s, \""
-          << name << "\")));\n";
-  }
-  if (resident)
-    out << "    KVC_CUDA_TRY(tables.upload(positions, "
-        << (append ? "newSlots.data()" : "nullptr") << ", /*sameEntries=*/"
-        << (isa_and_nonnull<LayerReduceOp>(crossOp) ? "true" : "false")
-        << ", w.tables,\n"
-           "                               kvc::cuda::deviceTableBytes(heads, "
-           "stride), s, &w.heads));\n";
-  else
-    out << "    kvc::cuda::TableStager tables;\n"
-         "    KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, "
-         "layer, kKvHeads,\n"
-         "                               /*withState=*/"
-      << (state ? "true" : "false")
-      << (history ? ", /*withHistory=*/true" : "") << "));\n"
-      << "    KVC_CUDA_TRY(tables.upload(w.tables, s, \"" << name
-      << "\", &w.heads));\n";
-  if (!resident && isa_and_nonnull<LayerReduceOp>(crossOp))
-    out << "    // Layer-wide scores index slots: every head of a sequence "
-           "must hold the\n    // same entries.\n"
+           "    std::vector<int32_t> newSlots(heads);\n"
            "    for (int32_t i = 0; i < heads; ++i) {\n"
-           "      const kvc_metadata_t &first = tables.metadata(i - i % "
-           "kKvHeads);\n"
-           "      if (tables.metadata(i).num_slots != first.num_slots ||\n"
-           "          std::memcmp(tables.metadata(i).position, "
-           "first.position,\n"
-           "                      sizeof(int32_t) * first.num_slots) != 0)\n"
-        << "        return kvc_report_error(KVC_STATUS_INTERNAL, \"" << name
-        << ": the heads of a layer-wide policy hold different entries\");\n"
-        << "    }\n";
+           "      const kvc_status_t status = kvc_append(\n"
+           "          context, sequences[i / kKvHeads], layer, i % kKvHeads, "
+           "1, kHeadDim, nullptr, nullptr,\n"
+           "          &positions[i / kKvHeads], &newSlots[i]);\n"
+           "      if (status == KVC_STATUS_OK)\n"
+           "        continue;\n"
+           "      // All or nothing (a full pool): the heads appended "
+           "before give their slots\n"
+           "      // back. An append moves no data, so evicting its slot "
+           "restores the tables.\n"
+           "      const std::string error = kvc_last_error();\n"
+           "      for (int32_t j = i - 1; j >= 0; --j)\n"
+           "        kvc_evict(context, sequences[j / kKvHeads], layer, j % "
+           "kKvHeads, 1, &newSlots[j]);\n"
+           "      return kvc_report_error(status, error.c_str());\n"
+           "    }\n";
+  }
+  out << "    KVC_CUDA_TRY(tables.upload(positions, "
+      << (append ? "newSlots.data()" : "nullptr") << ", /*sameEntries=*/"
+      << (isa_and_nonnull<LayerReduceOp>(crossOp) ? "true" : "false")
+      << ", w.tables,\n"
+         "                               kvc::cuda::deviceTableBytes(heads, "
+         "stride"
+      << (kivi ? ", kResidual" : "") << "), s, &w.heads));\n";
   if (append && !kivi)
     out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
            "    for (int32_t i = 0; i < heads; ++i)\n"
@@ -1691,22 +1641,15 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   if (kivi)
     out << "    // KIVI: packed int codes dequantized in registers, the window "
            "read from\n"
-           "    // the residual rows (KiviStager: per slot, row and formats).\n"
-           "    kvc::cuda::KiviStager kiviTables;\n"
-           "    const kvc::cuda::KiviHead *kiviHeads = nullptr;\n"
-           "    KVC_CUDA_TRY(kiviTables.upload(context, batch, sequences, "
-           "layer, tables, kKvHeads,\n"
-           "                                   w.kiviTables, s, \""
-        << name << "\", &kiviHeads));\n"
-        << "    kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
+           "    // the residual rows (the device tables' word per slot: row "
+           "and formats).\n"
+           "    kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
            "kKiviGroup, kDtype,\n"
            "                                   kvc::cuda::kDecodeThreads>\n"
            "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
-           "0, s>>>(args, kiviHeads,\n"
-           "                                                               "
-           "kResidual);\n";
+           "0, s>>>(args, kResidual);\n";
   else if (mixed)
-    out << "    // Mixed precision: the low pages (tagged by TableStager) hold "
+    out << "    // Mixed precision: the low pages (tagged by DeviceTables) hold "
            "grouped int\n"
            "    // codes, dequantized in registers.\n"
            "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
@@ -1742,7 +1685,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            ";\n"
            "    }\n";
   };
-  const bool periodEnds = periodic && (crossOp || (selects && !resident));
+  const bool periodEnds = periodic && crossOp;
   if (periodEnds)
     out << "    // The rest of the phase runs once every kPeriod positions: "
            "in the blocks of\n    // the sequences that end a period.\n"
@@ -1761,85 +1704,20 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       out << launches;
   }
   out << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
-  // The victim lists longer than the inline part, after the
-  // synchronization. A periodic phase writes victims only in the blocks of
-  // the sequences that end a period: the others' counts are not read.
-  auto fetchVictims = [&]() -> std::string {
-    if (!periodic)
-      return "    KVC_CUDA_TRY(victims.fetchRest(\"" + name + "\"));\n";
-    return "    KVC_CUDA_TRY(victims.fetchRest(\"" + name +
-           "\", [&](int32_t i) {\n"
-           "      return (positions[i / kKvHeads] + 1) % kPeriod == 0;\n"
-           "    }));\n";
-  };
-  if (resident) {
-    // The score state, the importance bits and the victims stay on the
-    // device; the victim lists' download is queued, and the runtime evicts
-    // them when the tables are next checked out or settled.
-    if (selects) {
-      out << "    // The victims stay in the device tables; their download is "
-             "queued, and the\n    // runtime evicts them before this layer's "
-             "next step or host access (the\n    // step does not wait for "
-             "its kernels).\n"
-             "    for (int32_t b = 0; b < batch; ++b)\n";
-      if (periodic)
-        out << "      if ((positions[b] + 1) % kPeriod == 0)\n  ";
-      out << "      KVC_CUDA_TRY(tables.keepVictims(b));\n";
-    }
-    out << "    KVC_CUDA_TRY(tables.checkIn());\n";
-  } else if (selects || state || history) {
-    // A periodic kernel selects after the last position of a period only.
-    // Its window sum changes at the last kWindow positions of each period;
-    // an accumulated state or importance bits change at every step.
-    const bool everyStep =
-        !periodic || history || attention.getAccumulate().has_value();
-    const bool windowSteps = periodic && !everyStep && state;
-    const bool phaseSteps = periodic && !everyStep && !state;
-    const bool guardSelects = periodic && !phaseSteps;
-    std::string block;
-    llvm::raw_string_ostream bs(block);
-    if (selects) {
-      bs << "    kvc::cuda::VictimDownload victims;\n";
-      std::string queue = "    KVC_CUDA_TRY(victims.queue(w.numVictims, "
-                          "w.victims, heads, stride, s, \"" +
-                          name + "\"));\n";
-      bs << (guardSelects ? "    if (periodEnds)\n  " + queue : queue);
-    }
-    bs << "    KVC_CUDA_CHECK(\"" << name
-       << "\", cudaStreamSynchronize(s));\n";
-    if (state || history)
-      bs << "    KVC_CUDA_TRY(tables.downloadState(w.tables, \"" << name
-         << "\"));\n";
-    if (selects) {
-      bs << fetchVictims();
-      bs << "    for (int32_t i = 0; i < heads; ++i)\n"
-            "      if (victims.count(i) > 0)\n"
-            "        KVC_CUDA_TRY(kvc_evict(context, sequences[i / kKvHeads], "
-            "layer, i % kKvHeads,\n"
-            "                               victims.count(i), "
-            "victims.slots(i)));\n";
-    }
-    if (everyStep) {
-      out << "    // Hand the policy's decisions to the runtime's host "
-             "bookkeeping.\n"
-          << block;
-    } else if (windowSteps) {
-      out << "    // Hand the window sum and, after the last position of a "
-             "period, the\n"
-             "    // victims to the runtime's host bookkeeping; steps where "
-             "no sequence of the\n    // batch is in a window do not "
-             "synchronize.\n"
-          << anySequence("inWindow", "position % kPeriod >= kPeriod - kWindow")
-          << "    if (inWindow) {\n"
-          << nested(block) << "    }\n";
-    } else {
-      out << "    // Hand the policy's decisions to the runtime's host "
-             "bookkeeping after\n    // the last position of a period; other "
-             "steps do not synchronize.\n"
-             "    if (periodEnds) {\n"
-          << nested(block) << "    }\n";
-    }
+  // The score state, the importance bits and the victims stay on the
+  // device; the victim lists' download is queued, and the runtime evicts
+  // them when the tables are next checked out or settled.
+  if (selects) {
+    out << "    // The victims stay in the device tables; their download is "
+           "queued, and the\n    // runtime evicts them before this layer's "
+           "next step or host access (the\n    // step does not wait for "
+           "its kernels).\n"
+           "    for (int32_t b = 0; b < batch; ++b)\n";
+    if (periodic)
+      out << "      if ((positions[b] + 1) % kPeriod == 0)\n  ";
+    out << "      KVC_CUDA_TRY(tables.keepVictims(b));\n";
   }
+  out << "    KVC_CUDA_TRY(tables.checkIn());\n";
   out << "  } catch (const std::bad_alloc &) {\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
       << name << ": host allocation failed\");\n  }\n";

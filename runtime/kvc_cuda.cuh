@@ -7,11 +7,13 @@
 //
 // Division of labour (see docs/codegen-cuda.md):
 //  - The runtime's bookkeeping (page tables, free lists, positions, score
-//    state) lives on the host. A generated entry point snapshots what its
-//    kernels read (TableStager: page addresses, positions, score state of
-//    every kv-head of one layer) into the device workspace with one
-//    asynchronous copy, launches the kernels on the caller's stream, and
-//    writes back what the host owns (score state, evictions, new slots).
+//    state) lives on the host. Decode keeps a device copy of the slot
+//    tables of every (sequence, layer) between steps (DeviceTables: page
+//    addresses, positions, score state, importance bits, a KIVI head's
+//    per-slot window words), writes into it only what a step's appends and
+//    the last step's evictions changed, and never waits for its kernels;
+//    the runtime evicts a step's victims before the layer's next step.
+//    Prefill reads the prompt tensors and hands its kept lists to the host.
 //  - Keys and values only ever move on the device: storeEntries writes new,
 //    gathered or merged entries into their pages (encoding f16/bf16/f32,
 //    int8 or fp8 in registers), decodeAttentionSplit reads them once per
@@ -22,7 +24,7 @@
 //    appends each class through the runtime, storeEntries and
 //    storeLowEntries write the two classes, and decodeAttentionSplit's
 //    mixed instantiation reads a low page's grouped int2/int4 rows where
-//    TableStager tagged its address (kLowPageTag).
+//    DeviceTables tagged its address (kLowPageTag).
 //
 // Layouts: prompt tensors are float32, row-major [token][head][channel];
 // a score buffer of a kv-head holds one float per entry (prompt index in
@@ -363,11 +365,17 @@ inline PageLayout devicePageLayout(const kvc_config_t &config,
 /// the low class (kvc_get_page_format names the context's low_format). The
 /// bit is free: the pool is KVC_POOL_ALIGNMENT-aligned and so are the
 /// strides of pool pages and of low pages, so every page address is a
-/// multiple of 256. TableStager sets it; kernels that read a context with
+/// multiple of 256. DeviceTables sets it; kernels that read a context with
 /// one class never see it.
 constexpr uint64_t kLowPageTag = 1;
 
-/// Snapshot of one (sequence, layer, kv-head) in device memory.
+/// Per-slot word of a KIVI head (HeadTable::kiviRows): -1 when key and
+/// value are both quantized, else the residual row with these flags.
+constexpr int32_t kKiviKeyFull = 1 << 30;
+constexpr int32_t kKiviValueFull = 1 << 29;
+constexpr int32_t kKiviRowMask = kKiviValueFull - 1;
+
+/// The slot tables of one (sequence, layer, kv-head) in device memory.
 struct HeadTable {
   /// Device address of each page (0: a hole), with kLowPageTag set for a
   /// low page of a mixed-precision context.
@@ -384,9 +392,14 @@ struct HeadTable {
   /// Decode on device-resident tables (DeviceTables) of a policy that
   /// selects: where the stages leave the step's victims, the count at [0]
   /// and the slots after it, for the host to evict before the sequence's
-  /// next step. Null on tables staged from the host (the victims then go
-  /// to the workspace).
+  /// next step. Null for a policy that does not select at decode.
   int32_t *victims;
+  /// KIVI storage: per slot, the word of kKiviKeyFull (which part is read
+  /// from the residual window, and from which row); null otherwise.
+  const int32_t *kiviRows;
+  /// KIVI storage: the head's residual region, R key rows then R value
+  /// rows of dtype elements.
+  const uint8_t *kiviResidual;
 };
 
 /// One row pair that storeEntries writes: source row `row` of the float
@@ -1136,18 +1149,6 @@ __global__ void __launch_bounds__(D) kiviStageRows(const KiviStage *stages) {
                     reinterpret_cast<const float *>(s.value)[c]);
 }
 
-/// Per-slot word of a KIVI head (KiviHead::rows): -1 when key and value are
-/// both quantized, else the residual row with these flags.
-constexpr int32_t kKiviKeyFull = 1 << 30;
-constexpr int32_t kKiviValueFull = 1 << 29;
-constexpr int32_t kKiviRowMask = kKiviValueFull - 1;
-
-/// What decode reads of a KIVI head besides its HeadTable.
-struct KiviHead {
-  const int32_t *rows;     ///< Per slot, see kKiviKeyFull.
-  const uint8_t *residual; ///< R key rows, then R value rows (dtype).
-};
-
 /// decodeAttentionSplit for KIVI pages: one warp per row, lane L holding
 /// channels L + 32 x; quantized keys (per-channel {scale, min} of the slot's
 /// block of KG) and values (per-group {scale, min} of the slot) are
@@ -1157,8 +1158,7 @@ struct KiviHead {
 /// stages follow unchanged.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    decodeAttentionKivi(DecodeSplitArgs a, const KiviHead *kivi,
-                        int32_t residualLength) {
+    decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
   static_assert(D % kWarpSize == 0, "a row spreads over one warp");
   constexpr int kPer = D / kWarpSize;
   constexpr int kRowGroups = kThreads / kWarpSize;
@@ -1170,7 +1170,6 @@ __global__ void __launch_bounds__(kThreads)
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
-  const KiviHead kh = kivi[h];
   const int lane = threadIdx.x % kWarpSize, rowGroup = threadIdx.x / kWarpSize;
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
@@ -1194,14 +1193,14 @@ __global__ void __launch_bounds__(kThreads)
     if (live) {
       const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
       const int32_t o = slot % a.layout.pageSize;
-      const int32_t info = kh.rows[slot];
+      const int32_t info = t.kiviRows[slot];
       const bool keyFull = info >= 0 && (info & kKiviKeyFull);
       const bool valueFull = info >= 0 && (info & kKiviValueFull);
       const uint64_t r = info >= 0 ? static_cast<uint64_t>(info & kKiviRowMask) : 0;
-      const uint8_t *kRow = keyFull ? kh.residual + r * kFullBytes
+      const uint8_t *kRow = keyFull ? t.kiviResidual + r * kFullBytes
                                     : page + a.layout.keyOffset + o * kPackedBytes;
       const uint8_t *vRow =
-          valueFull ? kh.residual + (residualLength + r) * kFullBytes
+          valueFull ? t.kiviResidual + (residualLength + r) * kFullBytes
                     : page + a.layout.valueOffset + o * kPackedBytes;
       const float *kParams = reinterpret_cast<const float *>(
           page + a.layout.keyParamOffset + (o / KG) * kKeyRecord);
@@ -2321,280 +2320,8 @@ private:
   uint64_t offset_ = 0;
 };
 
-/// Workspace bytes TableStager::upload needs for `heads` heads of at most
-/// `slots` slots (a page holds at least one slot), with the importance bits
-/// when `withHistory`.
-inline uint64_t tableBytes(int32_t heads, int64_t slots,
-                           bool withHistory = false) {
-  return static_cast<uint64_t>(heads) *
-             (sizeof(HeadTable) + 16 * 5 +
-              static_cast<uint64_t>(slots) *
-                  (sizeof(uint64_t) + sizeof(int32_t) + sizeof(float) +
-                   (withHistory ? sizeof(uint64_t) : 0))) +
-         kWorkspaceAlignment;
-}
-
-/// Snapshot of the runtime's host bookkeeping of one layer of a batch of
-/// sequences for the device: per (sequence, kv-head), the device address of
-/// every page (with kLowPageTag on the low pages of a mixed-precision
-/// context), the position of every slot and (optionally) the score state
-/// and the importance bits, packed into one host image that a single
-/// cudaMemcpyAsync uploads. Table b * heads + h is kv-head h of sequence b.
-class TableStager {
-public:
-  /// Reads the tables of `heads` kv-heads of each of the `batch` sequences
-  /// through the runtime; queryPositions[b] is sequence b's step position.
-  kvc_status_t gather(kvc_context_t *context, int32_t batch,
-                      const uint64_t *sequences, const int32_t *queryPositions,
-                      int32_t layer, int32_t heads, bool withState,
-                      bool withHistory = false) {
-    kvc_config_t config;
-    KVC_CUDA_TRY(kvc_context_config(context, &config));
-    const bool mixed = config.low_format != KVC_FORMAT_FULL;
-    try {
-      tables_ = batch * heads;
-      withState_ = withState;
-      withHistory_ = withHistory;
-      meta_.assign(tables_, kvc_metadata_t{});
-      pages_.assign(tables_, {});
-      queryPositions_.assign(queryPositions, queryPositions + batch);
-      perSequence_ = heads;
-      maxSlots_ = 0;
-      for (int32_t i = 0; i < tables_; ++i) {
-        const uint64_t sequence = sequences[i / heads];
-        const int32_t h = i % heads;
-        KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta_[i]));
-        int32_t numPages = 0;
-        KVC_CUDA_TRY(kvc_get_num_pages(context, sequence, layer, h, &numPages));
-        pages_[i].resize(numPages);
-        for (int32_t p = 0; p < numPages; ++p) {
-          void *address = nullptr;
-          KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, h, p, nullptr,
-                                    nullptr, &address));
-          pages_[i][p] = reinterpret_cast<uint64_t>(address);
-          if (!mixed || !address)
-            continue;
-          int32_t format = 0;
-          KVC_CUDA_TRY(
-              kvc_get_page_format(context, sequence, layer, h, p, &format));
-          if (format == config.low_format)
-            pages_[i][p] |= kLowPageTag;
-        }
-        maxSlots_ = maxSlots_ > meta_[i].num_slots ? maxSlots_
-                                                   : meta_[i].num_slots;
-      }
-    } catch (const std::bad_alloc &) {
-      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                              "kvc cuda: host staging allocation failed");
-    }
-    return KVC_STATUS_OK;
-  }
-
-  /// Uploads the snapshot into `region` (tableBytes(batch * heads,
-  /// maxSlots()) bytes
-  /// of device workspace) on `stream`; *heads receives the device array of
-  /// HeadTable.
-  kvc_status_t upload(void *region, cudaStream_t stream, const char *name,
-                      const HeadTable **heads) {
-    try {
-      std::vector<HeadTable> tables(tables_);
-      uint64_t at = align(sizeof(HeadTable) * tables_);
-      // Per head: pages, positions; then the score state and the importance
-      // bits of every head, the part the kernels update, as one tail that
-      // downloadState copies back at once.
-      std::vector<uint64_t> offsets(4 * tables_);
-      for (int32_t h = 0; h < tables_; ++h) {
-        offsets[4 * h] = at;
-        at = align(at + sizeof(uint64_t) * pages_[h].size());
-        offsets[4 * h + 1] = at;
-        at = align(at + sizeof(int32_t) * meta_[h].num_slots);
-      }
-      updatedBegin_ = at;
-      for (int32_t h = 0; h < tables_; ++h) {
-        offsets[4 * h + 2] = at;
-        if (withState_)
-          at = align(at + sizeof(float) * meta_[h].num_slots);
-        offsets[4 * h + 3] = at;
-        if (withHistory_)
-          at = align(at + sizeof(uint64_t) * meta_[h].num_slots);
-      }
-      image_.assign(at, 0);
-      char *device = static_cast<char *>(region);
-      for (int32_t h = 0; h < tables_; ++h) {
-        const int32_t slots = meta_[h].num_slots;
-        std::memcpy(image_.data() + offsets[4 * h], pages_[h].data(),
-                    sizeof(uint64_t) * pages_[h].size());
-        std::memcpy(image_.data() + offsets[4 * h + 1], meta_[h].position,
-                    sizeof(int32_t) * slots);
-        if (withState_)
-          std::memcpy(image_.data() + offsets[4 * h + 2], meta_[h].score,
-                      sizeof(float) * slots);
-        if (withHistory_)
-          std::memcpy(image_.data() + offsets[4 * h + 3], meta_[h].history,
-                      sizeof(uint64_t) * slots);
-        tables[h].pages =
-            reinterpret_cast<const uint64_t *>(device + offsets[4 * h]);
-        tables[h].positions =
-            reinterpret_cast<int32_t *>(device + offsets[4 * h + 1]);
-        tables[h].state =
-            withState_ ? reinterpret_cast<float *>(device + offsets[4 * h + 2])
-                       : nullptr;
-        tables[h].history =
-            withHistory_
-                ? reinterpret_cast<uint64_t *>(device + offsets[4 * h + 3])
-                : nullptr;
-        tables[h].numSlots = slots;
-        tables[h].numPages = static_cast<int32_t>(pages_[h].size());
-        tables[h].queryPosition = queryPositions_[h / perSequence_];
-        tables[h].victims = nullptr;
-      }
-      std::memcpy(image_.data(), tables.data(), sizeof(HeadTable) * tables_);
-      stateOffsets_.resize(tables_);
-      historyOffsets_.resize(tables_);
-      for (int32_t h = 0; h < tables_; ++h) {
-        stateOffsets_[h] = offsets[4 * h + 2];
-        historyOffsets_[h] = offsets[4 * h + 3];
-      }
-    } catch (const std::bad_alloc &) {
-      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                              "kvc cuda: host staging allocation failed");
-    }
-    // Pageable source: the call returns once the image is staged, so the
-    // host buffer may change afterwards.
-    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image_.data(), image_.size(),
-                                         cudaMemcpyHostToDevice, stream));
-    *heads = static_cast<const HeadTable *>(region);
-    return KVC_STATUS_OK;
-  }
-
-  /// Copies what the kernels update of the snapshot (the score state and
-  /// the importance bits, those that were gathered) back into the runtime's
-  /// metadata, after the kernels ran and the stream was synchronized: one
-  /// copy of the image's tail, then a scatter on the host.
-  kvc_status_t downloadState(const void *region, const char *name) {
-    if (!withState_ && !withHistory_)
-      return KVC_STATUS_OK;
-    const char *device = static_cast<const char *>(region);
-    KVC_CUDA_CHECK(name, cudaMemcpy(image_.data() + updatedBegin_,
-                                    device + updatedBegin_,
-                                    image_.size() - updatedBegin_,
-                                    cudaMemcpyDeviceToHost));
-    for (int32_t h = 0; h < tables_; ++h) {
-      if (withState_)
-        std::memcpy(meta_[h].score, image_.data() + stateOffsets_[h],
-                    sizeof(float) * meta_[h].num_slots);
-      if (withHistory_)
-        std::memcpy(meta_[h].history, image_.data() + historyOffsets_[h],
-                    sizeof(uint64_t) * meta_[h].num_slots);
-    }
-    return KVC_STATUS_OK;
-  }
-
-  int32_t maxSlots() const { return maxSlots_; }
-  const kvc_metadata_t &metadata(int32_t h) const { return meta_[h]; }
-  /// The address of a page, without kLowPageTag.
-  uint64_t pageAddress(int32_t h, int32_t page) const {
-    return pages_[h][page] & ~kLowPageTag;
-  }
-
-private:
-  static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
-  /// Tables (batch x heads), tables per sequence, largest slot count.
-  int32_t tables_ = 0, perSequence_ = 1, maxSlots_ = 0;
-  /// Offset of the score state and importance bits in the image.
-  uint64_t updatedBegin_ = 0;
-  bool withState_ = false, withHistory_ = false;
-  std::vector<kvc_metadata_t> meta_;
-  std::vector<std::vector<uint64_t>> pages_;
-  std::vector<int32_t> queryPositions_;
-  std::vector<uint64_t> stateOffsets_, historyOffsets_;
-  std::vector<char> image_;
-};
-
 /// Victims per head that a decode step downloads with the counts.
 constexpr int32_t kInlineVictims = 8;
-
-/// The victim lists of a decode step on the host. queue() copies the count
-/// of every head and its first kInlineVictims victims (one strided copy,
-/// not the heads x stride list: a step usually evicts at most one entry per
-/// head); after the stream synchronization fetchRest() copies the whole
-/// list of the heads that have more (a budget that shrank).
-class VictimDownload {
-public:
-  kvc_status_t queue(const int32_t *numVictims, const int32_t *victims,
-                     int32_t heads, int64_t stride, cudaStream_t stream,
-                     const char *name) {
-    try {
-      device_ = victims;
-      stride_ = stride;
-      inline_ = static_cast<int32_t>(stride < kInlineVictims ? stride
-                                                            : kInlineVictims);
-      counts_.assign(heads, 0);
-      lists_.assign(static_cast<size_t>(heads) * inline_, 0);
-      rest_.assign(heads, {});
-    } catch (const std::bad_alloc &) {
-      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                              "kvc cuda: host victim allocation failed");
-    }
-    KVC_CUDA_CHECK(name, cudaMemcpyAsync(counts_.data(), numVictims,
-                                         sizeof(int32_t) * heads,
-                                         cudaMemcpyDeviceToHost, stream));
-    if (inline_ > 0)
-      KVC_CUDA_CHECK(name, cudaMemcpy2DAsync(
-                               lists_.data(), sizeof(int32_t) * inline_,
-                               victims, sizeof(int32_t) * stride,
-                               sizeof(int32_t) * inline_, heads,
-                               cudaMemcpyDeviceToHost, stream));
-    return KVC_STATUS_OK;
-  }
-
-  /// Every head of a step selected its victims.
-  struct AllHeads {
-    bool operator()(int32_t) const { return true; }
-  };
-
-  /// The lists longer than kInlineVictims, after the synchronization. Heads
-  /// for which `selected(h)` is false did not run the selection in this
-  /// step (a periodic phase that another sequence of the batch ended):
-  /// their counts were never written, and they report no victims.
-  template <typename Selected = AllHeads>
-  kvc_status_t fetchRest(const char *name, Selected selected = {}) {
-    for (size_t h = 0; h < counts_.size(); ++h) {
-      if (!selected(static_cast<int32_t>(h)))
-        counts_[h] = 0;
-      if (counts_[h] <= inline_)
-        continue;
-      try {
-        rest_[h].resize(counts_[h]);
-      } catch (const std::bad_alloc &) {
-        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                                "kvc cuda: host victim allocation failed");
-      }
-      KVC_CUDA_CHECK(name, cudaMemcpy(rest_[h].data(),
-                                      device_ + static_cast<int64_t>(h) * stride_,
-                                      sizeof(int32_t) * counts_[h],
-                                      cudaMemcpyDeviceToHost));
-    }
-    return KVC_STATUS_OK;
-  }
-
-  /// Victims of head h (0 when nothing was queued).
-  int32_t count(int32_t h) const {
-    return static_cast<size_t>(h) < counts_.size() ? counts_[h] : 0;
-  }
-  /// The victim slots of head h, ascending.
-  const int32_t *slots(int32_t h) const {
-    return counts_[h] > inline_ ? rest_[h].data()
-                                : lists_.data() + static_cast<size_t>(h) * inline_;
-  }
-
-private:
-  const int32_t *device_ = nullptr;
-  int64_t stride_ = 0;
-  int32_t inline_ = 0;
-  std::vector<int32_t> counts_, lists_;
-  std::vector<std::vector<int32_t>> rest_;
-};
 
 //===----------------------------------------------------------------------===//
 // Device-resident slot tables (decode)
@@ -2622,10 +2349,53 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<uint32_t *>(w.address) = static_cast<uint32_t>(w.value);
 }
 
+/// A row of a KIVI head's residual window as decode reads it: the slot of
+/// the entry it holds (-1: none) and that slot's word (HeadTable::kiviRows).
+struct KiviWindowRow {
+  int32_t slot, word;
+  bool operator==(const KiviWindowRow &o) const {
+    return slot == o.slot && word == o.word;
+  }
+};
+
+/// Reads the residual window of one KIVI head (kvc_kivi_pending_work) into
+/// `rows` (R of them): a row's word is -1 once both parts of its entry are
+/// quantized (decode then reads the pages), else the row with kKiviKeyFull
+/// and kKiviValueFull for the parts still in full precision.
+inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
+                                   int32_t layer, int32_t head,
+                                   std::vector<KiviWindowRow> &rows,
+                                   const uint8_t **residual) {
+  kvc_kivi_work_t work;
+  KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, head, &work));
+  kvc_metadata_t meta;
+  KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, head, &meta));
+  *residual = static_cast<const uint8_t *>(work.residual);
+  try {
+    rows.assign(work.residual_length, KiviWindowRow{-1, -1});
+  } catch (const std::bad_alloc &) {
+    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                            "kvc cuda: host table allocation failed");
+  }
+  for (int32_t r = 0; r < work.residual_length; ++r) {
+    const int32_t s = work.residual_slot[r];
+    if (s < 0 || s >= meta.num_slots)
+      continue;
+    int32_t word = r;
+    if (meta.key_format[s] == KVC_FORMAT_FULL)
+      word |= kKiviKeyFull;
+    if (meta.value_format[s] == KVC_FORMAT_FULL)
+      word |= kKiviValueFull;
+    rows[r] = KiviWindowRow{s, word == r ? -1 : word};
+  }
+  return KVC_STATUS_OK;
+}
+
 /// The device-resident copy of one (sequence, layer)'s slot tables: per
 /// kv-head the page addresses (with kLowPageTag), the position of every
-/// slot and, as the policy needs them, the score state and the importance
-/// bits, each sized for `capPages` pages. Between decode steps it is
+/// slot and, as the policy needs them, the score state, the importance
+/// bits and a KIVI head's per-slot window words, each sized for `capPages`
+/// pages. Between decode steps it is
 /// attached to the context (kvc_attachment_t): the device then holds the
 /// newest score state and importance bits, which flushMirror writes back
 /// into the runtime's metadata when anything on the host reads or changes
@@ -2636,6 +2406,7 @@ struct TableMirror {
   uint64_t magic = kMagic;
   int32_t heads = 0, pageSize = 0, capPages = 0;
   bool withState = false, withHistory = false, withVictims = false;
+  bool withKivi = false;
   /// The device copy was uploaded (a mirror whose build failed holds
   /// nothing to write back).
   bool loaded = false;
@@ -2657,6 +2428,10 @@ struct TableMirror {
   /// table: pages that the last step's evictions may have returned to the
   /// pool (a hole, 0), unless an append mapped them again since.
   std::vector<std::pair<int32_t, int32_t>> recheck;
+  /// KIVI: per head, the residual window the device's words reflect, and
+  /// the address of the head's residual region.
+  std::vector<std::vector<KiviWindowRow>> window;
+  std::vector<const uint8_t *> residual;
 
   static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
   int64_t capSlots() const { return static_cast<int64_t>(capPages) * pageSize; }
@@ -2675,8 +2450,11 @@ struct TableMirror {
   int64_t victimWords() const {
     return 1 + (capSlots() > kInlineVictims ? capSlots() : kInlineVictims);
   }
-  uint64_t regionBytes() const {
+  uint64_t kiviRowsOffset() const {
     return victimsOffset() + (withVictims ? align(4ull * victimWords()) : 0);
+  }
+  uint64_t regionBytes() const {
+    return kiviRowsOffset() + (withKivi ? align(4ull * capSlots()) : 0);
   }
   char *head(int32_t h) const { return device + h * headBytes; }
   uint64_t *pagesOf(int32_t h) const {
@@ -2699,6 +2477,11 @@ struct TableMirror {
   int32_t *victimsOf(int32_t h) const {
     return withVictims ? reinterpret_cast<int32_t *>(head(h) + victimsOffset())
                        : nullptr;
+  }
+  /// KIVI: head h's per-slot window words (HeadTable::kiviRows).
+  int32_t *kiviRowsOf(int32_t h) const {
+    return withKivi ? reinterpret_cast<int32_t *>(head(h) + kiviRowsOffset())
+                    : nullptr;
   }
 
   /// After the runtime evicted `slots` of head h: the page-table entries
@@ -2814,13 +2597,17 @@ constexpr int64_t kTableWordsPerHead = 16;
 
 /// Workspace bytes of DeviceTables::upload for `heads` heads of at most
 /// `slots` slots: the HeadTables and kTableWordsPerHead words per head plus
-/// `slots` more (the pages that a long eviction released). It does not grow
-/// with the batch's slots, as TableStager's snapshot does: a step whose
-/// words exceed it uploads them in chunks.
-inline uint64_t deviceTableBytes(int32_t heads, int64_t slots) {
+/// `slots` more (the pages that a long eviction released), plus, for KIVI
+/// storage with a window of `residual` rows, that many per head (a step
+/// whose block of keys leaves the window changes a word per member). It
+/// does not grow with the batch's slots: a step whose words exceed it
+/// uploads them in chunks.
+inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
+                                 int32_t residual = 0) {
   return TableMirror::align(sizeof(HeadTable) * static_cast<uint64_t>(heads)) +
          sizeof(TableWord) *
-             (static_cast<uint64_t>(heads) * kTableWordsPerHead +
+             (static_cast<uint64_t>(heads) *
+                  (kTableWordsPerHead + static_cast<uint64_t>(residual)) +
               static_cast<uint64_t>(slots)) +
          kWorkspaceAlignment;
 }
@@ -2834,6 +2621,11 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots) {
 /// kernels update the score state in place, mirror their evictions
 /// (clearEvicted) and leave the victim lists in the mirror, queues the
 /// download of those lists (keepVictims) and checks the mirrors back in.
+/// For KIVI storage the mirror also holds each slot's window word
+/// (HeadTable::kiviRows); a step compares each head's residual window with
+/// the one the device reflects and writes the words of the slots whose
+/// rows changed (the entry that entered, the value that left, a block of
+/// keys that left, window entries evicted).
 /// So a step moves a few words per head over the host link instead of
 /// every slot's position and state, downloads no state, and never waits
 /// for its own kernels. A mirror is built from the
@@ -2877,7 +2669,8 @@ public:
   kvc_status_t checkOut(kvc_context_t *context, int32_t batch,
                         const uint64_t *sequences, int32_t layer,
                         int32_t heads, bool withState, bool withHistory,
-                        bool withVictims, const char *name) {
+                        bool withVictims, const char *name,
+                        bool withKivi = false) {
     context_ = context;
     sequences_ = sequences;
     batch_ = batch;
@@ -2886,6 +2679,7 @@ public:
     withState_ = withState;
     withHistory_ = withHistory;
     withVictims_ = withVictims;
+    withKivi_ = withKivi;
     name_ = name;
     kvc_config_t config;
     KVC_CUDA_TRY(kvc_context_config(context, &config));
@@ -2905,7 +2699,7 @@ public:
       if (a.release == &releaseMirror && m && m->magic == TableMirror::kMagic &&
           m->heads == heads && m->pageSize == pageSize_ &&
           (m->withState || !withState) && (m->withHistory || !withHistory) &&
-          (m->withVictims || !withVictims)) {
+          (m->withVictims || !withVictims) && (m->withKivi || !withKivi)) {
         // The runtime catches up with the last step's evictions; a mirror
         // it could not catch up with is written back and dropped.
         const kvc_status_t status = applyVictims(*m, context, sequences[b],
@@ -2969,6 +2763,8 @@ public:
           t.numSlots = t.numPages * pageSize_;
           t.queryPosition = queryPositions[b];
           t.victims = m.victimsOf(h);
+          t.kiviRows = m.kiviRowsOf(h);
+          t.kiviResidual = m.withKivi ? m.residual[h] : nullptr;
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
         }
       }
@@ -3145,6 +2941,55 @@ private:
             reinterpret_cast<uint64_t>(m->historyOf(h) + slot) | 1, 0});
     }
     m->recheck.clear();
+    if (m->withKivi)
+      for (int32_t h = 0; h < heads_; ++h)
+        KVC_CUDA_TRY(refreshWindow(*m, sequence, h, words));
+    return KVC_STATUS_OK;
+  }
+
+  /// KIVI: the words of the slots whose residual-window rows changed since
+  /// the device's copy: each such slot gets the word of the row that holds
+  /// it now, or -1 (quantized, or no longer in the window).
+  kvc_status_t refreshWindow(TableMirror &m, uint64_t sequence, int32_t h,
+                             std::vector<TableWord> &words) {
+    std::vector<KiviWindowRow> now;
+    KVC_CUDA_TRY(readKiviWindow(context_, sequence, layer_, h, now,
+                                &m.residual[h]));
+    std::vector<KiviWindowRow> &before = m.window[h];
+    if (before.size() != now.size())
+      before.assign(now.size(), KiviWindowRow{-1, -1});
+    // The slots that moved, with the word each holds now.
+    std::vector<KiviWindowRow> changed;
+    for (size_t r = 0; r < now.size(); ++r) {
+      if (now[r] == before[r])
+        continue;
+      if (before[r].slot >= 0)
+        changed.push_back(KiviWindowRow{before[r].slot, -1});
+      if (now[r].slot >= 0)
+        changed.push_back(KiviWindowRow{now[r].slot, -1});
+    }
+    if (changed.empty())
+      return KVC_STATUS_OK;
+    std::sort(changed.begin(), changed.end(),
+              [](const KiviWindowRow &a, const KiviWindowRow &b) {
+                return a.slot < b.slot;
+              });
+    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    for (const KiviWindowRow &row : now) {
+      if (row.slot < 0)
+        continue;
+      auto it = std::lower_bound(
+          changed.begin(), changed.end(), row.slot,
+          [](const KiviWindowRow &a, int32_t s) { return a.slot < s; });
+      if (it != changed.end() && it->slot == row.slot)
+        it->word = row.word;
+    }
+    for (const KiviWindowRow &c : changed)
+      if (c.slot < m.capSlots())
+        words.push_back(TableWord{
+            reinterpret_cast<uint64_t>(m.kiviRowsOf(h) + c.slot),
+            static_cast<uint32_t>(c.word)});
+    before = std::move(now);
     return KVC_STATUS_OK;
   }
 
@@ -3164,8 +3009,13 @@ private:
     m->withState = withState_;
     m->withHistory = withHistory_;
     m->withVictims = withVictims_;
+    m->withKivi = withKivi_;
     m->headBytes = m->regionBytes();
     m->pages.resize(heads_);
+    if (withKivi_) {
+      m->window.resize(heads_);
+      m->residual.assign(heads_, nullptr);
+    }
     KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&m->done,
                                                    cudaEventDisableTiming));
     KVC_CUDA_CHECK(name_, cudaMalloc(reinterpret_cast<void **>(&m->device),
@@ -3210,6 +3060,16 @@ private:
       if (withHistory_)
         std::memcpy(base + m->historyOffset(), meta.history,
                     8 * meta.num_slots);
+      if (withKivi_) {
+        int32_t *rows = reinterpret_cast<int32_t *>(base + m->kiviRowsOffset());
+        for (int64_t s = 0; s < m->capSlots(); ++s)
+          rows[s] = -1;
+        KVC_CUDA_TRY(readKiviWindow(context_, sequence, layer_, h,
+                                    m->window[h], &m->residual[h]));
+        for (const KiviWindowRow &row : m->window[h])
+          if (row.slot >= 0 && row.slot < m->capSlots())
+            rows[row.slot] = row.word;
+      }
     }
     KVC_CUDA_CHECK(name_, cudaMemcpyAsync(m->device, image.data(),
                                           image.size(),
@@ -3223,7 +3083,7 @@ private:
   int32_t batch_ = 0, layer_ = 0, heads_ = 0, pageSize_ = 1, lowFormat_ = 0;
   int32_t maxSlots_ = 0;
   bool withState_ = false, withHistory_ = false, withVictims_ = false;
-  bool mixed_ = false;
+  bool withKivi_ = false, mixed_ = false;
   const char *name_ = "";
   cudaStream_t stream_ = nullptr;
   std::vector<TableMirror *> mirrors_;
@@ -3479,76 +3339,6 @@ private:
   std::vector<KiviJob> jobs_;
   std::vector<KiviMember> members_;
   std::vector<KiviStage> stages_;
-};
-
-/// Workspace bytes of KiviStager::upload for `heads` heads of at most
-/// `slots` slots.
-inline uint64_t kiviTableBytes(int32_t heads, int64_t slots) {
-  return static_cast<uint64_t>(heads) *
-             (sizeof(KiviHead) + 16 +
-              static_cast<uint64_t>(slots) * sizeof(int32_t)) +
-         kWorkspaceAlignment;
-}
-
-/// Per-slot residual rows and formats of a layer's KIVI heads for decode
-/// (KiviHead), built from the runtime's metadata and residual windows, in
-/// one host image and one asynchronous copy. Head b * heads + h is kv-head h
-/// of sequence b, as in the TableStager `tables`.
-class KiviStager {
-public:
-  kvc_status_t upload(kvc_context_t *context, int32_t batch,
-                      const uint64_t *sequences, int32_t layer,
-                      const TableStager &tables, int32_t heads, void *region,
-                      cudaStream_t stream, const char *name,
-                      const KiviHead **out) {
-    const int32_t count = batch * heads;
-    try {
-      std::vector<KiviHead> table(count);
-      std::vector<uint64_t> offsets(count);
-      uint64_t at = align(sizeof(KiviHead) * count);
-      for (int32_t h = 0; h < count; ++h) {
-        offsets[h] = at;
-        at = align(at + sizeof(int32_t) * tables.metadata(h).num_slots);
-      }
-      image_.assign(at, 0);
-      char *device = static_cast<char *>(region);
-      for (int32_t h = 0; h < count; ++h) {
-        const kvc_metadata_t &m = tables.metadata(h);
-        kvc_kivi_work_t work;
-        KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequences[h / heads],
-                                           layer, h % heads, &work));
-        auto *rows = reinterpret_cast<int32_t *>(image_.data() + offsets[h]);
-        for (int32_t s = 0; s < m.num_slots; ++s)
-          rows[s] = -1;
-        for (int32_t r = 0; r < work.residual_length; ++r) {
-          const int32_t s = work.residual_slot[r];
-          if (s < 0 || s >= m.num_slots)
-            continue;
-          int32_t word = r;
-          if (m.key_format[s] == KVC_FORMAT_FULL)
-            word |= kKiviKeyFull;
-          if (m.value_format[s] == KVC_FORMAT_FULL)
-            word |= kKiviValueFull;
-          if (word != r)
-            rows[s] = word;
-        }
-        table[h].rows = reinterpret_cast<const int32_t *>(device + offsets[h]);
-        table[h].residual = static_cast<const uint8_t *>(work.residual);
-      }
-      std::memcpy(image_.data(), table.data(), sizeof(KiviHead) * count);
-    } catch (const std::bad_alloc &) {
-      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                              "kvc cuda: host KIVI staging allocation failed");
-    }
-    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image_.data(), image_.size(),
-                                         cudaMemcpyHostToDevice, stream));
-    *out = static_cast<const KiviHead *>(region);
-    return KVC_STATUS_OK;
-  }
-
-private:
-  static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
-  std::vector<char> image_;
 };
 
 } // namespace kvc::cuda

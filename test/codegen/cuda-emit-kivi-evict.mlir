@@ -1,26 +1,28 @@
-// H2O over KIVI storage on the CUDA backend: KIVI's per-slot tables follow
-// the residual windows, which change at every step, so its decode stages
-// the runtime's tables from the host at every step (TableStager) and hands
-// the score state back with the victims, instead of keeping them on the
-// device (DeviceTables). The device stages still clear the victims.
+// H2O over KIVI storage on the CUDA backend: the decode keeps the slot
+// tables on the device like every other storage (DeviceTables), with each
+// slot's KIVI window word besides positions and score state; the stages
+// list the victims in the device tables and clear them there, and the step
+// queues their download without synchronizing the stream.
 //
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: kvc-opt %s --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --input-file=%t/kvc_h2o_kivi_cuda.cu
 
 // CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// CHECK: kvc::cuda::compactIndices<kStageThreads>(
+// CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1, t.victims);
 // CHECK: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
 // CHECK-LABEL: kvc_status_t kvc_h2o_kivi_cuda_decode_batch(
-// CHECK-NOT: DeviceTables
-// CHECK: kvc::cuda::TableStager tables;
-// CHECK-NEXT: KVC_CUDA_TRY(tables.gather(context, batch, sequences, positions, layer, kKvHeads,
-// CHECK-NEXT: /*withState=*/true));
+// CHECK-NOT: TableStager
+// CHECK: kvc::cuda::DeviceTables tables;
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
+// CHECK-NEXT: /*withState=*/true, /*withHistory=*/false,
+// CHECK-NEXT: /*withVictims=*/true, "kvc_h2o_kivi_cuda_decode_batch",
+// CHECK-NEXT: /*withKivi=*/true));
 // CHECK: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
-// CHECK: KVC_CUDA_TRY(victims.queue(w.numVictims, w.victims, heads, stride, s, "kvc_h2o_kivi_cuda_decode_batch"));
-// CHECK-NEXT: cudaStreamSynchronize(s)
-// CHECK-NEXT: KVC_CUDA_TRY(tables.downloadState(w.tables, "kvc_h2o_kivi_cuda_decode_batch"));
-// CHECK-NEXT: KVC_CUDA_TRY(victims.fetchRest("kvc_h2o_kivi_cuda_decode_batch"));
-// CHECK-NOT: checkIn
+// CHECK-NOT: cudaStreamSynchronize
+// CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn());
 // CHECK-LABEL: kvc_status_t kvc_h2o_kivi_cuda_decode(
 
 kvc.policy @h2o_kivi {

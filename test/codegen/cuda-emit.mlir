@@ -356,8 +356,9 @@ kvc.policy @heavy {
 // KIVI: constexpr uint64_t kRowBytes = kHeadDim * kKiviBits / 8;
 // KIVI-NOT: kStorage
 // KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(kKvHeads, stride, kResidual, kKiviGroup));
+// KIVI: w.tables = c.take<char>(kvc::cuda::deviceTableBytes(heads, stride, kResidual));
 // KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(heads, 1, kResidual, kKiviGroup));
-// KIVI-NEXT: w.kiviTables = c.take<char>(kvc::cuda::kiviTableBytes(heads, stride));
+// KIVI-NOT: w.victims
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_prefill(
 // KIVI: kvc::cuda::KiviWorkPlan kivi;
 // KIVI: KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, kHeadDim, nullptr, nullptr,
@@ -365,18 +366,33 @@ kvc.policy @heavy {
 // KIVI-NEXT: kKiviGroup, nullptr, k, v, kKvStride)));
 // KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_batch(
-// KIVI: kvc_append(context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim,
-// KIVI-NEXT: nullptr, nullptr, &positions[i / kKvHeads], &newSlots[i]));
+// KIVI: kvc::cuda::DeviceTables tables;
+// KIVI-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
+// KIVI-NEXT: /*withState=*/false, /*withHistory=*/false,
+// KIVI-NEXT: /*withVictims=*/false, "kvc_kivi2_cuda_decode_batch",
+// KIVI-NEXT: /*withKivi=*/true));
 // KIVI: kvc::cuda::KiviWorkPlan kivi;
 // KIVI-NEXT: for (int32_t i = 0; i < heads; ++i) {
 // KIVI-NEXT: const int32_t row = i / kKvHeads;
+// KIVI-NEXT: const kvc_status_t status = kvc_append(context, sequences[row], layer, i % kKvHeads, 1,
+// KIVI-NEXT: kHeadDim, nullptr, nullptr, &positions[row],
+// KIVI-NEXT: &newSlots[i]);
+// KIVI-NEXT: if (status != KVC_STATUS_OK) {
+// KIVI: kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI: return kvc_report_error(status, error.c_str());
+// KIVI-NEXT: }
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequences[row], layer, i % kKvHeads, layout,
 // KIVI-NEXT: config.page_size, kKiviGroup, &row, k, v, kKvStride)));
 // KIVI: kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NOT: storeEntry
-// KIVI: KVC_CUDA_TRY(kiviTables.upload(context, batch, sequences, layer, tables, kKvHeads,
+// KIVI: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
+// KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads));
 // KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// KIVI-NEXT: kvc::cuda::kDecodeThreads>
+// KIVI-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args, kResidual);
 // KIVI-NOT: decodeAttentionSplit
+// KIVI-NOT: cudaStreamSynchronize
+// KIVI: KVC_CUDA_TRY(tables.checkIn());
 // KIVI: config->group_size = kKiviGroup;
 // KIVI-NEXT: config->residual_length = kResidual;
 

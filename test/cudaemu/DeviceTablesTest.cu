@@ -15,7 +15,11 @@
 // cleared on the device and listed, in the list and in its download;
 // every few steps the state is read through kvc_get_metadata, which must
 // evict the victims and write the device's state back (the runtime settles
-// the attachment), and must equal a host model of it. Exits 1 on the first
+// the attachment), and must equal a host model of it. The run is made
+// twice: on a full-precision pool, and on a KIVI pool (residual window of 8,
+// groups of 4), whose mirrors must also hold every slot's window word as
+// the runtime's window and formats give it, through values and blocks of
+// keys leaving the window and window entries evicted. Exits 1 on the first
 // difference.
 //
 //===----------------------------------------------------------------------===//
@@ -48,6 +52,28 @@ int minCapacity = 1 << 30, maxCapacity = 0;
 /// its capacity).
 int lastCapacity[2] = {};
 int growths = 0;
+/// KIVI run: steps whose appends quantized a block of keys on tables the
+/// device kept, and victims that were in a residual window.
+int keyBlocks = 0, windowVictims = 0;
+
+/// The word HeadTable::kiviRows must hold for slot s of a KIVI head, from
+/// the runtime's window and formats: -1 unless the slot is in the window
+/// with a part in full precision, else its row and kKiviKeyFull /
+/// kKiviValueFull.
+int32_t expectedKiviWord(const kvc_kivi_work_t &work, const kvc_metadata_t &m,
+                         int32_t s) {
+  for (int32_t r = 0; r < work.residual_length; ++r) {
+    if (work.residual_slot[r] != s)
+      continue;
+    const bool key = m.key_format[s] == KVC_FORMAT_FULL;
+    const bool value = m.value_format[s] == KVC_FORMAT_FULL;
+    if (!key && !value)
+      return -1;
+    return r | (key ? kvc::cuda::kKiviKeyFull : 0) |
+           (value ? kvc::cuda::kKiviValueFull : 0);
+  }
+  return -1;
+}
 
 /// What the stages of a stateful policy do to the tables, in miniature:
 /// every live slot's state counts the steps it was live and its importance
@@ -74,8 +100,9 @@ __global__ void stages(const kvc::cuda::HeadTable *heads,
 /// which the device cleared and lists while the runtime has not evicted
 /// them yet. Records the runtime's page counts in `pages`. Detaches the
 /// mirror for the look and attaches it again.
-void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step,
-                  const std::vector<int32_t> *chosen, int32_t *pageCounts) {
+void expectMirror(kvc_context_t *ctx, bool kivi, int b, uint64_t sequence,
+                  int step, const std::vector<int32_t> *chosen,
+                  int32_t *pageCounts) {
   kvc_attachment_t a{};
   CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "detach");
   CHECK(a.release == &kvc::cuda::releaseMirror, "step %d: no mirror", step);
@@ -136,20 +163,43 @@ void expectMirror(kvc_context_t *ctx, int b, uint64_t sequence, int step,
             m.positionsOf(h)[s], meta.position[s],
             victim ? " (a victim)" : "");
     }
+    if (!kivi)
+      continue;
+    kvc_kivi_work_t work;
+    CHECK(kvc_kivi_pending_work(ctx, sequence, 0, h, &work) == KVC_STATUS_OK,
+          "work");
+    CHECK(m.withKivi && m.residual[h] == work.residual,
+          "step %d head %d: no KIVI words, or another residual region", step,
+          h);
+    for (int s = 0; s < meta.num_slots; ++s)
+      CHECK(m.kiviRowsOf(h)[s] == expectedKiviWord(work, meta, s),
+            "step %d sequence %llu head %d: KIVI word of slot %d is %x, "
+            "runtime %x",
+            step, static_cast<unsigned long long>(sequence), h, s,
+            m.kiviRowsOf(h)[s], expectedKiviWord(work, meta, s));
+    for (int32_t v : victims)
+      for (int32_t r = 0; r < work.residual_length; ++r)
+        windowVictims += work.residual_slot[r] == v;
   }
   CHECK(kvc_attach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "attach");
 }
 
-} // namespace
-
-int main() {
+/// One randomized run over a full-precision pool, or a KIVI one.
+void run(bool kivi) {
+  minCapacity = 1 << 30;
+  maxCapacity = growths = 0;
+  lastCapacity[0] = lastCapacity[1] = 0;
   kvc_config_t config{};
   config.num_layers = 1;
   config.num_q_heads = kHeads;
   config.num_kv_heads = kHeads;
   config.head_dim = 8;
   config.dtype = KVC_DTYPE_F32;
-  config.format = KVC_FORMAT_FULL;
+  config.format = kivi ? KVC_FORMAT_KIVI_INT2 : KVC_FORMAT_FULL;
+  if (kivi) {
+    config.group_size = 4;
+    config.residual_length = 8;
+  }
   config.page_size = kPageSize;
   config.num_pages = 128;
   config.max_sequences = kBatch;
@@ -236,9 +286,20 @@ int main() {
   };
   for (int step = 0; step < kSteps; ++step) {
     const int32_t positions[kBatch] = {kPrompt + step, kPrompt + 2 * step};
+    // The mirrors after the last step (kept unless a metadata read settled
+    // them), for the KIVI count of key blocks quantized on kept tables.
+    bool kept[kBatch];
+    for (int b = 0; b < kBatch; ++b) {
+      kvc_attachment_t a{};
+      CHECK(kvc_detach(ctx, sequences[b], 0, &a) == KVC_STATUS_OK, "detach");
+      kept[b] = a.data != nullptr;
+      if (a.data)
+        CHECK(kvc_attach(ctx, sequences[b], 0, &a) == KVC_STATUS_OK,
+              "attach");
+    }
     kvc::cuda::DeviceTables tables;
     CHECK(tables.checkOut(ctx, kBatch, sequences, 0, kHeads, true, true, true,
-                          "test") == KVC_STATUS_OK,
+                          "test", kivi) == KVC_STATUS_OK,
           "check out");
     // The runtime has evicted the last step's victims now (at the check-out
     // or at the metadata read that settled the mirror).
@@ -256,6 +317,13 @@ int main() {
                        &newSlots[i]) == KVC_STATUS_OK,
             "append");
       live[i / kHeads][i % kHeads][positions[i / kHeads]] = 0;
+      if (kivi) {
+        kvc_kivi_work_t work;
+        CHECK(kvc_kivi_pending_work(ctx, sequences[i / kHeads], 0, i % kHeads,
+                                    &work) == KVC_STATUS_OK,
+              "work");
+        keyBlocks += work.num_key_blocks > 0 && kept[i / kHeads];
+      }
     }
     const kvc::cuda::HeadTable *heads = nullptr;
     CHECK(tables.upload(positions, newSlots.data(), false, region, regionBytes,
@@ -314,7 +382,7 @@ int main() {
       evicting[i] = !chosen[i].empty();
     }
     for (int b = 0; b < kBatch; ++b)
-      expectMirror(ctx, b, sequences[b], step, &chosen[b * kHeads],
+      expectMirror(ctx, kivi, b, sequences[b], step, &chosen[b * kHeads],
                    &pagesBefore[b * kHeads]);
     // Write-backs in the first half; in the second, the tables grow past
     // their mirrors' capacity.
@@ -337,10 +405,24 @@ int main() {
   cudaFree(victims);
   cudaFree(region);
   cudaFree(pool);
-  std::printf("device tables: %d steps, %d page evictions, %d trims, %d "
+  std::printf("device tables%s: %d steps, %d page evictions, %d trims, %d "
               "write-backs, %d mirrors outgrown (%d to %d pages), %d long "
               "victim lists: ok\n",
-              kSteps, holes, trims, rebuilds, growths, minCapacity,
-              maxCapacity, longLists);
+              kivi ? " (KIVI)" : "", kSteps, holes, trims, rebuilds, growths,
+              minCapacity, maxCapacity, longLists);
+}
+
+} // namespace
+
+int main() {
+  run(false);
+  run(true);
+  CHECK(keyBlocks > 3 && windowVictims > 3,
+        "the KIVI run quantized %d blocks of keys on kept tables and evicted "
+        "%d window entries",
+        keyBlocks, windowVictims);
+  std::printf("KIVI words: %d blocks of keys left the window on kept tables, "
+              "%d window entries evicted: ok\n",
+              keyBlocks, windowVictims);
   return 0;
 }
