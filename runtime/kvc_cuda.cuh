@@ -775,6 +775,138 @@ template <int G> struct DecodeRowsInFlight {
   static constexpr int value = G <= 2 ? 4 : 2;
 };
 
+/// The rows of one split of head h, shared by the decode kernels of every
+/// storage: each row group takes the slots begin + r, begin + r +
+/// kRowGroups, ... of [begin, end); `load(slot, row)` issues a row's loads
+/// (and sets row.slot, row.inRange, row.live), `decode(row, value, j, out)`
+/// gives the kElemsPerVec channels of vector j of the calling lane (its
+/// key, or its value), as floats. Stores every slot's logit and the
+/// split's partial record.
+template <int G, int D, typename Shape, int kThreads, int kRowsInFlight,
+          typename Row, typename Load, typename Decode>
+__device__ __forceinline__ void decodeSplitRows(const DecodeSplitArgs &a,
+                                                int32_t h, int32_t split,
+                                                int32_t begin, int32_t end,
+                                                Load load, Decode decode) {
+  constexpr int kRowGroups = kThreads / Shape::kLanes;
+  constexpr int kChunk = Shape::kChunk;
+  const int lane = threadIdx.x % Shape::kLanes;
+  const int rowGroup = threadIdx.x / Shape::kLanes;
+  float q[G][kChunk], acc[G][kChunk], m[G], z[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegInf;
+    z[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+        const int x = j * Shape::kElemsPerVec + e;
+        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g) * D +
+                      Shape::channel(j, lane, e)];
+        acc[g][x] = 0.0f;
+      }
+  }
+
+  // The scaled logits of a loaded row (every lane of the row gets them),
+  // stored for the statistics.
+  auto logitsOf = [&](const Row &r, float (&l)[G]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      l[g] = 0.0f;
+    if (r.live) {
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        float kf[Shape::kElemsPerVec];
+        decode(r, false, j, kf);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            l[g] += q[g][j * Shape::kElemsPerVec + e] * kf[e];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int o = Shape::kLanes / 2; o > 0; o /= 2)
+        l[g] += __shfl_xor_sync(kFullMask, l[g], o);
+      l[g] = r.live ? l[g] * a.scale : kNegInf;
+    }
+    if (r.inRange && lane == 0)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + r.slot] = l[g];
+  };
+
+  // Row group r takes the slots begin + r, begin + r + kRowGroups, ... in
+  // order, kRowsInFlight at a time: their loads are all issued before the
+  // first is used, so that more bytes are in flight per thread, and the
+  // online softmax moves its maximum once per tile of rows (one rescale of
+  // the accumulators per tile rather than per row). Every thread runs the
+  // same trip count so that the shuffles stay convergent; rows past the
+  // split or free are masked (logit -inf, weight 0).
+  for (int32_t base = begin; base < end;
+       base += kRowGroups * kRowsInFlight) {
+    Row rows[kRowsInFlight];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u)
+      load(base + u * kRowGroups + rowGroup, rows[u]);
+    float l[kRowsInFlight][G];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u)
+      logitsOf(rows[u], l[u]);
+    // The tile's maximum, the accumulators' rescale and the rows' weights.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float mNew = m[g];
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u)
+        mNew = fmaxf(mNew, l[u][g]);
+      if (mNew == kNegInf)
+        continue; // no live row yet: nothing to add
+      const float rescale = expf(m[g] - mNew);
+      m[g] = mNew;
+      z[g] *= rescale;
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x)
+        acc[g][x] *= rescale;
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u) {
+        l[u][g] = expf(l[u][g] - mNew); // exp(-inf) = 0 for a masked row
+        z[g] += l[u][g];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      if (!rows[u].live)
+        continue;
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        float vf[Shape::kElemsPerVec];
+        decode(rows[u], true, j, vf);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            acc[g][j * Shape::kElemsPerVec + e] += l[u][g] * vf[e];
+      }
+    }
+  }
+
+  combineRowGroups<G, D, kThreads, kRowGroups>(
+      a, h, split, rowGroup, lane == 0, m, z,
+      [&](int g, float factor, float (*sum)[D]) {
+#pragma unroll
+        for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            sum[g][Shape::channel(j, lane, e)] +=
+                acc[g][j * Shape::kElemsPerVec + e] * factor;
+      });
+}
+
+
 /// One block per (split, kv-head): the G query heads of the group read each
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
@@ -793,31 +925,12 @@ __global__ void __launch_bounds__(kThreads)
   using Shape = RowShape<D, S>;
   constexpr bool kMixed = kLowBits != 0;
   using Low = LowRow<D, S, kLowBits, kLowGroup>;
-  constexpr int kRowGroups = kThreads / Shape::kLanes;
-  constexpr int kChunk = Shape::kChunk;
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
   const int lane = threadIdx.x % Shape::kLanes;
-  const int rowGroup = threadIdx.x / Shape::kLanes;
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
-
-  float q[G][kChunk], acc[G][kChunk], m[G], z[G];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = kNegInf;
-    z[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < Shape::kVecsPerLane; ++j)
-#pragma unroll
-      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
-        const int x = j * Shape::kElemsPerVec + e;
-        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g) * D +
-                      Shape::channel(j, lane, e)];
-        acc[g][x] = 0.0f;
-      }
-  }
 
   // A row's loads, issued kRowsInFlight rows ahead of their use.
   struct Row {
@@ -894,103 +1007,8 @@ __global__ void __launch_bounds__(kThreads)
     Codec<S>::decode(value ? r.vRaw[j] : r.kRaw[j],
                      value ? r.vScale : r.kScale, out);
   };
-  // The scaled logits of a loaded row (every lane of the row gets them),
-  // stored for the statistics.
-  auto logitsOf = [&](const Row &r, float (&l)[G]) {
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-      l[g] = 0.0f;
-    if (r.live) {
-#pragma unroll
-      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-        float kf[Shape::kElemsPerVec];
-        decode(r, false, j, kf);
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-#pragma unroll
-          for (int e = 0; e < Shape::kElemsPerVec; ++e)
-            l[g] += q[g][j * Shape::kElemsPerVec + e] * kf[e];
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-#pragma unroll
-      for (int o = Shape::kLanes / 2; o > 0; o /= 2)
-        l[g] += __shfl_xor_sync(kFullMask, l[g], o);
-      l[g] = r.live ? l[g] * a.scale : kNegInf;
-    }
-    if (r.inRange && lane == 0)
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + r.slot] = l[g];
-  };
-
-  // Row group r takes the slots begin + r, begin + r + kRowGroups, ... in
-  // order, kRowsInFlight at a time: their loads are all issued before the
-  // first is used, so that more bytes are in flight per thread, and the
-  // online softmax moves its maximum once per tile of rows (one rescale of
-  // the accumulators per tile rather than per row). Every thread runs the
-  // same trip count so that the shuffles stay convergent; rows past the
-  // split or free are masked (logit -inf, weight 0).
-  constexpr int kRowsInFlight = DecodeRowsInFlight<G>::value;
-  for (int32_t base = begin; base < end;
-       base += kRowGroups * kRowsInFlight) {
-    Row rows[kRowsInFlight];
-#pragma unroll
-    for (int u = 0; u < kRowsInFlight; ++u)
-      load(base + u * kRowGroups + rowGroup, rows[u]);
-    float l[kRowsInFlight][G];
-#pragma unroll
-    for (int u = 0; u < kRowsInFlight; ++u)
-      logitsOf(rows[u], l[u]);
-    // The tile's maximum, the accumulators' rescale and the rows' weights.
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float mNew = m[g];
-#pragma unroll
-      for (int u = 0; u < kRowsInFlight; ++u)
-        mNew = fmaxf(mNew, l[u][g]);
-      if (mNew == kNegInf)
-        continue; // no live row yet: nothing to add
-      const float rescale = expf(m[g] - mNew);
-      m[g] = mNew;
-      z[g] *= rescale;
-#pragma unroll
-      for (int x = 0; x < kChunk; ++x)
-        acc[g][x] *= rescale;
-#pragma unroll
-      for (int u = 0; u < kRowsInFlight; ++u) {
-        l[u][g] = expf(l[u][g] - mNew); // exp(-inf) = 0 for a masked row
-        z[g] += l[u][g];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRowsInFlight; ++u) {
-      if (!rows[u].live)
-        continue;
-#pragma unroll
-      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-        float vf[Shape::kElemsPerVec];
-        decode(rows[u], true, j, vf);
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-#pragma unroll
-          for (int e = 0; e < Shape::kElemsPerVec; ++e)
-            acc[g][j * Shape::kElemsPerVec + e] += l[u][g] * vf[e];
-      }
-    }
-  }
-
-  combineRowGroups<G, D, kThreads, kRowGroups>(
-      a, h, split, rowGroup, lane == 0, m, z,
-      [&](int g, float factor, float (*sum)[D]) {
-#pragma unroll
-        for (int j = 0; j < Shape::kVecsPerLane; ++j)
-#pragma unroll
-          for (int e = 0; e < Shape::kElemsPerVec; ++e)
-            sum[g][Shape::channel(j, lane, e)] +=
-                acc[g][j * Shape::kElemsPerVec + e] * factor;
-      });
+  decodeSplitRows<G, D, Shape, kThreads, DecodeRowsInFlight<G>::value, Row>(
+      a, h, split, begin, end, load, decode);
 }
 
 /// Threads per block of decodeAttentionSplit.
@@ -1149,117 +1167,132 @@ __global__ void __launch_bounds__(D) kiviStageRows(const KiviStage *stages) {
                     reinterpret_cast<const float *>(s.value)[c]);
 }
 
-/// decodeAttentionSplit for KIVI pages: one warp per row, lane L holding
-/// channels L + 32 x; quantized keys (per-channel {scale, min} of the slot's
-/// block of KG) and values (per-group {scale, min} of the slot) are
-/// dequantized in registers from their packed codes, full-precision window
-/// entries are read from the residual rows. Same outputs as
-/// decodeAttentionSplit (logits and split partials), so mergeSplits and the
-/// stages follow unchanged.
+/// The Storage of a KIVI context's full-precision rows (its dtype).
+template <kvc_dtype_t T>
+constexpr Storage kKiviFullStorage =
+    T == KVC_DTYPE_F32 ? Storage::F32
+                       : (T == KVC_DTYPE_F16 ? Storage::F16 : Storage::BF16);
+
+/// Rows each thread of decodeAttentionKivi loads before it uses the first
+/// (DecodeRowsInFlight's trade-off): the most that stay within 128
+/// registers (4 blocks of 128 threads per SM) where that is possible. With
+/// f16, head dim 128 and int2 (ptxas, sm_90a): G = 1 takes 128 registers at
+/// 4 rows, G = 2 110 at 2 (136 at 4), G = 4 128 at 1 (146 at 2), G = 8 207
+/// at 1.
+template <int G> struct KiviRowsInFlight {
+  static constexpr int value = G == 1 ? 4 : (G == 2 ? 2 : 1);
+};
+
+/// decodeAttentionSplit for KIVI pages, in the same lane layout
+/// (RowShape of the dtype: kLanes lanes per row, each holding the channels
+/// of its 16-byte vectors): a window entry's full-precision key or value is
+/// read from the residual rows with 128-bit loads; a quantized one as the
+/// lane's run of packed codes (one 1-8 byte load, LowRow), dequantized in
+/// registers with the slot's per-group {scale, min} (values) or the
+/// per-channel pairs of the slot's block of KG tokens (keys, 16-byte
+/// loads). The slot's word (HeadTable::kiviRows) says which part is where.
+/// Same outputs as decodeAttentionSplit (logits and split partials), so
+/// mergeSplits and the stages follow unchanged; the cache is never
+/// expanded in memory.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
     decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
-  static_assert(D % kWarpSize == 0, "a row spreads over one warp");
-  constexpr int kPer = D / kWarpSize;
-  constexpr int kRowGroups = kThreads / kWarpSize;
-  constexpr uint32_t kMask = (1u << kBits) - 1u;
-  constexpr uint64_t kPackedBytes = D * kBits / 8;
-  constexpr uint64_t kKeyRecord = 2 * sizeof(float) * D;
-  constexpr uint64_t kValueRecord = 2 * sizeof(float) * (D / KG);
-  constexpr uint64_t kFullBytes = static_cast<uint64_t>(D) * Element<T>::kBytes;
+  constexpr Storage S = kKiviFullStorage<T>;
+  using Shape = RowShape<D, S>;
+  // Keys and values are packed per token alike (kvc_pack_bits); a value's
+  // record is the low class's layout.
+  using Packed = LowRow<D, S, kBits, KG>;
+  constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  static_assert(Shape::kElemsPerVec % 2 == 0,
+                "a lane's key pairs are whole 16-byte loads");
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
-  const int lane = threadIdx.x % kWarpSize, rowGroup = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % Shape::kLanes;
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
 
-  float q[G][kPer], acc[G][kPer], m[G], z[G];
+  // A row's loads: per vector, the full-precision vector, or its codes in
+  // (x, y).
+  struct Row {
+    int32_t slot;
+    bool inRange, live, keyFull, valueFull;
+    uint4 k[Shape::kVecsPerLane], v[Shape::kVecsPerLane];
+    const float *kRecord, *vRecord;
+  };
+  auto load = [&](int32_t slot, Row &r) {
+    r.slot = slot;
+    r.inRange = slot < end;
+    r.live = r.inRange && t.positions[slot] != KVC_POSITION_NONE;
+    if (!r.live)
+      return;
+    const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
+    const uint64_t o = static_cast<uint64_t>(slot % a.layout.pageSize);
+    const int32_t word = t.kiviRows[slot];
+    r.keyFull = word >= 0 && (word & kKiviKeyFull);
+    r.valueFull = word >= 0 && (word & kKiviValueFull);
+    const uint64_t row =
+        word >= 0 ? static_cast<uint64_t>(word & kKiviRowMask) : 0;
+    const uint4 *kFull = reinterpret_cast<const uint4 *>(
+        t.kiviResidual + row * Shape::kRowBytes);
+    const uint4 *vFull = reinterpret_cast<const uint4 *>(
+        t.kiviResidual + (residualLength + row) * Shape::kRowBytes);
+    const uint8_t *kCodes = page + a.layout.keyOffset + o * Packed::kRowBytes;
+    const uint8_t *vCodes =
+        page + a.layout.valueOffset + o * Packed::kRowBytes;
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = kNegInf;
-    z[g] = 0.0f;
-#pragma unroll
-    for (int x = 0; x < kPer; ++x) {
-      q[g][x] = a.q[(static_cast<int64_t>(h) * G + g) * D + lane + x * kWarpSize];
-      acc[g][x] = 0.0f;
-    }
-  }
-  for (int32_t base = begin; base < end; base += kRowGroups) {
-    const int32_t slot = base + rowGroup;
-    const bool inRange = slot < end;
-    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
-    float kf[kPer], vf[kPer];
-    if (live) {
-      const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
-      const int32_t o = slot % a.layout.pageSize;
-      const int32_t info = t.kiviRows[slot];
-      const bool keyFull = info >= 0 && (info & kKiviKeyFull);
-      const bool valueFull = info >= 0 && (info & kKiviValueFull);
-      const uint64_t r = info >= 0 ? static_cast<uint64_t>(info & kKiviRowMask) : 0;
-      const uint8_t *kRow = keyFull ? t.kiviResidual + r * kFullBytes
-                                    : page + a.layout.keyOffset + o * kPackedBytes;
-      const uint8_t *vRow =
-          valueFull ? t.kiviResidual + (residualLength + r) * kFullBytes
-                    : page + a.layout.valueOffset + o * kPackedBytes;
-      const float *kParams = reinterpret_cast<const float *>(
-          page + a.layout.keyParamOffset + (o / KG) * kKeyRecord);
-      const float *vParams = reinterpret_cast<const float *>(
-          page + a.layout.valueParamOffset + o * kValueRecord);
-#pragma unroll
-      for (int x = 0; x < kPer; ++x) {
-        const int c = lane + x * kWarpSize;
-        const int bit = c * kBits;
-        if (keyFull)
-          kf[x] = Element<T>::load(kRow, c);
-        else
-          kf[x] = kiviDequant((__ldg(kRow + bit / 8) >> (bit % 8)) & kMask,
-                              __ldg(kParams + 2 * c), __ldg(kParams + 2 * c + 1));
-        if (valueFull)
-          vf[x] = Element<T>::load(vRow, c);
-        else
-          vf[x] = kiviDequant((__ldg(vRow + bit / 8) >> (bit % 8)) & kMask,
-                              __ldg(vParams + 2 * (c / KG)),
-                              __ldg(vParams + 2 * (c / KG) + 1));
+    for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+      if (r.keyFull) {
+        r.k[j] = __ldg(kFull + j * Shape::kLanes + lane);
+      } else {
+        const uint64_t c = Packed::load(kCodes, j, lane);
+        r.k[j] = make_uint4(static_cast<uint32_t>(c),
+                            static_cast<uint32_t>(c >> 32), 0u, 0u);
+      }
+      if (r.valueFull) {
+        r.v[j] = __ldg(vFull + j * Shape::kLanes + lane);
+      } else {
+        const uint64_t c = Packed::load(vCodes, j, lane);
+        r.v[j] = make_uint4(static_cast<uint32_t>(c),
+                            static_cast<uint32_t>(c >> 32), 0u, 0u);
       }
     }
-    float dot[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      dot[g] = 0.0f;
-      if (live)
-#pragma unroll
-        for (int x = 0; x < kPer; ++x)
-          dot[g] += q[g][x] * kf[x];
-      dot[g] = warpSum(dot[g]);
+    r.kRecord = reinterpret_cast<const float *>(
+        page + a.layout.keyParamOffset +
+        o / static_cast<uint64_t>(KG) * kKeyRecordBytes);
+    r.vRecord = reinterpret_cast<const float *>(
+        page + a.layout.valueParamOffset + o * Packed::kRecordBytes);
+  };
+  auto decode = [&](const Row &r, bool value, int j, float *out) {
+    const uint4 &raw = value ? r.v[j] : r.k[j];
+    if (value ? r.valueFull : r.keyFull) {
+      Codec<S>::decode(raw, 1.0f, out);
+      return;
     }
-    if (inRange && lane == 0)
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
-            live ? dot[g] * a.scale : kNegInf;
-    if (!live)
-      continue;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float l = dot[g] * a.scale;
-      const float mNew = fmaxf(m[g], l);
-      const float rescale = expf(m[g] - mNew);
-      const float p = expf(l - mNew);
-      z[g] = z[g] * rescale + p;
-      m[g] = mNew;
-#pragma unroll
-      for (int x = 0; x < kPer; ++x)
-        acc[g][x] = acc[g][x] * rescale + p * vf[x];
+    const uint64_t codes =
+        static_cast<uint64_t>(raw.x) | static_cast<uint64_t>(raw.y) << 32;
+    if (value) {
+      Packed::decode(codes, r.vRecord, j, lane, out);
+      return;
     }
-  }
-  combineRowGroups<G, D, kThreads, kRowGroups>(
-      a, h, split, rowGroup, lane == 0, m, z,
-      [&](int g, float factor, float (*sum)[D]) {
+    // The {scale, min} pairs of the lane's channels, consecutive in the
+    // block's record and 16-byte aligned (the record is, and a vector's
+    // first channel is a multiple of kElemsPerVec).
+    const float4 *pairs = reinterpret_cast<const float4 *>(
+        r.kRecord + 2 * Shape::channel(j, lane, 0));
 #pragma unroll
-        for (int x = 0; x < kPer; ++x)
-          sum[g][lane + x * kWarpSize] += acc[g][x] * factor;
-      });
+    for (int e = 0; e < Shape::kElemsPerVec; e += 2) {
+      const float4 p = __ldg(pairs + e / 2);
+      out[e] = kiviDequant(
+          static_cast<uint32_t>((codes >> (e * kBits)) & kMask), p.x, p.y);
+      out[e + 1] = kiviDequant(
+          static_cast<uint32_t>((codes >> ((e + 1) * kBits)) & kMask), p.z,
+          p.w);
+    }
+  };
+  decodeSplitRows<G, D, Shape, kThreads, KiviRowsInFlight<G>::value, Row>(
+      a, h, split, begin, end, load, decode);
 }
 
 /// Merges the split partial records of kv-head `h` exactly: M = max m_s,
