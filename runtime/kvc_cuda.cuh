@@ -420,6 +420,53 @@ __device__ inline const uint8_t *slotBase(const HeadTable &t, int32_t slot,
 // Warp and block primitives
 //===----------------------------------------------------------------------===//
 
+/// Asynchronous copy of kBytes (4, 8 or 16) from global into shared memory
+/// (cp.async, sm_80 and later), in the group that the calling thread's next
+/// commitCopies closes; the bytes may land at any time until a waitCopies
+/// covers the group. Both addresses are kBytes-aligned.
+template <int kBytes>
+__device__ __forceinline__ void copyAsync(void *shared, const void *global) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16,
+                "cp.async copies 4, 8 or 16 bytes");
+#if defined(KVC_CUDA_EMULATED)
+  ::kvc::emu::copyAsync(shared, global, kBytes);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address =
+      static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address),
+                 "l"(global)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(address),
+                 "l"(global), "n"(kBytes)
+                 : "memory");
+#else
+  std::memcpy(shared, global, kBytes);
+#endif
+}
+
+/// Closes the calling thread's group of asynchronous copies (possibly
+/// empty, so that every thread counts groups alike).
+__device__ __forceinline__ void commitCopies() {
+#if defined(KVC_CUDA_EMULATED)
+  ::kvc::emu::commitCopies();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/// Waits until every group of the calling thread but the kNewest most
+/// recently committed has landed. Other threads' copies are visible only
+/// after a barrier that follows their own wait.
+template <int kNewest> __device__ __forceinline__ void waitCopies() {
+#if defined(KVC_CUDA_EMULATED)
+  ::kvc::emu::waitCopies(kNewest);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kNewest) : "memory");
+#endif
+}
+
 template <typename T> __device__ T warpSum(T x) {
 #pragma unroll
   for (int o = kWarpSize / 2; o > 0; o /= 2)
@@ -907,11 +954,268 @@ __device__ __forceinline__ void decodeSplitRows(const DecodeSplitArgs &a,
 }
 
 
+/// Geometry of decodeStagedRows: the block's kWarps warps own G / kWarps
+/// query heads each and read every row of the split from shared-memory
+/// tiles of kTileRows rows (keys and values: 8 KiB at most, kStages of them
+/// in flight), which cp.async fills while the warps work on earlier tiles.
+template <int G, int D, Storage S, int kThreads> struct StagedDecode {
+  using Shape = RowShape<D, S>;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  /// Whether the group divides among the warps (else decodeSplitRows).
+  static constexpr bool kApplies = kThreads % kWarpSize == 0 && G >= kWarps &&
+                                   G % kWarps == 0;
+  static constexpr int kHeadsPerWarp = kApplies ? G / kWarps : 1;
+  /// Rows a warp reads per vector load (kLanes lanes each).
+  static constexpr int kRowsPerPass = kWarpSize / Shape::kLanes;
+  static constexpr int kTileRows =
+      4096 / Shape::kRowBytes > kRowsPerPass
+          ? 4096 / Shape::kRowBytes / kRowsPerPass * kRowsPerPass
+          : kRowsPerPass;
+  static constexpr int kPasses = kTileRows / kRowsPerPass;
+  static constexpr int kStages = 3;
+  /// (row, vector) units of a tile: a unit copies the key and the value
+  /// vector; a thread takes units threadIdx.x, + kThreads, ...
+  static constexpr int kUnits = kTileRows * Shape::kVecs;
+  static constexpr int kUnitsPerThread = (kUnits + kThreads - 1) / kThreads;
+};
+
+/// decodeSplitRows for a group that divides among the block's warps (one
+/// storage class, no KIVI): the block copies each tile of rows of the split
+/// into shared memory with cp.async, kStages - 1 tiles ahead of the one its
+/// warps work on, and warp w computes query heads [w * Gw, (w + 1) * Gw) of
+/// every row from there. A thread thus holds the query and accumulator
+/// rows of Gw heads rather than G, and the bytes in flight are the copies'
+/// rather than its registers'. Each row's position and page address are
+/// loaded one tile before its copies are issued, so that no thread waits on
+/// them. Same outputs as decodeSplitRows: every slot's logit (as it
+/// computes them: a lane's channels in order, then the butterfly over the
+/// row's lanes) and the split's partial record.
+template <int G, int D, Storage S, int kThreads>
+__device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
+                                                 const HeadTable &t,
+                                                 int32_t h, int32_t split,
+                                                 int32_t begin, int32_t end) {
+  using P = StagedDecode<G, D, S, kThreads>;
+  using Shape = typename P::Shape;
+  static_assert(P::kApplies, "the group must divide among the warps");
+  constexpr int kTileRows = P::kTileRows, kStages = P::kStages;
+  constexpr int kGw = P::kHeadsPerWarp, kChunk = Shape::kChunk;
+  constexpr int kRowBytes = Shape::kRowBytes;
+  // [stage][key, value][row][bytes], the scales of scaled formats, and
+  // whether each row holds a live slot.
+  __shared__ __align__(16) uint8_t tiles[kStages][2][kTileRows][kRowBytes];
+  __shared__ float scales[kStages][2][Codec<S>::kScaled ? kTileRows : 1];
+  __shared__ uint8_t liveRow[kStages][kTileRows];
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int sub = lane / Shape::kLanes;     // the row of a pass
+  const int rowLane = lane % Shape::kLanes; // the lane within the row
+  const int g0 = warp * kGw;
+  const int32_t numTiles =
+      end > begin ? (end - begin + kTileRows - 1) / kTileRows : 0;
+
+  float q[kGw][kChunk], acc[kGw][kChunk], m[kGw], z[kGw];
+#pragma unroll
+  for (int g = 0; g < kGw; ++g) {
+    m[g] = kNegInf;
+    z[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+        const int x = j * Shape::kElemsPerVec + e;
+        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g0 + g) * D +
+                      Shape::channel(j, rowLane, e)];
+        acc[g][x] = 0.0f;
+      }
+  }
+
+  // The position and page address of the calling thread's units of a tile
+  // (KVC_POSITION_NONE past the split or the tiles).
+  int32_t position[P::kUnitsPerThread];
+  uint64_t page[P::kUnitsPerThread];
+  auto fetch = [&](int32_t tile) {
+#pragma unroll
+    for (int k = 0; k < P::kUnitsPerThread; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      const int32_t slot = begin + tile * kTileRows + u / Shape::kVecs;
+      position[k] = KVC_POSITION_NONE;
+      page[k] = 0;
+      if (tile < numTiles && u < P::kUnits && slot < end) {
+        position[k] = t.positions[slot];
+        page[k] = t.pages[slot / a.layout.pageSize];
+      }
+    }
+  };
+  // Issues the copies of a tile's live rows into its stage (one group per
+  // thread, empty past the tiles) and marks which rows are live.
+  auto issue = [&](int32_t tile) {
+    const int st = tile % kStages;
+#pragma unroll
+    for (int k = 0; k < P::kUnitsPerThread; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      if (u >= P::kUnits)
+        continue;
+      const int row = u / Shape::kVecs, vec = u % Shape::kVecs;
+      const bool live = position[k] != KVC_POSITION_NONE;
+      if (vec == 0)
+        liveRow[st][row] = live ? 1 : 0;
+      if (!live)
+        continue;
+      const int32_t slot = begin + tile * kTileRows + row;
+      const uint8_t *base = reinterpret_cast<const uint8_t *>(page[k]);
+      const uint64_t o = static_cast<uint64_t>(slot % a.layout.pageSize);
+      copyAsync<16>(&tiles[st][0][row][vec * 16],
+                    base + a.layout.keyOffset + o * kRowBytes + vec * 16);
+      copyAsync<16>(&tiles[st][1][row][vec * 16],
+                    base + a.layout.valueOffset + o * kRowBytes + vec * 16);
+      if constexpr (Codec<S>::kScaled)
+        if (vec == 0) {
+          copyAsync<4>(&scales[st][0][row],
+                       base + a.layout.keyParamOffset + o * sizeof(float));
+          copyAsync<4>(&scales[st][1][row],
+                       base + a.layout.valueParamOffset + o * sizeof(float));
+        }
+    }
+    commitCopies();
+  };
+  auto decodeRow = [&](int st, int part, int row, int j, float *out) {
+    const uint4 raw = *reinterpret_cast<const uint4 *>(
+        &tiles[st][part][row][(j * Shape::kLanes + rowLane) * 16]);
+    Codec<S>::decode(raw, Codec<S>::kScaled ? scales[st][part][row] : 1.0f,
+                     out);
+  };
+
+#pragma unroll
+  for (int32_t tile = 0; tile < kStages - 1; ++tile) {
+    fetch(tile);
+    issue(tile);
+  }
+  fetch(kStages - 1);
+  for (int32_t i = 0; i < numTiles; ++i) {
+    // Tile i has landed for every thread, and every warp is done with tile
+    // i - 1, whose stage tile i + kStages - 1 takes.
+    waitCopies<kStages - 2>();
+    __syncthreads();
+    issue(i + kStages - 1);
+    fetch(i + kStages);
+
+    const int st = i % kStages;
+    float l[P::kPasses][kGw];
+#pragma unroll
+    for (int p = 0; p < P::kPasses; ++p) {
+      const int row = p * P::kRowsPerPass + sub;
+      const bool live = liveRow[st][row] != 0;
+#pragma unroll
+      for (int g = 0; g < kGw; ++g)
+        l[p][g] = 0.0f;
+      if (live) {
+#pragma unroll
+        for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+          float kf[Shape::kElemsPerVec];
+          decodeRow(st, 0, row, j, kf);
+#pragma unroll
+          for (int g = 0; g < kGw; ++g)
+#pragma unroll
+            for (int e = 0; e < Shape::kElemsPerVec; ++e)
+              l[p][g] += q[g][j * Shape::kElemsPerVec + e] * kf[e];
+        }
+      }
+      const int32_t slot = begin + i * kTileRows + row;
+#pragma unroll
+      for (int g = 0; g < kGw; ++g) {
+#pragma unroll
+        for (int o = Shape::kLanes / 2; o > 0; o /= 2)
+          l[p][g] += __shfl_xor_sync(kFullMask, l[p][g], o);
+        l[p][g] = live ? l[p][g] * a.scale : kNegInf;
+        if (rowLane == 0 && slot < end)
+          a.logits[(static_cast<int64_t>(h) * G + g0 + g) * a.stride + slot] =
+              l[p][g];
+      }
+    }
+    // The tile's maximum over the warp's rows, one rescale per tile.
+#pragma unroll
+    for (int g = 0; g < kGw; ++g) {
+      float mNew = m[g];
+#pragma unroll
+      for (int p = 0; p < P::kPasses; ++p)
+        mNew = fmaxf(mNew, l[p][g]);
+#pragma unroll
+      for (int o = Shape::kLanes; o < kWarpSize; o *= 2)
+        mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, o));
+      if (mNew == kNegInf)
+        continue; // no live row yet: nothing to add
+      const float rescale = expf(m[g] - mNew);
+      m[g] = mNew;
+      z[g] *= rescale;
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x)
+        acc[g][x] *= rescale;
+#pragma unroll
+      for (int p = 0; p < P::kPasses; ++p) {
+        l[p][g] = expf(l[p][g] - mNew); // exp(-inf) = 0 for a free row
+        z[g] += l[p][g];
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < P::kPasses; ++p) {
+      const int row = p * P::kRowsPerPass + sub;
+      if (!liveRow[st][row])
+        continue;
+#pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        float vf[Shape::kElemsPerVec];
+        decodeRow(st, 1, row, j, vf);
+#pragma unroll
+        for (int g = 0; g < kGw; ++g)
+#pragma unroll
+          for (int e = 0; e < Shape::kElemsPerVec; ++e)
+            acc[g][j * Shape::kElemsPerVec + e] += l[p][g] * vf[e];
+      }
+    }
+  }
+
+  // The rows of a pass share the warp's maximum: their sums add up.
+#pragma unroll
+  for (int g = 0; g < kGw; ++g) {
+#pragma unroll
+    for (int o = Shape::kLanes; o < kWarpSize; o *= 2) {
+      z[g] += __shfl_xor_sync(kFullMask, z[g], o);
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x)
+        acc[g][x] += __shfl_xor_sync(kFullMask, acc[g][x], o);
+    }
+  }
+  if (sub != 0)
+    return;
+#pragma unroll
+  for (int g = 0; g < kGw; ++g) {
+    float *out = a.partials +
+                 ((static_cast<int64_t>(h) * a.numSplits + split) * G + g0 +
+                  g) *
+                     partialFloats<D>();
+    if (rowLane == 0) {
+      out[0] = m[g];
+      out[1] = z[g];
+    }
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e)
+        out[2 + Shape::channel(j, rowLane, e)] =
+            acc[g][j * Shape::kElemsPerVec + e];
+  }
+}
+
 /// One block per (split, kv-head): the G query heads of the group read each
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
 /// softmax each, combined at the end into the split's partial record. Every
 /// slot's logit is stored so that the merge can form exact probabilities.
+/// A group that divides among the block's warps (one storage class) goes
+/// through shared-memory tiles instead (decodeStagedRows), with the same
+/// outputs.
 ///
 /// Mixed precision (kLowBits != 0): a slot of a page tagged kLowPageTag is
 /// a low-class row (LowRow: kLowBits-bit codes per token in groups of
@@ -928,87 +1232,90 @@ __global__ void __launch_bounds__(kThreads)
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
-  const int lane = threadIdx.x % Shape::kLanes;
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
-
-  // A row's loads, issued kRowsInFlight rows ahead of their use.
-  struct Row {
-    int32_t slot;
-    bool inRange, live, low;
-    uint4 kRaw[Shape::kVecsPerLane], vRaw[Shape::kVecsPerLane];
-    float kScale, vScale;
-    // Mixed precision: the codes and records of a low slot.
-    uint64_t kCodes[kMixed ? Shape::kVecsPerLane : 1],
-        vCodes[kMixed ? Shape::kVecsPerLane : 1];
-    const float *kRecord, *vRecord;
-  };
-  auto load = [&](int32_t slot, Row &r) {
-    r.slot = slot;
-    r.inRange = slot < end;
-    r.live = r.inRange && t.positions[slot] != KVC_POSITION_NONE;
-    r.low = false;
-    r.kScale = 1.0f;
-    r.vScale = 1.0f;
-    if (!r.live)
-      return;
-    const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
-    const int32_t o = slot % a.layout.pageSize;
-    if constexpr (kMixed) {
-      const uint64_t address = reinterpret_cast<uint64_t>(page);
-      r.low = (address & kLowPageTag) != 0;
-      page = reinterpret_cast<const uint8_t *>(address & ~kLowPageTag);
-      if (r.low) {
-        const uint8_t *kRow = page + a.layout.lowKeyOffset +
-                              static_cast<uint64_t>(o) * Low::kRowBytes;
-        const uint8_t *vRow = page + a.layout.lowValueOffset +
-                              static_cast<uint64_t>(o) * Low::kRowBytes;
-#pragma unroll
-        for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-          r.kCodes[j] = Low::load(kRow, j, lane);
-          r.vCodes[j] = Low::load(vRow, j, lane);
+  if constexpr (!kMixed && StagedDecode<G, D, S, kThreads>::kApplies) {
+    decodeStagedRows<G, D, S, kThreads>(a, t, h, split, begin, end);
+  } else {
+    const int lane = threadIdx.x % Shape::kLanes;
+    // A row's loads, issued kRowsInFlight rows ahead of their use.
+    struct Row {
+      int32_t slot;
+      bool inRange, live, low;
+      uint4 kRaw[Shape::kVecsPerLane], vRaw[Shape::kVecsPerLane];
+      float kScale, vScale;
+      // Mixed precision: the codes and records of a low slot.
+      uint64_t kCodes[kMixed ? Shape::kVecsPerLane : 1],
+          vCodes[kMixed ? Shape::kVecsPerLane : 1];
+      const float *kRecord, *vRecord;
+    };
+    auto load = [&](int32_t slot, Row &r) {
+      r.slot = slot;
+      r.inRange = slot < end;
+      r.live = r.inRange && t.positions[slot] != KVC_POSITION_NONE;
+      r.low = false;
+      r.kScale = 1.0f;
+      r.vScale = 1.0f;
+      if (!r.live)
+        return;
+      const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
+      const int32_t o = slot % a.layout.pageSize;
+      if constexpr (kMixed) {
+        const uint64_t address = reinterpret_cast<uint64_t>(page);
+        r.low = (address & kLowPageTag) != 0;
+        page = reinterpret_cast<const uint8_t *>(address & ~kLowPageTag);
+        if (r.low) {
+          const uint8_t *kRow = page + a.layout.lowKeyOffset +
+                                static_cast<uint64_t>(o) * Low::kRowBytes;
+          const uint8_t *vRow = page + a.layout.lowValueOffset +
+                                static_cast<uint64_t>(o) * Low::kRowBytes;
+  #pragma unroll
+          for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+            r.kCodes[j] = Low::load(kRow, j, lane);
+            r.vCodes[j] = Low::load(vRow, j, lane);
+          }
+          r.kRecord = reinterpret_cast<const float *>(
+              page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
+          r.vRecord = reinterpret_cast<const float *>(
+              page + a.layout.lowValueParamOffset + o * Low::kRecordBytes);
+          return;
         }
-        r.kRecord = reinterpret_cast<const float *>(
-            page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
-        r.vRecord = reinterpret_cast<const float *>(
-            page + a.layout.lowValueParamOffset + o * Low::kRecordBytes);
-        return;
       }
-    }
-    const uint4 *kRow = reinterpret_cast<const uint4 *>(
-        page + a.layout.keyOffset +
-        static_cast<uint64_t>(o) * Shape::kRowBytes);
-    const uint4 *vRow = reinterpret_cast<const uint4 *>(
-        page + a.layout.valueOffset +
-        static_cast<uint64_t>(o) * Shape::kRowBytes);
-#pragma unroll
-    for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-      r.kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
-      r.vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
-    }
-    if constexpr (Codec<S>::kScaled) {
-      r.kScale = __ldg(reinterpret_cast<const float *>(
-                           page + a.layout.keyParamOffset) +
-                       o);
-      r.vScale = __ldg(reinterpret_cast<const float *>(
-                           page + a.layout.valueParamOffset) +
-                       o);
-    }
-  };
-  // Channels j of a loaded row, as floats.
-  auto decode = [&](const Row &r, bool value, int j, float *out) {
-    if constexpr (kMixed) {
-      if (r.low) {
-        Low::decode(value ? r.vCodes[j] : r.kCodes[j],
-                    value ? r.vRecord : r.kRecord, j, lane, out);
-        return;
+      const uint4 *kRow = reinterpret_cast<const uint4 *>(
+          page + a.layout.keyOffset +
+          static_cast<uint64_t>(o) * Shape::kRowBytes);
+      const uint4 *vRow = reinterpret_cast<const uint4 *>(
+          page + a.layout.valueOffset +
+          static_cast<uint64_t>(o) * Shape::kRowBytes);
+  #pragma unroll
+      for (int j = 0; j < Shape::kVecsPerLane; ++j) {
+        r.kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
+        r.vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
       }
-    }
-    Codec<S>::decode(value ? r.vRaw[j] : r.kRaw[j],
-                     value ? r.vScale : r.kScale, out);
-  };
-  decodeSplitRows<G, D, Shape, kThreads, DecodeRowsInFlight<G>::value, Row>(
-      a, h, split, begin, end, load, decode);
+      if constexpr (Codec<S>::kScaled) {
+        r.kScale = __ldg(reinterpret_cast<const float *>(
+                             page + a.layout.keyParamOffset) +
+                         o);
+        r.vScale = __ldg(reinterpret_cast<const float *>(
+                             page + a.layout.valueParamOffset) +
+                         o);
+      }
+    };
+    // Channels j of a loaded row, as floats.
+    auto decode = [&](const Row &r, bool value, int j, float *out) {
+      if constexpr (kMixed) {
+        if (r.low) {
+          Low::decode(value ? r.vCodes[j] : r.kCodes[j],
+                      value ? r.vRecord : r.kRecord, j, lane, out);
+          return;
+        }
+      }
+      Codec<S>::decode(value ? r.vRaw[j] : r.kRaw[j],
+                       value ? r.vScale : r.kScale, out);
+    };
+    decodeSplitRows<G, D, Shape, kThreads, DecodeRowsInFlight<G>::value, Row>(
+        a, h, split, begin, end, load, decode);
+  }
 }
 
 /// Threads per block of decodeAttentionSplit.

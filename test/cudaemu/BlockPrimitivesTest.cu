@@ -11,7 +11,13 @@
 //    ascending order with their ranks, for n below, at and far above the
 //    block size, and n = 0;
 //  - selectVictims: exactly `drop` victims, the smallest keys (score,
-//    position), ties in index order, for drop = 1 and larger.
+//    position), ties in index order, for drop = 1 and larger;
+//  - copyAsync, commitCopies and waitCopies (the decode kernel's cp.async
+//    tiles): waitCopies<1> lands the older of two groups and only it, a
+//    barrier after every thread's wait publishes the copies, 16- and 4-byte
+//    copies. The emulator lands a copy at the wait that covers it, not
+//    before (a kernel that reads a tile too early fails its test); the
+//    device may land it any time until then.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -217,6 +223,73 @@ void checkVictims(int32_t n, int64_t want, std::mt19937 &rng) {
   cudaFree(dCount);
 }
 
+/// Thread t copies 16 bytes into its own slot of `a` (group 0) and 4 bytes
+/// into `b` (group 1), then reports per stage what it sees: [0] its own `a`
+/// slot before any wait, [1] after waitCopies<1>, [2] its own `b` after
+/// waitCopies<1>, [3] a neighbour's `a` after the barrier, [4] a
+/// neighbour's `b` after waitCopies<0> and a barrier.
+__global__ void asyncCopies(const uint4 *in, const uint32_t *in4,
+                            uint32_t *out) {
+  constexpr int kThreads = 64;
+  __shared__ __align__(16) uint4 a[kThreads];
+  __shared__ uint32_t b[kThreads];
+  const int t = threadIdx.x;
+  a[t] = make_uint4(0, 0, 0, 0);
+  b[t] = 0;
+  __syncthreads();
+  kvc::cuda::copyAsync<16>(&a[t], &in[t]);
+  kvc::cuda::commitCopies();
+  kvc::cuda::copyAsync<4>(&b[t], &in4[t]);
+  kvc::cuda::commitCopies();
+  uint32_t *o = out + 5 * t;
+  o[0] = a[t].x;
+  kvc::cuda::waitCopies<1>();
+  o[1] = a[t].w;
+  o[2] = b[t];
+  __syncthreads();
+  o[3] = a[(t + 1) % kThreads].y;
+  kvc::cuda::waitCopies<0>();
+  __syncthreads();
+  o[4] = b[(t + 5) % kThreads];
+}
+
+void checkAsyncCopies() {
+  constexpr int kThreads = 64;
+  std::vector<uint4> in(kThreads);
+  std::vector<uint32_t> in4(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    in[t] = make_uint4(100 + t, 200 + t, 300 + t, 400 + t);
+    in4[t] = 500 + t;
+  }
+  uint4 *dIn = nullptr;
+  uint32_t *dIn4 = nullptr, *dOut = nullptr;
+  cudaMalloc(&dIn, sizeof(uint4) * kThreads);
+  cudaMalloc(&dIn4, sizeof(uint32_t) * kThreads);
+  cudaMalloc(&dOut, sizeof(uint32_t) * 5 * kThreads);
+  cudaMemcpy(dIn, in.data(), sizeof(uint4) * kThreads, cudaMemcpyHostToDevice);
+  cudaMemcpy(dIn4, in4.data(), sizeof(uint32_t) * kThreads,
+             cudaMemcpyHostToDevice);
+  asyncCopies<<<1, kThreads>>>(dIn, dIn4, dOut);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "async copies: launch");
+  const std::vector<uint32_t> got = download(dOut, 5 * kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    const uint32_t *o = &got[5 * t];
+    CHECK(o[0] == 0, "async copies: thread %d saw its copy before the wait",
+          t);
+    CHECK(o[1] == 400u + t, "async copies: thread %d, group 0 after "
+          "waitCopies<1>: %u", t, o[1]);
+    CHECK(o[2] == 0, "async copies: thread %d, group 1 landed before its "
+          "wait", t);
+    CHECK(o[3] == 200u + (t + 1) % kThreads,
+          "async copies: thread %d, neighbour's 16 bytes: %u", t, o[3]);
+    CHECK(o[4] == 500u + (t + 5) % kThreads,
+          "async copies: thread %d, neighbour's 4 bytes: %u", t, o[4]);
+  }
+  cudaFree(dIn);
+  cudaFree(dIn4);
+  cudaFree(dOut);
+}
+
 template <int kThreads> void checkAll(std::mt19937 &rng) {
   // 64-bit keys: random, with ties and invalid entries.
   {
@@ -253,6 +326,7 @@ int main() {
   std::mt19937 rng(20261122);
   checkAll<256>(rng);
   checkAll<512>(rng);
+  checkAsyncCopies();
   std::printf("block primitives: ok\n");
   return 0;
 }

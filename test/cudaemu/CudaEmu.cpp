@@ -71,12 +71,25 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
 
+/// An asynchronous copy into shared memory (copyAsync), performed when a
+/// wait covers its group: as late as the device may perform it, so that a
+/// kernel reading a tile before its wait, or before the barrier after the
+/// other threads' waits, reads stale bytes and fails its test.
+struct AsyncCopy {
+  void *dst;
+  const void *src;
+  int bytes;
+  int group; // -1 until committed
+};
+
 struct Fiber {
   void *stack = nullptr; // saved stack pointer while switched out
   State state = State::Runnable;
   uint3 index{};
   int linear = 0;
   int parity = 0; // which of the two word buffers the next collective uses
+  std::vector<AsyncCopy> copies;
+  int committed = 0; // groups committed so far
 };
 
 struct BlockRun {
@@ -195,6 +208,8 @@ void block() {
   __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
   (*active->body)();
+  // Copies still in flight at exit complete all the same.
+  waitCopies(0);
   active->current->state = State::Done;
   block();
   __builtin_unreachable();
@@ -245,6 +260,8 @@ void runBlock(BlockRun &run) {
     f.state = State::Runnable;
     f.linear = i;
     f.parity = 0;
+    f.copies.clear();
+    f.committed = 0;
     f.index = uint3{u % blockDimension.x, u / blockDimension.x % blockDimension.y,
                     u / (blockDimension.x * blockDimension.y)};
 #if defined(__SANITIZE_ADDRESS__)
@@ -313,6 +330,36 @@ void syncWarp(unsigned mask) {
 }
 
 int laneId() { return active->current->linear % kWarpSize; }
+
+void copyAsync(void *shared, const void *global, int bytes) {
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    fatal("copyAsync of other than 4, 8 or 16 bytes");
+  if (reinterpret_cast<uintptr_t>(shared) % bytes != 0 ||
+      reinterpret_cast<uintptr_t>(global) % bytes != 0)
+    fatal("copyAsync with a misaligned address");
+  active->current->copies.push_back(AsyncCopy{shared, global, bytes, -1});
+}
+
+void commitCopies() {
+  Fiber &f = *active->current;
+  for (AsyncCopy &c : f.copies)
+    if (c.group < 0)
+      c.group = f.committed;
+  ++f.committed;
+}
+
+void waitCopies(int newest) {
+  Fiber &f = *active->current;
+  const int limit = f.committed - newest;
+  std::vector<AsyncCopy> pending;
+  for (const AsyncCopy &c : f.copies) {
+    if (c.group >= 0 && c.group < limit)
+      std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+    else
+      pending.push_back(c);
+  }
+  f.copies.swap(pending);
+}
 
 int lanes() {
   const int base = active->current->linear / kWarpSize * kWarpSize;

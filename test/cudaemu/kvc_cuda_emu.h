@@ -74,6 +74,15 @@ void syncWarp(unsigned mask);
 /// collective. Lanes past the block's last thread have no word: callers
 /// read only lanes below lanes().
 const uint64_t *publish(unsigned mask, uint64_t value);
+/// cp.async of the calling thread: copyAsync records a copy of `bytes`
+/// (4, 8 or 16, both addresses aligned to it) into shared memory,
+/// commitCopies closes the group of the copies recorded since the last,
+/// waitCopies(n) performs every copy of the groups but the n newest ones.
+/// A copy thus lands at the wait, not before: reading its destination
+/// earlier reads what was there (the device gives no better guarantee).
+void copyAsync(void *shared, const void *global, int bytes);
+void commitCopies();
+void waitCopies(int newest);
 /// The number of lanes of the calling thread's warp (32 but in a last,
 /// partial warp).
 int lanes();
