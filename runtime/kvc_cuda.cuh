@@ -811,6 +811,52 @@ __device__ void combineRowGroups(const DecodeSplitArgs &a, int32_t h,
   }
 }
 
+/// Loads the calling lane's channels (RowShape Shape) of query heads
+/// [g0, g0 + kHeads) of kv-head h's group of G, and starts their online
+/// softmax: maximum -inf, sum 0, value sums 0.
+template <int G, int D, typename Shape, int kHeads>
+__device__ __forceinline__ void
+startQueryRows(const DecodeSplitArgs &a, int32_t h, int g0, int lane,
+               float (&q)[kHeads][Shape::kChunk],
+               float (&acc)[kHeads][Shape::kChunk], float (&m)[kHeads],
+               float (&z)[kHeads]) {
+#pragma unroll
+  for (int g = 0; g < kHeads; ++g) {
+    m[g] = kNegInf;
+    z[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Shape::kVecsPerLane; ++j)
+#pragma unroll
+      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+        const int x = j * Shape::kElemsPerVec + e;
+        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g0 + g) * D +
+                      Shape::channel(j, lane, e)];
+        acc[g][x] = 0.0f;
+      }
+  }
+}
+
+/// Moves query head g's running maximum to mNew (finite) for a tile of
+/// kRows rows: rescales its sum and value sums once, and turns the tile's
+/// logits l[r][g] into weights e^(l - mNew) (0 for a free or masked row,
+/// whose logit is -inf), added to the sum.
+template <int kHeads, int kChunk, int kRows>
+__device__ __forceinline__ void
+moveMaximum(int g, float mNew, float (&m)[kHeads], float (&z)[kHeads],
+            float (&acc)[kHeads][kChunk], float (&l)[kRows][kHeads]) {
+  const float rescale = expf(m[g] - mNew);
+  m[g] = mNew;
+  z[g] *= rescale;
+#pragma unroll
+  for (int x = 0; x < kChunk; ++x)
+    acc[g][x] *= rescale;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    l[r][g] = expf(l[r][g] - mNew);
+    z[g] += l[r][g];
+  }
+}
+
 /// Rows each thread of decodeAttentionSplit loads before it uses the first
 /// (a tile of its online softmax). More rows keep more bytes in flight and
 /// rescale the accumulators less often, but each holds its key and value
@@ -840,20 +886,7 @@ __device__ __forceinline__ void decodeSplitRows(const DecodeSplitArgs &a,
   const int lane = threadIdx.x % Shape::kLanes;
   const int rowGroup = threadIdx.x / Shape::kLanes;
   float q[G][kChunk], acc[G][kChunk], m[G], z[G];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = kNegInf;
-    z[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < Shape::kVecsPerLane; ++j)
-#pragma unroll
-      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
-        const int x = j * Shape::kElemsPerVec + e;
-        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g) * D +
-                      Shape::channel(j, lane, e)];
-        acc[g][x] = 0.0f;
-      }
-  }
+  startQueryRows<G, D, Shape>(a, h, 0, lane, q, acc, m, z);
 
   // The scaled logits of a loaded row (every lane of the row gets them),
   // stored for the statistics.
@@ -910,19 +943,8 @@ __device__ __forceinline__ void decodeSplitRows(const DecodeSplitArgs &a,
 #pragma unroll
       for (int u = 0; u < kRowsInFlight; ++u)
         mNew = fmaxf(mNew, l[u][g]);
-      if (mNew == kNegInf)
-        continue; // no live row yet: nothing to add
-      const float rescale = expf(m[g] - mNew);
-      m[g] = mNew;
-      z[g] *= rescale;
-#pragma unroll
-      for (int x = 0; x < kChunk; ++x)
-        acc[g][x] *= rescale;
-#pragma unroll
-      for (int u = 0; u < kRowsInFlight; ++u) {
-        l[u][g] = expf(l[u][g] - mNew); // exp(-inf) = 0 for a masked row
-        z[g] += l[u][g];
-      }
+      if (mNew != kNegInf) // else no live row yet: nothing to add
+        moveMaximum(g, mNew, m, z, acc, l);
     }
 #pragma unroll
     for (int u = 0; u < kRowsInFlight; ++u) {
@@ -1016,20 +1038,7 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
       end > begin ? (end - begin + kTileRows - 1) / kTileRows : 0;
 
   float q[kGw][kChunk], acc[kGw][kChunk], m[kGw], z[kGw];
-#pragma unroll
-  for (int g = 0; g < kGw; ++g) {
-    m[g] = kNegInf;
-    z[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < Shape::kVecsPerLane; ++j)
-#pragma unroll
-      for (int e = 0; e < Shape::kElemsPerVec; ++e) {
-        const int x = j * Shape::kElemsPerVec + e;
-        q[g][x] = a.q[(static_cast<int64_t>(h) * G + g0 + g) * D +
-                      Shape::channel(j, rowLane, e)];
-        acc[g][x] = 0.0f;
-      }
-  }
+  startQueryRows<G, D, Shape>(a, h, g0, rowLane, q, acc, m, z);
 
   // The position and page address of the calling thread's units of a tile
   // (KVC_POSITION_NONE past the split or the tiles).
@@ -1144,19 +1153,8 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
 #pragma unroll
       for (int o = Shape::kLanes; o < kWarpSize; o *= 2)
         mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, o));
-      if (mNew == kNegInf)
-        continue; // no live row yet: nothing to add
-      const float rescale = expf(m[g] - mNew);
-      m[g] = mNew;
-      z[g] *= rescale;
-#pragma unroll
-      for (int x = 0; x < kChunk; ++x)
-        acc[g][x] *= rescale;
-#pragma unroll
-      for (int p = 0; p < P::kPasses; ++p) {
-        l[p][g] = expf(l[p][g] - mNew); // exp(-inf) = 0 for a free row
-        z[g] += l[p][g];
-      }
+      if (mNew != kNegInf) // else no live row yet: nothing to add
+        moveMaximum(g, mNew, m, z, acc, l);
     }
 #pragma unroll
     for (int p = 0; p < P::kPasses; ++p) {
