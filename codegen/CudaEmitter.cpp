@@ -148,6 +148,22 @@ private:
 
   LogicalResult emitStage(Operation *op, raw_ostream &os);
   void emitAttentionStage(raw_ostream &os);
+  /// The score of live slot i that a decode statistic op reads from the
+  /// device tables, the same expression in the stages and in the fold
+  /// kernel's selection summary; "" for another op.
+  std::string decodeSlotScore(Operation *op);
+  /// Finds the selection that the stages settle from the fold blocks'
+  /// summaries (oneVictim), when the policy's decode phase has that shape.
+  void findOneVictim();
+  /// The decode fold kernel: the statistics over the slot ranges of the
+  /// attention's splits and the summaries of a oneVictim selection.
+  void emitFoldKernel(raw_ostream &os);
+  /// Decode: the attention pass folds statistics into the device tables or
+  /// writes probabilities.
+  bool foldsStatistics() {
+    return decode && (attention.getAccumulate() || attention.getPersistence() ||
+                      attention.getWindow() || needsProbs);
+  }
   /// Declares budget `op` = `expr` in the current stages kernel.
   void declareBudget(raw_ostream &os, Operation *op, const std::string &expr,
                      bool sameForAllHeads);
@@ -189,6 +205,16 @@ private:
   GatherOp gather;
   /// The kernel's stages include a selection (kvc.topk).
   bool selects = false;
+  /// Decode: the selection whose common step (one victim or none) the
+  /// stages settle from the fold blocks' summaries (takeOneVictim): a
+  /// kvc.topk of a decode statistic (through group_reduce aliases and at most
+  /// one kvc.protect, `oneVictimProtect`) under a constant or head-class
+  /// budget, feeding kvc.evict. Its score expression is `oneVictimScore`.
+  TopKOp oneVictim;
+  ProtectOp oneVictimProtect;
+  std::string oneVictimScore;
+  /// The decode fold kernel exists (emitFoldKernel).
+  bool foldKernel = false;
   /// Decode reads the last query's probabilities (kvc.attn_last).
   bool needsProbs = false;
   /// A periodic decode kernel (every_n): the window folds into the score
@@ -302,31 +328,155 @@ void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
         "w.partials, numSplits, h, "
      << (attention.getOutput() ? "out" : "nullptr")
      << ", maxLogit, invSum);\n";
+  if (foldKernel)
+    os << "  // The fold kernel formed the statistics from the same split "
+          "records.\n";
+  if (periodic)
+    os << "  // The phase runs once every kPeriod positions (the same for the "
+          "whole block).\n"
+          "  if ((position + 1) % kPeriod != 0)\n"
+          "    return;\n";
+}
+
+static std::string
+usedDeclarations(ArrayRef<std::pair<std::string, std::string>> decls,
+                 StringRef body);
+
+std::string CudaKernelEmitter::decodeSlotScore(Operation *op) {
+  if (auto acc = dyn_cast<AttnAccumulateOp>(op))
+    return acc.getVisibleNormalized()
+               ? "t.state[i] / (position - positions[i] + 1)"
+               : "t.state[i]";
+  if (isa<AttnPersistenceOp>(op))
+    return "static_cast<float>(kvc::cuda::countRecentBits(t.history[i], "
+           "kHistory))";
+  if (isa<AttnWindowOp>(op))
+    return "positions[i] > position - kWindow ? 0.0f : t.state[i] / kWindow";
+  if (isa<RecencyOp>(op))
+    return "static_cast<float>(positions[i])";
+  return "";
+}
+
+void CudaKernelEmitter::findOneVictim() {
+  if (!decode || !selects || crossOp || merge)
+    return;
+  SmallVector<TopKOp> selections(kernel.getBody().front().getOps<TopKOp>());
+  if (selections.size() != 1)
+    return;
+  TopKOp topk = selections.front();
+  if (cast<ScoreType>(topk.getScore().getType()).getGranularity() !=
+          Granularity::kv_head ||
+      !llvm::all_of(topk->getUsers(),
+                    [](Operation *user) { return isa<EvictOp>(user); }))
+    return;
+  Operation *budget = topk.getBudget().getDefiningOp();
+  auto uniform = dyn_cast_or_null<BudgetUniformOp>(budget);
+  if (!(uniform && uniform.getCount()) &&
+      !isa_and_nonnull<BudgetHeadClassesOp>(budget))
+    return;
+  // The score: a decode statistic, through group_reduce aliases (a state
+  // the attention pass already reduced over the group), under at most one
+  // kvc.protect.
+  Value score = topk.getScore();
+  ProtectOp protect = score.getDefiningOp<ProtectOp>();
+  if (protect)
+    score = protect.getInput();
+  while (auto reduce = score.getDefiningOp<GroupReduceOp>()) {
+    if (!isa_and_nonnull<AttnAccumulateOp, AttnWindowOp>(
+            reduce.getInput().getDefiningOp()))
+      return;
+    score = reduce.getInput();
+  }
+  if (!score.getDefiningOp())
+    return;
+  std::string expr = decodeSlotScore(score.getDefiningOp());
+  if (expr.empty())
+    return;
+  oneVictim = topk;
+  oneVictimProtect = protect;
+  oneVictimScore = expr;
+}
+
+/// "kvc::cuda::guessProtection(sinks, recent, position)" of a oneVictim
+/// selection's kvc.protect (0, 0 without one).
+static std::string protectionGuess(ProtectOp protect) {
+  return "kvc::cuda::guessProtection(" +
+         std::to_string(protect ? protect.getSinks() : 0) + ", " +
+         std::to_string(protect ? protect.getRecent() : 0) + ", position)";
+}
+
+void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
+  std::string body;
+  llvm::raw_string_ostream os(body);
+  if (foldsStatistics())
+    os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n"
+          "  kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, "
+          "numSplits, h, maxLogit, invSum);\n";
   if (attention.getAccumulate())
-    os << "  kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, "
-          "t.state, n, logits, stride, maxLogit, invSum, kDecay, "
+    os << "  kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(\n"
+          "      positions, t.state, r, logits, stride, maxLogit, invSum, "
+          "kDecay, "
        << reduceEnumerator("cuda", *attention.getReduce()) << ");\n";
   if (attention.getPersistence())
-    os << "  kvc::cuda::foldPersistence<kGroup, kStageThreads>(positions, "
-          "t.history, n, logits, stride, maxLogit, invSum, kThreshold, "
+    os << "  kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(\n"
+          "      positions, t.history, r, logits, stride, maxLogit, invSum, "
+          "kThreshold,\n      "
        << reduceEnumerator("cuda", *attention.getPersistenceReduce())
        << ");\n";
   if (attention.getWindow())
     os << "  // The window: the group-mean weights of the last kWindow queries "
           "of\n  // each period, summed in the score state.\n"
           "  if (position % kPeriod >= kPeriod - kWindow)\n"
-          "    kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, "
-          "t.state, n, logits, stride, maxLogit, invSum,\n"
-          "                                                    position % "
-          "kPeriod == kPeriod - kWindow);\n";
+          "    kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(\n"
+          "        positions, t.state, r, logits, stride, maxLogit, invSum,\n"
+          "        position % kPeriod == kPeriod - kWindow);\n";
   if (needsProbs)
-    os << "  kvc::cuda::writeProbabilities<kGroup, kStageThreads>(logits, "
-          "stride, n, maxLogit, invSum, probs);\n";
-  if (periodic)
-    os << "  // The phase runs once every kPeriod positions (the same for the "
-          "whole block).\n"
-          "  if ((position + 1) % kPeriod != 0)\n"
-          "    return;\n";
+    os << "  kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(\n"
+          "      logits, stride, r, maxLogit, invSum, probs);\n";
+  if (oneVictim) {
+    if (periodic)
+      os << "  // The selection runs once every kPeriod positions.\n"
+            "  if ((position + 1) % kPeriod != 0)\n"
+            "    return;\n";
+    std::string stages = camel;
+    stages[0] = static_cast<char>(std::tolower(stages[0]));
+    os << "  // The block's summary for takeOneVictim, which settles the "
+          "selection in\n  // "
+       << stages << "Stages when one entry goes or none:\n  "
+       << opComment(oneVictim) << "\n"
+       << "  kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(\n"
+          "      positions, r, "
+       << protectionGuess(oneVictimProtect) << ", "
+       << (oneVictim.getTie() == TieBreak::recent ? "true" : "false")
+       << ",\n      [&](int32_t i) { return " << oneVictimScore
+       << "; },\n      &w.selection[h * numSplits + blockIdx.y]);\n";
+  }
+
+  SmallVector<std::pair<std::string, std::string>> decls;
+  decls.push_back({"h", "  // Head h of the batch, slots of split blockIdx.y.\n"
+                        "  const int32_t h = blockIdx.x;\n"});
+  decls.push_back({"t", "  const kvc::cuda::HeadTable t = w.heads[h];\n"});
+  decls.push_back({"r", "  const kvc::cuda::SlotRange r = "
+                        "kvc::cuda::foldRange(t.numSlots, slotsPerSplit);\n"});
+  decls.push_back({"positions", "  const int32_t *positions = t.positions;\n"});
+  decls.push_back(
+      {"position", "  const int32_t position = t.queryPosition;\n"});
+  decls.push_back(
+      {"logits", "  const float *logits = w.logits + h * kGroup * stride;\n"});
+  decls.push_back(
+      {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
+  std::string fn = camel;
+  fn[0] = static_cast<char>(std::tolower(fn[0]));
+  out << "/// The decode statistics of " << name
+      << " over the slots of the attention's\n/// splits, one block per (head "
+         "of the batch, split)"
+      << (oneVictim ? ", and the summaries of\n/// the selection" : "")
+      << ".\n"
+      << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)\n    "
+      << fn << "Fold(" << camel
+      << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
+         "slotsPerSplit) {\n"
+      << usedDeclarations(decls, body) << body << "}\n\n";
 }
 
 void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
@@ -428,8 +578,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           bind(window, b, false);
           elementwise(os, false, b,
                       "positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf "
-                      ": positions[i] > position - kWindow ? 0.0f : t.state[i] "
-                      "/ kWindow");
+                      ": " + decodeSlotScore(window));
           return success();
         }
         if (!window.getVisibleNormalized()) {
@@ -465,11 +614,8 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         std::string b = newFloatBuffer(false);
         bind(acc, b, false);
         elementwise(os, false, b,
-                    std::string("positions[i] == KVC_POSITION_NONE ? "
-                                "kvc::cuda::kNegInf : ") +
-                        (acc.getVisibleNormalized()
-                             ? "t.state[i] / (position - positions[i] + 1)"
-                             : "t.state[i]"));
+                    "positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : " +
+                        decodeSlotScore(acc));
         return success();
       })
       .Case([&](AttnPersistenceOp persistence) -> LogicalResult {
@@ -478,9 +624,8 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         bind(persistence, b, false);
         elementwise(os, false, b,
                     decode ? "positions[i] == KVC_POSITION_NONE ? "
-                             "kvc::cuda::kNegInf : static_cast<float>("
-                             "kvc::cuda::countRecentBits(t.history[i], "
-                             "kHistory))"
+                             "kvc::cuda::kNegInf : " +
+                                 decodeSlotScore(persistence)
                            : "static_cast<float>(kvc::cuda::countRecentBits("
                              "persistBits[i], kHistory))");
         return success();
@@ -488,7 +633,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](RecencyOp recency) -> LogicalResult {
         std::string b = newFloatBuffer(false);
         bind(recency, b, false);
-        elementwise(os, false, b, "static_cast<float>(positions[i])");
+        elementwise(os, false, b, decodeSlotScore(recency));
         return success();
       })
       .Case([&](KeyNormOp keyNorm) -> LogicalResult {
@@ -546,9 +691,9 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
             return unsupported(op, "the state was reduced differently");
           bind(reduce, in.name, false);
           os << (windowSum ? "  // Folded into the window sum by the "
-                             "attention pass.\n"
+                             "fold kernel.\n"
                            : "  // Folded into the accumulated state by the "
-                             "attention pass.\n");
+                             "fold kernel.\n");
           return success();
         }
         std::string b = newFloatBuffer(false);
@@ -777,6 +922,11 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
   if (selects)
     fields.push_back(
         {"uint8_t", "victim", "kKvHeads * stride", "Victim flag per entry."});
+  if (oneVictim)
+    fields.push_back({"kvc::cuda::SelectionSummary", "selection",
+                      "kKvHeads * kMaxSplits",
+                      "Per (head, split): the fold block's summary of its "
+                      "slots for the selection."});
   if (merge) {
     if (isa<MergeCamOp>(merge)) {
       fields.push_back({"float", "camAttention", "kKvHeads * stride",
@@ -909,6 +1059,10 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   state = attention.getAccumulate().has_value() ||
           (decode && attention.getWindow().has_value());
   history = attention.getPersistence().has_value();
+  findOneVictim();
+  foldKernel = foldsStatistics() || oneVictim;
+  Operation *oneVictimBudget =
+      oneVictim ? oneVictim.getBudget().getDefiningOp() : nullptr;
 
   // Stages first, into buffers: they decide which buffers exist. Ops before
   // the cross-head op run in the first stages kernel, the op itself in a
@@ -923,8 +1077,25 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
       afterCross = true;
       continue;
     }
+    if (&op == oneVictimBudget)
+      continue; // Declared ahead of the one-victim check.
     if (failed(emitStage(&op, afterCross ? as : bs)))
       return failure();
+    if (oneVictim && isa<AttentionPassOp>(op)) {
+      // The common step first: the budget (a constant of the head), then
+      // the one-victim check that skips the stages.
+      if (failed(emitStage(oneVictimBudget, bs)))
+        return failure();
+      bs << "  // One victim or none, the common decode step: settled from "
+            "the fold blocks'\n  // summaries (the stages below run "
+            "otherwise).\n"
+            "  if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h "
+            "* numSplits, numSplits, "
+         << budgets.lookup(oneVictim.getBudget()) << ",\n"
+         << "                                               "
+         << protectionGuess(oneVictimProtect) << "))\n"
+         << "    return;\n";
+    }
   }
   // Budgets of the first kernel that the second reads are declared again.
   if (crossOp) {
@@ -963,6 +1134,8 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   out << "//===--- " << name << ": device part ---===//\n\n";
   emitWorkspace(out);
   out << deviceDecls;
+  if (foldKernel)
+    emitFoldKernel(out);
 
   // The per-kv-head prologue of a stages kernel: the declarations its body
   // reads.
@@ -1662,6 +1835,17 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "kvc::cuda::kDecodeThreads>\n"
            "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
+  if (foldKernel) {
+    std::string foldName = camel;
+    foldName[0] = static_cast<char>(std::tolower(foldName[0]));
+    out << "    // The statistics over the splits' slot ranges"
+        << (oneVictim ? "\n    // and the selection's summaries" : "")
+        << ", one block per (head of the batch, split).\n"
+        << "    " << foldName
+        << "Fold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, "
+           "s>>>(w, stride, plan.splits,\n"
+        << "        plan.slotsPerSplit);\n";
+  }
   out << "    // Exact merge of the splits, then the policy's stages, one "
          "block per head of\n    // the batch.\n"
       << "    " << fn << "<<<heads, kStageThreads, 0, s>>>(w, stride, "

@@ -1600,14 +1600,12 @@ __global__ void __launch_bounds__(kThreads)
       a, h, split, begin, end, load, decode);
 }
 
-/// Merges the split partial records of kv-head `h` exactly: M = max m_s,
-/// Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z. Writes the G
-/// output rows (when `out` is given) and M and 1/Z to `maxOut` and
-/// `invSumOut` (shared arrays of G, read by the statistics that follow).
-template <int G, int D, int kThreads>
-__device__ void mergeSplits(const float *partials, int32_t numSplits,
-                            int32_t h, float *out, float *maxOut,
-                            float *invSumOut) {
+/// M = max m_s and 1/Z, Z = sum z_s e^(m_s - M), of the G query heads of
+/// kv-head `h` from its split partial records, into `maxOut` and `invSumOut`
+/// (shared arrays of G, read by the statistics that follow).
+template <int G, int D>
+__device__ void splitStatistics(const float *partials, int32_t numSplits,
+                                int32_t h, float *maxOut, float *invSumOut) {
   constexpr int kRecord = partialFloats<D>();
   const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
   if (threadIdx.x < G) {
@@ -1625,6 +1623,19 @@ __device__ void mergeSplits(const float *partials, int32_t numSplits,
     invSumOut[g] = bz > 0.0f ? 1.0f / bz : 0.0f;
   }
   __syncthreads();
+}
+
+/// Merges the split partial records of kv-head `h` exactly: M = max m_s,
+/// Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z. Writes the G
+/// output rows (when `out` is given) and M and 1/Z to `maxOut` and
+/// `invSumOut` (splitStatistics).
+template <int G, int D, int kThreads>
+__device__ void mergeSplits(const float *partials, int32_t numSplits,
+                            int32_t h, float *out, float *maxOut,
+                            float *invSumOut) {
+  constexpr int kRecord = partialFloats<D>();
+  const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
+  splitStatistics<G, D>(partials, numSplits, h, maxOut, invSumOut);
   if (out)
     for (int i = threadIdx.x; i < G * D; i += kThreads) {
       const int g = i / D, c = i % D;
@@ -1648,80 +1659,98 @@ __device__ inline float probability(const float *logits, int64_t stride,
   return l == kNegInf ? 0.0f : expf(l - maxLogit[g]) * invSum[g];
 }
 
-/// Writes the probabilities of the G query heads (rows `stride` apart).
+/// Threads of a decode fold block: one block per head of the batch and
+/// attention split, whose kMinSlotsPerSplit (256 or more) slots it walks
+/// once.
+constexpr int kFoldThreads = 256;
+
+/// The slots [first, last) of one head that a block of the decode fold
+/// kernel covers: the slot range of attention split `blockIdx.y`, cut at the
+/// head's `numSlots`.
+struct SlotRange {
+  int32_t first, last;
+};
+
+__device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerSplit) {
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * slotsPerSplit;
+  const int64_t last = first + slotsPerSplit;
+  return {static_cast<int32_t>(first < numSlots ? first : numSlots),
+          static_cast<int32_t>(last < numSlots ? last : numSlots)};
+}
+
+/// Writes the probabilities of the G query heads (rows `stride` apart) of
+/// the slots in `r`.
 template <int G, int kThreads>
 __device__ void writeProbabilities(const float *logits, int64_t stride,
-                                   int32_t n, const float *maxLogit,
+                                   SlotRange r, const float *maxLogit,
                                    const float *invSum, float *probs) {
-  for (int32_t s = threadIdx.x; s < n; s += kThreads)
+  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
 #pragma unroll
     for (int g = 0; g < G; ++g)
       probs[g * stride + s] = probability(logits, stride, g, s, maxLogit, invSum);
   __syncthreads();
 }
 
+/// reduce_g(p_g) of slot s: the sum, the maximum, or the mean over the G
+/// query heads of the group.
+template <int G>
+__device__ float groupWeight(const float *logits, int64_t stride, int32_t s,
+                             const float *maxLogit, const float *invSum,
+                             Reduce kind) {
+  float r = kind == Reduce::Max ? kNegInf : 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float p = probability(logits, stride, g, s, maxLogit, invSum);
+    r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+  }
+  return kind == Reduce::Mean ? r / G : r;
+}
+
 /// Folds this step's probabilities into the score state of every live
-/// slot: state <- decay * state + reduce_g(p_g).
+/// slot in `r`: state <- decay * state + reduce_g(p_g).
 template <int G, int kThreads>
 __device__ void foldAccumulated(const int32_t *positions, float *state,
-                                int32_t n, const float *logits, int64_t stride,
+                                SlotRange r, const float *logits, int64_t stride,
                                 const float *maxLogit, const float *invSum,
                                 float decay, Reduce kind) {
-  for (int32_t s = threadIdx.x; s < n; s += kThreads) {
-    if (positions[s] == KVC_POSITION_NONE)
-      continue;
-    float r = kind == Reduce::Max ? kNegInf : 0.0f;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float p = probability(logits, stride, g, s, maxLogit, invSum);
-      r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
-    }
-    state[s] = decay * state[s] + (kind == Reduce::Mean ? r / G : r);
-  }
+  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
+    if (positions[s] != KVC_POSITION_NONE)
+      state[s] = decay * state[s] +
+                 groupWeight<G>(logits, stride, s, maxLogit, invSum, kind);
   __syncthreads();
 }
 
-/// Shifts this step into the importance bits of every live slot
-/// (kvc.attn_persistence): bits <- (bits << 1) | (reduce_g(p_g) > threshold),
-/// the latest step in bit 0, as kvc_cpu.h's foldPersistence.
+/// Shifts this step into the importance bits of every live slot in `r`
+/// (kvc.attn_persistence): bits <- (bits << 1) | (reduce_g(p_g) >
+/// threshold), the latest step in bit 0, as kvc_cpu.h's foldPersistence.
 template <int G, int kThreads>
 __device__ void foldPersistence(const int32_t *positions, uint64_t *bits,
-                                int32_t n, const float *logits, int64_t stride,
+                                SlotRange r, const float *logits, int64_t stride,
                                 const float *maxLogit, const float *invSum,
                                 float threshold, Reduce kind) {
-  for (int32_t s = threadIdx.x; s < n; s += kThreads) {
-    if (positions[s] == KVC_POSITION_NONE)
-      continue;
-    float r = kind == Reduce::Max ? kNegInf : 0.0f;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float p = probability(logits, stride, g, s, maxLogit, invSum);
-      r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
-    }
-    if (kind == Reduce::Mean)
-      r /= G;
-    bits[s] = (bits[s] << 1) | (r > threshold ? 1u : 0u);
-  }
+  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
+    if (positions[s] != KVC_POSITION_NONE)
+      bits[s] = (bits[s] << 1) |
+                (groupWeight<G>(logits, stride, s, maxLogit, invSum, kind) >
+                         threshold
+                     ? 1u
+                     : 0u);
   __syncthreads();
 }
 
 /// Adds this step's group-mean weights to the score state of every live
-/// slot, starting from 0 when `restart` (the first query of a periodic
-/// phase's window), as kvc_cpu.h's foldWindowSum.
+/// slot in `r`, starting from 0 when `restart` (the first query of a
+/// periodic phase's window), as kvc_cpu.h's foldWindowSum.
 template <int G, int kThreads>
 __device__ void foldWindowSum(const int32_t *positions, float *state,
-                              int32_t n, const float *logits, int64_t stride,
+                              SlotRange r, const float *logits, int64_t stride,
                               const float *maxLogit, const float *invSum,
                               bool restart) {
-  for (int32_t s = threadIdx.x; s < n; s += kThreads) {
-    if (positions[s] == KVC_POSITION_NONE)
-      continue;
-    float r = 0.0f;
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-      r += probability(logits, stride, g, s, maxLogit, invSum);
-    state[s] = (restart ? 0.0f : state[s]) + r / G;
-  }
+  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
+    if (positions[s] != KVC_POSITION_NONE)
+      state[s] = (restart ? 0.0f : state[s]) +
+                 groupWeight<G>(logits, stride, s, maxLogit, invSum,
+                                Reduce::Mean);
   __syncthreads();
 }
 
@@ -2170,6 +2199,15 @@ __device__ void flagThrough(int32_t n, KeyOf keyOf, uint64_t threshold,
       });
 }
 
+/// The order of a selection's victims: by score, then by position, older
+/// first when `tieRecent` (newer first otherwise); the smallest key goes.
+__device__ inline uint64_t selectionKey(float score, int32_t position,
+                                        bool tieRecent) {
+  const uint32_t pos = static_cast<uint32_t>(position);
+  return static_cast<uint64_t>(orderedBits(score)) << 32 |
+         (tieRecent ? pos : ~pos);
+}
+
 /// Flags in `victim` the live entries outside the top `budget` by score and
 /// returns their count: the `drop` smallest of the keys (score, position),
 /// positions ordered so that ties evict the older entry when `tieRecent`
@@ -2183,9 +2221,7 @@ __device__ int32_t selectVictims(const float *scores, const int32_t *positions,
   const int32_t live = countLive<kThreads>(positions, n);
   const int64_t drop = live > budget ? live - budget : 0;
   auto keyOf = [&](int32_t i, uint64_t *key) {
-    const uint32_t pos = static_cast<uint32_t>(positions[i]);
-    *key = static_cast<uint64_t>(orderedBits(scores[i])) << 32 |
-           (tieRecent ? pos : ~pos);
+    *key = selectionKey(scores[i], positions[i], tieRecent);
     return positions[i] != KVC_POSITION_NONE;
   };
   for (int32_t i = threadIdx.x; i < n; i += kThreads)
@@ -2245,6 +2281,17 @@ __device__ void compactIndices(int32_t n, Keep keep, int32_t *list,
   __syncthreads();
 }
 
+/// What the runtime's kvc_evict does to the metadata of slot i, done to the
+/// head's device tables: position KVC_POSITION_NONE, score state and
+/// importance bits 0.
+__device__ inline void clearSlot(const HeadTable &t, int32_t i) {
+  t.positions[i] = KVC_POSITION_NONE;
+  if (t.state)
+    t.state[i] = 0.0f;
+  if (t.history)
+    t.history[i] = 0;
+}
+
 /// What the runtime's kvc_evict does to the metadata of the flagged slots
 /// (victim[i] != 0), done to the head's device tables: position
 /// KVC_POSITION_NONE, score state and importance bits 0. The host evicts
@@ -2253,16 +2300,128 @@ __device__ void compactIndices(int32_t n, Keep keep, int32_t *list,
 template <int kThreads>
 __device__ void clearEvicted(const HeadTable &t, const uint8_t *victim,
                              int32_t n) {
-  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
-    if (!victim[i])
+  for (int32_t i = threadIdx.x; i < n; i += kThreads)
+    if (victim[i])
+      clearSlot(t, i);
+  __syncthreads();
+}
+
+//===----------------------------------------------------------------------===//
+// One victim per decode step, settled from the fold blocks
+//===----------------------------------------------------------------------===//
+
+/// kvc.protect's cuts as the decode fold guesses them from the step: the
+/// sinks are positions 0 .. sinks - 1 and the recent entries positions
+/// position - recent + 1 .. position (the query's own). The guess is
+/// protect's exactly when the head holds min(sinks, live) live entries at or
+/// below lowCut and min(recent, live) at or above highCut: each side is then
+/// the set of that many oldest (newest) live entries, whatever the positions
+/// below (above) the cut. takeOneVictim checks both counts. A policy without
+/// kvc.protect guesses sinks = recent = 0, which is always exact.
+struct ProtectGuess {
+  int32_t sinks, recent;
+  int64_t lowCut, highCut;
+};
+
+__device__ inline ProtectGuess guessProtection(int32_t sinks, int32_t recent,
+                                               int32_t position) {
+  return {sinks, recent, static_cast<int64_t>(sinks) - 1,
+          recent > 0 ? static_cast<int64_t>(position) - recent + 1 : INT64_MAX};
+}
+
+/// One fold block's account of its slots for the decode selection: the
+/// smallest selection key of its live slots (score after the guessed
+/// protection, position) and the lowest slot that holds it (-1: no live
+/// slot), its live slots, and how many of them the guess counts as sinks and
+/// as recent.
+struct SelectionSummary {
+  unsigned long long key;
+  int32_t slot, live, sinks, recent;
+};
+
+/// Summarizes the live slots of `r` into *out (thread 0 writes it).
+/// score(i) is the policy's score of live slot i before kvc.protect; a slot
+/// the guess protects scores +infinity, as protect writes it.
+template <int kThreads, typename Score>
+__device__ void summarizeSelection(const int32_t *positions, SlotRange r,
+                                   ProtectGuess guess, bool tieRecent,
+                                   Score score, SelectionSummary *out) {
+  unsigned long long best = ~0ull;
+  int32_t bestSlot = INT32_MAX, live = 0, sinks = 0, recent = 0;
+  // Each thread's slots ascend, so on equal keys it keeps the lowest.
+  for (int32_t i = r.first + threadIdx.x; i < r.last; i += kThreads) {
+    const int32_t pos = positions[i];
+    if (pos == KVC_POSITION_NONE)
       continue;
-    t.positions[i] = KVC_POSITION_NONE;
-    if (t.state)
-      t.state[i] = 0.0f;
-    if (t.history)
-      t.history[i] = 0;
+    const bool sink = pos <= guess.lowCut, young = pos >= guess.highCut;
+    ++live;
+    sinks += sink;
+    recent += young;
+    const unsigned long long key =
+        selectionKey(sink || young ? kPosInf : score(i), pos, tieRecent);
+    if (key < best) {
+      best = key;
+      bestSlot = i;
+    }
+  }
+  const unsigned long long blockBest = ~blockReduce<kThreads, true>(~best);
+  const int32_t slot =
+      -blockReduce<kThreads, true>(best == blockBest ? -bestSlot : -INT32_MAX);
+  live = blockReduce<kThreads>(live);
+  sinks = blockReduce<kThreads>(sinks);
+  recent = blockReduce<kThreads>(recent);
+  if (threadIdx.x == 0)
+    *out = {blockBest, live > 0 && slot != INT32_MAX ? slot : -1, live, sinks,
+            recent};
+}
+
+/// Settles a head's decode selection from the `count` summaries of its fold
+/// blocks when it can, and returns true (every thread): no victim when the
+/// live entries fit `budget`; when exactly one must go and the guessed
+/// protection was exact, the smallest key of the summaries, the entry that
+/// selectVictims would flag. Writes the victim list (t.victims) and clears
+/// the victim in the device tables (clearSlot). Otherwise returns
+/// false with nothing written, and the stages run in full.
+template <int kThreads>
+__device__ bool takeOneVictim(const HeadTable &t,
+                              const SelectionSummary *summaries, int32_t count,
+                              int64_t budget, ProtectGuess guess) {
+  __shared__ int32_t settled;
+  if (threadIdx.x < kWarpSize) {
+    unsigned long long best = ~0ull;
+    int32_t slot = INT32_MAX, live = 0, sinks = 0, recent = 0;
+    // Summaries in block order, so a lane's lowest slot of a key comes first.
+    for (int32_t j = threadIdx.x; j < count; j += kWarpSize) {
+      const SelectionSummary s = summaries[j];
+      live += s.live;
+      sinks += s.sinks;
+      recent += s.recent;
+      if (s.slot >= 0 && s.key < best) {
+        best = s.key;
+        slot = s.slot;
+      }
+    }
+    const unsigned long long warpBest = ~warpMax(~best);
+    slot = -warpMax(best == warpBest ? -slot : -INT32_MAX);
+    live = warpSum(live);
+    sinks = warpSum(sinks);
+    recent = warpSum(recent);
+    if (threadIdx.x == 0) {
+      const int64_t drop = live > budget ? live - budget : 0;
+      const bool exact = sinks == min(guess.sinks, live) &&
+                         recent == min(guess.recent, live);
+      settled = drop == 0 || (drop == 1 && exact && slot != INT32_MAX);
+      if (drop == 0) {
+        t.victims[0] = 0;
+      } else if (settled) {
+        t.victims[0] = 1;
+        t.victims[1] = slot;
+        clearSlot(t, slot);
+      }
+    }
   }
   __syncthreads();
+  return settled != 0;
 }
 
 //===----------------------------------------------------------------------===//

@@ -65,12 +65,38 @@
 // CHECK: kvc::cuda::compactIndices<kStageThreads>(
 
 // CHECK-LABEL: //===--- kvc_heavy_cuda_decode: device part ---===//
+// The statistics and the selection's summaries over the splits' slots:
+// CHECK: kvc::cuda::SelectionSummary *selection;
+// CHECK: w.selection = c.take<kvc::cuda::SelectionSummary>(heads * kMaxSplits);
+// CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
+// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit) {
+// CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
+// CHECK: kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, numSplits, h, maxLogit, invSum);
+// CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
+// CHECK: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
+// CHECK-NEXT: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: positions, r, kvc::cuda::guessProtection(4, 16, position), true,
+// CHECK-NEXT: [&](int32_t i) { return t.state[i]; },
+// CHECK-NEXT: &w.selection[h * numSplits + blockIdx.y]);
+// CHECK-NEXT: }
+// The stages: the merge, then the one-victim check ahead of the full stages.
 // CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
 // CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
 // CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // CHECK-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
-// CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
-// CHECK: // Folded into the accumulated state by the attention pass.
+// CHECK-NEXT: // The fold kernel formed the statistics from the same split records.
+// CHECK-NEXT: // %3 = kvc.budget_uniform count 256
+// CHECK-NEXT: const int64_t budget0 = 256;
+// CHECK: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
+// CHECK-NEXT: kvc::cuda::guessProtection(4, 16, position)))
+// CHECK-NEXT: return;
+// CHECK-NEXT: // %0 = kvc.attn_accumulate decay 9.000000e-01
+// CHECK: // Folded into the accumulated state by the fold kernel.
+// CHECK-NEXT: // %2 = kvc.protect %1 sinks 4 recent 16 : !kvc.score<kv_head>
+// CHECK-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 4, 16, s1);
+// CHECK-NEXT: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
+// CHECK-NEXT: kvc::cuda::selectVictims<kStageThreads>(s1, positions, n, budget0, true, victim);
 // CHECK: // The victims' slots, for the host to evict: in the device tables' victim
 // CHECK-NEXT: // list (DeviceTables: the count, then the slots).
 // CHECK-NEXT: kvc::cuda::compactIndices<kStageThreads>(
@@ -121,6 +147,8 @@
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
+// CHECK: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// CHECK-NEXT: plan.slotsPerSplit);
 // CHECK: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 // No synchronization in the step: the victims stay in the device tables.
 // CHECK-NOT: cudaStreamSynchronize
@@ -148,6 +176,7 @@
 // UNFUSED: kvc_status_t kvc_heavy_cuda_prefill_scoring(
 // UNFUSED: kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, kSoftmaxScale, w.scratchOut, w.lse);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const int32_t *positions, void *workspace, uint64_t workspace_bytes, void *stream) {
+// UNFUSED: decodeScoringFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
 // UNFUSED: decodeScoringStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, w.scratchOut);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, int32_t position, void *workspace, uint64_t workspace_bytes, void *stream) {
 // UNFUSED-NEXT: // A batch of one.
@@ -183,8 +212,12 @@
 // TOVA: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<layer>
 // TOVA-NEXT: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: //===--- kvc_tova_cuda_decode: device part ---===//
+// TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit) {
+// TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
+// TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
+// TOVA-NEXT: }
 // TOVA: decodeStages(
-// TOVA: kvc::cuda::writeProbabilities<kGroup, kStageThreads>(logits, stride, n, maxLogit, invSum, probs);
+// TOVA-NOT: takeOneVictim
 // TOVA: decodeStagesAcrossHeads(DecodeWorkspace w, int64_t stride, int32_t layer) {
 // TOVA-NEXT: // The kv-heads of sequence b of the batch.
 // TOVA-NEXT: const int32_t b = blockIdx.x;
@@ -201,6 +234,7 @@
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
 // TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/true, w.tables,
+// TOVA: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
 // TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 
@@ -260,10 +294,19 @@
 // SCISSORHANDS: w.tables = c.take<char>(kvc::cuda::deviceTableBytes(heads, stride));
 // SCISSORHANDS-NOT: w.victims = c.take
 // SCISSORHANDS: }
+// SCISSORHANDS: decodeFold(
+// SCISSORHANDS: kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(
+// SCISSORHANDS-NEXT: positions, t.history, r, logits, stride, maxLogit, invSum, kThreshold,
+// SCISSORHANDS-NEXT: kvc::cuda::Reduce::Mean);
+// SCISSORHANDS: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
+// SCISSORHANDS-NEXT: positions, r, kvc::cuda::guessProtection(0, 64, position), true,
+// SCISSORHANDS-NEXT: [&](int32_t i) { return static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory)); },
 // SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
 // SCISSORHANDS-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // SCISSORHANDS-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
-// SCISSORHANDS-NEXT: kvc::cuda::foldPersistence<kGroup, kStageThreads>(positions, t.history, n, logits, stride, maxLogit, invSum, kThreshold, kvc::cuda::Reduce::Mean);
+// SCISSORHANDS: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
+// SCISSORHANDS-NEXT: kvc::cuda::guessProtection(0, 64, position)))
+// SCISSORHANDS-NEXT: return;
 // SCISSORHANDS-NEXT: // %0 = kvc.attn_persistence threshold 9.765625E-4 history 64 reduce mean
 // SCISSORHANDS-NEXT: for (int32_t i = threadIdx.x; i < n; i += kStageThreads)
 // SCISSORHANDS-NEXT: s0[i] = positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory));
@@ -289,22 +332,34 @@
 // RPC-LABEL: //===--- kvc_rpc_cuda_prefill: device part ---===//
 // RPC-NOT: prefillStages(
 // RPC-LABEL: //===--- kvc_rpc_cuda_decode: device part ---===//
+// The window folds at every step; the summaries only at a period's end.
+// RPC: decodeFold(
+// RPC: // The window: the group-mean weights of the last kWindow queries of
+// RPC-NEXT: // each period, summed in the score state.
+// RPC-NEXT: if (position % kPeriod >= kPeriod - kWindow)
+// RPC-NEXT: kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(
+// RPC-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum,
+// RPC-NEXT: position % kPeriod == kPeriod - kWindow);
+// RPC-NEXT: // The selection runs once every kPeriod positions.
+// RPC-NEXT: if ((position + 1) % kPeriod != 0)
+// RPC-NEXT: return;
+// RPC: [&](int32_t i) { return positions[i] > position - kWindow ? 0.0f : t.state[i] / kWindow; },
 // RPC: // kvc.attention_pass output window 32
 // RPC-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // RPC-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
-// RPC-NEXT: // The window: the group-mean weights of the last kWindow queries of
-// RPC-NEXT: // each period, summed in the score state.
-// RPC-NEXT: if (position % kPeriod >= kPeriod - kWindow)
-// RPC-NEXT: kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum,
-// RPC-NEXT: position % kPeriod == kPeriod - kWindow);
+// RPC-NEXT: // The fold kernel formed the statistics from the same split records.
 // RPC-NEXT: // The phase runs once every kPeriod positions (the same for the whole block).
 // RPC-NEXT: if ((position + 1) % kPeriod != 0)
+// RPC-NEXT: return;
+// RPC-NEXT: // %3 = kvc.budget_uniform count 4096
+// RPC-NEXT: const int64_t budget0 = 4096;
+// RPC: kvc::cuda::guessProtection(0, 32, position)))
 // RPC-NEXT: return;
 // RPC-NEXT: // %0 = kvc.attn_window size 32
 // RPC-NEXT: for (int32_t i = threadIdx.x; i < n; i += kStageThreads)
 // RPC-NEXT: s0[i] = positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : positions[i] > position - kWindow ? 0.0f : t.state[i] / kWindow;
 // RPC: // %1 = kvc.group_reduce mean %0
-// RPC-NEXT: // Folded into the window sum by the attention pass.
+// RPC-NEXT: // Folded into the window sum by the fold kernel.
 // RPC-NEXT: // %2 = kvc.protect %1 sinks 0 recent 32 : !kvc.score<kv_head>
 // RPC-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 0, 32, s1);
 // RPC-LABEL: extern "C" {
@@ -312,6 +367,8 @@
 // RPC: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
 // RPC-NEXT: /*withState=*/true, /*withHistory=*/false,
 // RPC-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_batch"));
+// RPC: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// RPC-NEXT: plan.slotsPerSplit);
 // RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 // RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
 // Only the sequences that ended a period selected victims.
@@ -324,8 +381,9 @@
 // RPC-NEXT: KVC_CUDA_TRY(tables.checkIn());
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
+// RPC-UNFUSED: decodeScoringFold(
+// RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(
 // RPC-UNFUSED: decodeScoringStages(
-// RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kStageThreads>(positions, t.state, n, logits, stride, maxLogit, invSum,
 // RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring_batch(
 // The scoring kernel appends nothing; its tables keep the victims.
 // RPC-UNFUSED: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,

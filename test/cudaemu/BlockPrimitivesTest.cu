@@ -72,23 +72,6 @@ __global__ void victims(const float *scores, const int32_t *positions,
     *count = drop;
 }
 
-template <typename T> T *upload(const std::vector<T> &host) {
-  T *d = nullptr;
-  CHECK(cudaMalloc(&d, sizeof(T) * std::max<size_t>(host.size(), 1)) ==
-            cudaSuccess,
-        "cudaMalloc");
-  if (!host.empty())
-    cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice);
-  return d;
-}
-
-template <typename T> std::vector<T> download(const T *d, size_t n) {
-  std::vector<T> host(n);
-  if (n)
-    cudaMemcpy(host.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost);
-  return host;
-}
-
 template <int kThreads, int kBits>
 void checkSelect(const char *what, const std::vector<uint64_t> &keys,
                  const std::vector<uint8_t> &valid) {

@@ -1,7 +1,10 @@
-//===- EmuCheck.h - The failure check of the emulator test programs -------===//
+//===- EmuCheck.h - Checks and copies of the emulator test programs -------===//
 //
 // CHECK(cond, format, ...): unless `cond` holds, prints the location, the
 // formatted message and the runtime's last error, and exits 1.
+// upload(host) copies a vector into a new device allocation (at least one
+// element); download(d, n) copies n elements back. Included after the CUDA
+// API (the emulator's or the toolkit's).
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,8 +13,10 @@
 
 #include "runtime/kvc_runtime.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK(cond, ...)                                                       \
   do {                                                                         \
@@ -22,5 +27,22 @@
       std::exit(1);                                                            \
     }                                                                          \
   } while (0)
+
+template <typename T> T *upload(const std::vector<T> &host) {
+  T *d = nullptr;
+  CHECK(cudaMalloc(&d, sizeof(T) * std::max<size_t>(host.size(), 1)) ==
+            cudaSuccess,
+        "cudaMalloc");
+  if (!host.empty())
+    cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice);
+  return d;
+}
+
+template <typename T> std::vector<T> download(const T *d, size_t n) {
+  std::vector<T> host(n);
+  if (n)
+    cudaMemcpy(host.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost);
+  return host;
+}
 
 #endif // KVC_TEST_CUDAEMU_EMUCHECK_H
