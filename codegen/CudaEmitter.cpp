@@ -155,8 +155,9 @@ private:
   /// Finds the selection that the stages settle from the fold blocks'
   /// summaries (oneVictim), when the policy's decode phase has that shape.
   void findOneVictim();
-  /// The decode fold kernel: the statistics over the slot ranges of the
-  /// attention's splits and the summaries of a oneVictim selection.
+  /// The decode fold kernel: the exact merge of the splits' output rows,
+  /// the statistics over the slot ranges of the attention's splits and the
+  /// summaries of a oneVictim selection.
   void emitFoldKernel(raw_ostream &os);
   /// Decode: the attention pass folds statistics into the device tables or
   /// writes probabilities.
@@ -320,17 +321,19 @@ void CudaKernelEmitter::elementwise(raw_ostream &os, bool perQuery,
 }
 
 void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
-  // Decode: the splits ran before this kernel; merge them exactly and form
-  // the statistics from the stored logits.
+  // Decode: the splits ran before this kernel. The fold kernel, when there
+  // is one, merged them and formed the statistics; otherwise the block
+  // merges them exactly.
   os << "  " << opComment(attention) << "\n";
-  os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n";
-  os << "  kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>("
-        "w.partials, numSplits, h, "
-     << (attention.getOutput() ? "out" : "nullptr")
-     << ", maxLogit, invSum);\n";
-  if (foldKernel)
-    os << "  // The fold kernel formed the statistics from the same split "
-          "records.\n";
+  if (foldKernel) {
+    os << "  // The fold kernel merged the splits and formed the statistics.\n";
+  } else {
+    os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n";
+    os << "  kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>("
+          "w.partials, numSplits, h, "
+       << (attention.getOutput() ? "out" : "nullptr")
+       << ", maxLogit, invSum);\n";
+  }
   if (periodic)
     os << "  // The phase runs once every kPeriod positions (the same for the "
           "whole block).\n"
@@ -408,10 +411,16 @@ static std::string protectionGuess(ProtectOp protect) {
 void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   std::string body;
   llvm::raw_string_ostream os(body);
-  if (foldsStatistics())
+  if (foldsStatistics() || attention.getOutput())
     os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n"
           "  kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, "
           "numSplits, h, maxLogit, invSum);\n";
+  if (attention.getOutput())
+    os << "  // The output rows of the group, spread over the head's "
+          "blocks.\n"
+          "  kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(\n"
+          "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
+          "numSplits);\n";
   if (attention.getAccumulate())
     os << "  kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(\n"
           "      positions, t.state, r, logits, stride, maxLogit, invSum, "
@@ -467,15 +476,16 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
   std::string fn = camel;
   fn[0] = static_cast<char>(std::tolower(fn[0]));
-  out << "/// The decode statistics of " << name
-      << " over the slots of the attention's\n/// splits, one block per (head "
-         "of the batch, split)"
-      << (oneVictim ? ", and the summaries of\n/// the selection" : "")
+  out << "/// " << name
+      << ": the exact merge of the splits and the\n/// statistics over their "
+         "slot ranges, one block per (head of the batch, split)"
+      << (oneVictim ? ",\n/// and the summaries of the selection" : "")
       << ".\n"
       << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)\n    "
       << fn << "Fold(" << camel
       << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
-         "slotsPerSplit) {\n"
+         "slotsPerSplit"
+      << (attention.getOutput() ? ", float *out" : "") << ") {\n"
       << usedDeclarations(decls, body) << body << "}\n\n";
 }
 
@@ -1125,11 +1135,16 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   bool hasCode = false;
   for (StringRef line : llvm::split(body, '\n'))
     hasCode |= !line.trim().empty() && !line.trim().starts_with("//");
-  if (!decode && !hasCode && crossOp) {
+  // A decode whose fold kernel merges the splits needs no stages kernel
+  // without stages.
+  const bool foldOnly = decode && foldKernel && !hasCode;
+  if ((!decode || foldOnly) && !hasCode && crossOp) {
     crossBody = body + crossBody;
     body.clear();
   }
-  stagesKernel = decode || !body.empty();
+  if (foldOnly)
+    body.clear();
+  stagesKernel = decode ? !foldOnly : !body.empty();
 
   out << "//===--- " << name << ": device part ---===//\n\n";
   emitWorkspace(out);
@@ -1838,18 +1853,24 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   if (foldKernel) {
     std::string foldName = camel;
     foldName[0] = static_cast<char>(std::tolower(foldName[0]));
-    out << "    // The statistics over the splits' slot ranges"
-        << (oneVictim ? "\n    // and the selection's summaries" : "")
+    out << "    // Exact merge of the splits and the statistics over their "
+           "slot ranges"
+        << (oneVictim ? ",\n    // and the selection's summaries" : "")
         << ", one block per (head of the batch, split).\n"
         << "    " << foldName
         << "Fold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, "
            "s>>>(w, stride, plan.splits,\n"
-        << "        plan.slotsPerSplit);\n";
+        << "        plan.slotsPerSplit" << (attention.getOutput() ? ", out" : "")
+        << ");\n";
   }
-  out << "    // Exact merge of the splits, then the policy's stages, one "
-         "block per head of\n    // the batch.\n"
-      << "    " << fn << "<<<heads, kStageThreads, 0, s>>>(w, stride, "
-      << "plan.splits, layer, " << outArg << ");\n";
+  if (stagesKernel)
+    out << (foldKernel ? "    // The policy's stages, one block per head of "
+                         "the batch.\n"
+                       : "    // Exact merge of the splits, then the "
+                         "policy's stages, one block per head of\n    // "
+                         "the batch.\n")
+        << "    " << fn << "<<<heads, kStageThreads, 0, s>>>(w, stride, "
+        << "plan.splits, layer, " << outArg << ");\n";
   // Indents every line of `text` by two more spaces.
   auto nested = [](const std::string &text) {
     std::string r;

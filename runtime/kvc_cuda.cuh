@@ -1625,28 +1625,40 @@ __device__ void splitStatistics(const float *partials, int32_t numSplits,
   __syncthreads();
 }
 
-/// Merges the split partial records of kv-head `h` exactly: M = max m_s,
-/// Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z. Writes the G
-/// output rows (when `out` is given) and M and 1/Z to `maxOut` and
-/// `invSumOut` (splitStatistics).
+/// Writes part `part` of `parts` of the G output rows of kv-head `h`
+/// (entries part * kThreads + threadIdx.x, parts * kThreads apart):
+/// out = sum acc_s e^(m_s - M) / Z over its split records, with M and 1/Z
+/// from splitStatistics.
+template <int G, int D, int kThreads>
+__device__ void mergeOutput(const float *partials, int32_t numSplits,
+                            int32_t h, float *out, const float *maxLogit,
+                            const float *invSum, int32_t part, int32_t parts) {
+  constexpr int kRecord = partialFloats<D>();
+  const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
+  for (int i = part * kThreads + threadIdx.x; i < G * D; i += parts * kThreads) {
+    const int g = i / D, c = i % D;
+    float sum = 0.0f;
+    for (int s = 0; s < numSplits; ++s) {
+      const float ms = head[(s * G + g) * kRecord];
+      if (ms != kNegInf)
+        sum += head[(s * G + g) * kRecord + 2 + c] * expf(ms - maxLogit[g]);
+    }
+    out[(static_cast<int64_t>(h) * G + g) * D + c] = sum * invSum[g];
+  }
+}
+
+/// Merges the split partial records of kv-head `h` exactly in one block:
+/// M = max m_s, Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z.
+/// Writes the G output rows (when `out` is given) and M and 1/Z to
+/// `maxOut` and `invSumOut` (splitStatistics).
 template <int G, int D, int kThreads>
 __device__ void mergeSplits(const float *partials, int32_t numSplits,
                             int32_t h, float *out, float *maxOut,
                             float *invSumOut) {
-  constexpr int kRecord = partialFloats<D>();
-  const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
   splitStatistics<G, D>(partials, numSplits, h, maxOut, invSumOut);
   if (out)
-    for (int i = threadIdx.x; i < G * D; i += kThreads) {
-      const int g = i / D, c = i % D;
-      float sum = 0.0f;
-      for (int s = 0; s < numSplits; ++s) {
-        const float ms = head[(s * G + g) * kRecord];
-        if (ms != kNegInf)
-          sum += head[(s * G + g) * kRecord + 2 + c] * expf(ms - maxOut[g]);
-      }
-      out[(static_cast<int64_t>(h) * G + g) * D + c] = sum * invSumOut[g];
-    }
+    mergeOutput<G, D, kThreads>(partials, numSplits, h, out, maxOut, invSumOut,
+                                0, 1);
   __syncthreads();
 }
 

@@ -69,9 +69,12 @@
 // CHECK: kvc::cuda::SelectionSummary *selection;
 // CHECK: w.selection = c.take<kvc::cuda::SelectionSummary>(heads * kMaxSplits);
 // CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
-// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit) {
+// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, float *out) {
 // CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
 // CHECK: kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, numSplits, h, maxLogit, invSum);
+// CHECK-NEXT: // The output rows of the group, spread over the head's blocks.
+// CHECK-NEXT: kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, numSplits);
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(
 // CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
 // CHECK: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
@@ -80,12 +83,10 @@
 // CHECK-NEXT: [&](int32_t i) { return t.state[i]; },
 // CHECK-NEXT: &w.selection[h * numSplits + blockIdx.y]);
 // CHECK-NEXT: }
-// The stages: the merge, then the one-victim check ahead of the full stages.
+// The stages: the one-victim check ahead of the full stages.
 // CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
 // CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
-// CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
-// CHECK-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
-// CHECK-NEXT: // The fold kernel formed the statistics from the same split records.
+// CHECK-NEXT: // The fold kernel merged the splits and formed the statistics.
 // CHECK-NEXT: // %3 = kvc.budget_uniform count 256
 // CHECK-NEXT: const int64_t budget0 = 256;
 // CHECK: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
@@ -148,7 +149,7 @@
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
 // CHECK: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// CHECK-NEXT: plan.slotsPerSplit);
+// CHECK-NEXT: plan.slotsPerSplit, out);
 // CHECK: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 // No synchronization in the step: the victims stay in the device tables.
 // CHECK-NOT: cudaStreamSynchronize
@@ -212,12 +213,13 @@
 // TOVA: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<layer>
 // TOVA-NEXT: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: //===--- kvc_tova_cuda_decode: device part ---===//
-// TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit) {
+// TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, float *out) {
 // TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
 // TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
 // TOVA-NEXT: }
-// TOVA: decodeStages(
-// TOVA-NOT: takeOneVictim
+// The fold kernel merges the splits: no per-head stages kernel before the
+// cross-head op.
+// TOVA-NOT: decodeStages(
 // TOVA: decodeStagesAcrossHeads(DecodeWorkspace w, int64_t stride, int32_t layer) {
 // TOVA-NEXT: // The kv-heads of sequence b of the batch.
 // TOVA-NEXT: const int32_t b = blockIdx.x;
@@ -302,8 +304,7 @@
 // SCISSORHANDS-NEXT: positions, r, kvc::cuda::guessProtection(0, 64, position), true,
 // SCISSORHANDS-NEXT: [&](int32_t i) { return static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory)); },
 // SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
-// SCISSORHANDS-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
-// SCISSORHANDS-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
+// SCISSORHANDS-NEXT: // The fold kernel merged the splits and formed the statistics.
 // SCISSORHANDS: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
 // SCISSORHANDS-NEXT: kvc::cuda::guessProtection(0, 64, position)))
 // SCISSORHANDS-NEXT: return;
@@ -345,9 +346,7 @@
 // RPC-NEXT: return;
 // RPC: [&](int32_t i) { return positions[i] > position - kWindow ? 0.0f : t.state[i] / kWindow; },
 // RPC: // kvc.attention_pass output window 32
-// RPC-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
-// RPC-NEXT: kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>(w.partials, numSplits, h, out, maxLogit, invSum);
-// RPC-NEXT: // The fold kernel formed the statistics from the same split records.
+// RPC-NEXT: // The fold kernel merged the splits and formed the statistics.
 // RPC-NEXT: // The phase runs once every kPeriod positions (the same for the whole block).
 // RPC-NEXT: if ((position + 1) % kPeriod != 0)
 // RPC-NEXT: return;
@@ -368,7 +367,7 @@
 // RPC-NEXT: /*withState=*/true, /*withHistory=*/false,
 // RPC-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_batch"));
 // RPC: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// RPC-NEXT: plan.slotsPerSplit);
+// RPC-NEXT: plan.slotsPerSplit, out);
 // RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
 // RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
 // Only the sequences that ended a period selected victims.
