@@ -467,6 +467,27 @@ template <int kNewest> __device__ __forceinline__ void waitCopies() {
 #endif
 }
 
+/// Asks the L2 cache to fetch the 128-byte line holding `address`, a
+/// global address: a hint with no effect on results, which turns the
+/// latency of a later load of the line into an L2 hit.
+__device__ __forceinline__ void prefetchL2(const void *address) {
+#if defined(KVC_CUDA_EMULATED)
+  (void)address;
+#elif defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
+#else
+  (void)address;
+#endif
+}
+
+/// Whether the row of `rowBytes` bytes at byte offset `offset` is the
+/// first to touch its 128-byte line (rows of one region, from a 128-byte
+/// aligned start), or `first` is set: the rows a prefetch names once.
+__host__ __device__ constexpr bool startsLine(uint64_t offset,
+                                              uint64_t rowBytes, bool first) {
+  return first || offset % 128 < rowBytes;
+}
+
 template <typename T> __device__ T warpSum(T x) {
 #pragma unroll
   for (int o = kWarpSize / 2; o > 0; o /= 2)
@@ -857,6 +878,12 @@ moveMaximum(int g, float mNew, float (&m)[kHeads], float (&z)[kHeads],
   }
 }
 
+/// The Prefetch of decodeSplitRows that fetches nothing ahead.
+struct NoPrefetch {
+  static constexpr int kRows = 0;
+  __device__ void operator()(int32_t, int32_t) const {}
+};
+
 /// Rows each thread of decodeAttentionSplit loads before it uses the first
 /// (a tile of its online softmax). More rows keep more bytes in flight and
 /// rescale the accumulators less often, but each holds its key and value
@@ -876,11 +903,12 @@ template <int G> struct DecodeRowsInFlight {
 /// key, or its value), as floats. Stores every slot's logit and the
 /// split's partial record.
 template <int G, int D, typename Shape, int kThreads, int kRowsInFlight,
-          typename Row, typename Load, typename Decode>
-__device__ __forceinline__ void decodeSplitRows(const DecodeSplitArgs &a,
-                                                int32_t h, int32_t split,
-                                                int32_t begin, int32_t end,
-                                                Load load, Decode decode) {
+          typename Row, typename Load, typename Decode,
+          typename Prefetch = NoPrefetch>
+__device__ __forceinline__ void
+decodeSplitRows(const DecodeSplitArgs &a, int32_t h, int32_t split,
+                int32_t begin, int32_t end, Load load, Decode decode,
+                Prefetch prefetch = {}) {
   constexpr int kRowGroups = kThreads / Shape::kLanes;
   constexpr int kChunk = Shape::kChunk;
   const int lane = threadIdx.x % Shape::kLanes;
@@ -926,8 +954,10 @@ __device__ __forceinline__ void decodeSplitRows(const DecodeSplitArgs &a,
   // the accumulators per tile rather than per row). Every thread runs the
   // same trip count so that the shuffles stay convergent; rows past the
   // split or free are masked (logit -inf, weight 0).
-  for (int32_t base = begin; base < end;
-       base += kRowGroups * kRowsInFlight) {
+  constexpr int kStep = kRowGroups * kRowsInFlight;
+  for (int32_t base = begin; base < end; base += kStep) {
+    // The rows Prefetch::kRows ahead of this tile's, into L2.
+    prefetch(base + Prefetch::kRows, kStep);
     Row rows[kRowsInFlight];
 #pragma unroll
     for (int u = 0; u < kRowsInFlight; ++u)
@@ -1488,6 +1518,51 @@ template <int G> struct KiviRowsInFlight {
   static constexpr int value = G == 1 ? 4 : (G == 2 ? 2 : 1);
 };
 
+/// The Prefetch of decodeAttentionKivi: asks L2 for the lines of the rows
+/// [first, first + count) of the split (a thread per row, each line once):
+/// their positions and KIVI words, key and value codes, value records and
+/// the lines of their key blocks' records. A KIVI row's loads are short
+/// (D * kBits / 8 bytes of codes per part), and each waits on the row's
+/// position and word: fetching them kRows rows ahead turns that chain of
+/// memory round trips into L2 hits. Window rows (full precision in the
+/// residual region) are not fetched ahead: there are few.
+template <int D, Storage S, int kBits, int KG> struct KiviPrefetch {
+  static constexpr int kRows = 64;
+  using Packed = LowRow<D, S, kBits, KG>;
+  static constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  const uint64_t *pages;
+  const int32_t *positions, *kiviRows;
+  PageLayout layout;
+  int32_t end;
+
+  __device__ void operator()(int32_t first, int32_t count) const {
+    const int32_t slot = first + static_cast<int32_t>(threadIdx.x);
+    if (static_cast<int32_t>(threadIdx.x) >= count || slot >= end)
+      return;
+    const bool lead = threadIdx.x == 0;
+    if (startsLine(static_cast<uint64_t>(slot) * 4, 4, lead)) {
+      prefetchL2(positions + slot);
+      prefetchL2(kiviRows + slot);
+    }
+    const uint8_t *page =
+        reinterpret_cast<const uint8_t *>(pages[slot / layout.pageSize]);
+    if (!page)
+      return;
+    const uint64_t o = static_cast<uint64_t>(slot % layout.pageSize);
+    const bool pageLead = lead || o == 0;
+    if (startsLine(o * Packed::kRowBytes, Packed::kRowBytes, pageLead)) {
+      prefetchL2(page + layout.keyOffset + o * Packed::kRowBytes);
+      prefetchL2(page + layout.valueOffset + o * Packed::kRowBytes);
+    }
+    if (startsLine(o * Packed::kRecordBytes, Packed::kRecordBytes, pageLead))
+      prefetchL2(page + layout.valueParamOffset + o * Packed::kRecordBytes);
+    const uint64_t line = o % static_cast<uint64_t>(KG);
+    if (line * 128 < kKeyRecordBytes)
+      prefetchL2(page + layout.keyParamOffset +
+                 o / static_cast<uint64_t>(KG) * kKeyRecordBytes + line * 128);
+  }
+};
+
 /// decodeAttentionSplit for KIVI pages, in the same lane layout
 /// (RowShape of the dtype: kLanes lanes per row, each holding the channels
 /// of its 16-byte vectors): a window entry's full-precision key or value is
@@ -1597,53 +1672,94 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   decodeSplitRows<G, D, Shape, kThreads, KiviRowsInFlight<G>::value, Row>(
-      a, h, split, begin, end, load, decode);
+      a, h, split, begin, end, load, decode,
+      KiviPrefetch<D, S, kBits, KG>{t.pages, t.positions, t.kiviRows,
+                                    a.layout, end});
 }
 
 /// M = max m_s and 1/Z, Z = sum z_s e^(m_s - M), of the G query heads of
 /// kv-head `h` from its split partial records, into `maxOut` and `invSumOut`
-/// (shared arrays of G, read by the statistics that follow).
+/// (shared arrays of G, read by the statistics that follow). One warp per
+/// query head reads the splits in parallel (lane l: splits l, l + 32, ...),
+/// so that a block waits for one round of loads rather than numSplits;
+/// deterministic (fixed shuffle order). blockDim.x must be a multiple of
+/// the warp size.
 template <int G, int D>
 __device__ void splitStatistics(const float *partials, int32_t numSplits,
                                 int32_t h, float *maxOut, float *invSumOut) {
   constexpr int kRecord = partialFloats<D>();
   const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
-  if (threadIdx.x < G) {
-    const int g = threadIdx.x;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  for (int g = warp; g < G; g += warps) {
     float bm = kNegInf;
-    for (int s = 0; s < numSplits; ++s)
+    for (int s = lane; s < numSplits; s += kWarpSize)
       bm = fmaxf(bm, head[(s * G + g) * kRecord]);
+    bm = warpMax(bm);
     float bz = 0.0f;
-    for (int s = 0; s < numSplits; ++s) {
+    for (int s = lane; s < numSplits; s += kWarpSize) {
       const float ms = head[(s * G + g) * kRecord];
       if (ms != kNegInf)
         bz += head[(s * G + g) * kRecord + 1] * expf(ms - bm);
     }
-    maxOut[g] = bm;
-    invSumOut[g] = bz > 0.0f ? 1.0f / bz : 0.0f;
+    bz = warpSum(bz);
+    if (lane == 0) {
+      maxOut[g] = bm;
+      invSumOut[g] = bz > 0.0f ? 1.0f / bz : 0.0f;
+    }
   }
   __syncthreads();
 }
 
-/// Writes part `part` of `parts` of the G output rows of kv-head `h`
-/// (entries part * kThreads + threadIdx.x, parts * kThreads apart):
-/// out = sum acc_s e^(m_s - M) / Z over its split records, with M and 1/Z
-/// from splitStatistics.
+/// Writes part `part` of `parts` of the G output rows of kv-head `h` (its
+/// G * D entries cut in `parts` consecutive runs): out = sum acc_s
+/// e^(m_s - M) / Z over its split records, with M and 1/Z from
+/// splitStatistics. When the block has at least two threads per entry of
+/// its run, the entry's splits are spread over them (thread k of an entry:
+/// splits k, k + per, ...) and their sums added in thread order, so that
+/// the block waits for a few rounds of loads rather than numSplits.
+/// Deterministic for a given (parts, kThreads). Every thread of the block
+/// calls it (it synchronizes).
 template <int G, int D, int kThreads>
 __device__ void mergeOutput(const float *partials, int32_t numSplits,
                             int32_t h, float *out, const float *maxLogit,
                             const float *invSum, int32_t part, int32_t parts) {
-  constexpr int kRecord = partialFloats<D>();
+  constexpr int kRecord = partialFloats<D>(), kEntries = G * D;
+  __shared__ float sums[kThreads];
   const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
-  for (int i = part * kThreads + threadIdx.x; i < G * D; i += parts * kThreads) {
+  const int32_t run = (kEntries + parts - 1) / parts;
+  const int32_t first = part * run;
+  const int32_t last = first + run < kEntries ? first + run : kEntries;
+  const int32_t n = last - first;
+  // The sum of entry i over splits k, k + step, ...
+  auto sumOf = [&](int i, int k, int step) {
     const int g = i / D, c = i % D;
     float sum = 0.0f;
-    for (int s = 0; s < numSplits; ++s) {
+    for (int s = k; s < numSplits; s += step) {
       const float ms = head[(s * G + g) * kRecord];
       if (ms != kNegInf)
         sum += head[(s * G + g) * kRecord + 2 + c] * expf(ms - maxLogit[g]);
     }
-    out[(static_cast<int64_t>(h) * G + g) * D + c] = sum * invSum[g];
+    return sum;
+  };
+  if (n <= 0)
+    return;
+  if (2 * n > kThreads) {
+    for (int i = first + threadIdx.x; i < last; i += kThreads)
+      out[(static_cast<int64_t>(h) * G) * D + i] =
+          sumOf(i, 0, 1) * invSum[i / D];
+    return;
+  }
+  const int per = kThreads / n;
+  const int e = threadIdx.x / per, k = threadIdx.x % per;
+  sums[threadIdx.x] = e < n ? sumOf(first + e, k, per) : 0.0f;
+  __syncthreads();
+  if (threadIdx.x < n) {
+    const int i = first + threadIdx.x;
+    float sum = 0.0f;
+    for (int j = 0; j < per; ++j)
+      sum += sums[threadIdx.x * per + j];
+    out[(static_cast<int64_t>(h) * G) * D + i] = sum * invSum[i / D];
   }
 }
 
