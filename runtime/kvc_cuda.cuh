@@ -1236,6 +1236,445 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
   }
 }
 
+/// The 16-bit element type that tensor cores multiply for storage S (F16
+/// or BF16, the stored bytes as they are): rounding of a float to it, and
+/// two of them packed into one mma.sync operand register, the lower index
+/// in the low half.
+template <Storage S> struct MmaElement;
+
+template <> struct MmaElement<Storage::F16> {
+  /// Weights are multiplied by kWeightScale before they are rounded, so
+  /// that small weights stay normal f16 numbers (the largest, 1, becomes
+  /// 4096, far below f16's 65504); the value sums are divided by it.
+  static constexpr float kWeightScale = 4096.0f;
+  __device__ static float round(float x) {
+    return __half2float(__float2half_rn(x));
+  }
+  __device__ static uint32_t bits(float x) {
+    return static_cast<__half_raw>(__float2half_rn(x)).x;
+  }
+  __device__ static float value(uint32_t bits) {
+    __half_raw raw;
+    raw.x = static_cast<unsigned short>(bits);
+    return __half2float(__half(raw));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    return bits(lo) | bits(hi) << 16;
+  }
+};
+
+template <> struct MmaElement<Storage::BF16> {
+  /// bf16 has float's exponent range: no scaling needed.
+  static constexpr float kWeightScale = 1.0f;
+  __device__ static float round(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+  }
+  __device__ static uint32_t bits(float x) {
+    return static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(x)).x;
+  }
+  __device__ static float value(uint32_t bits) {
+    return __uint_as_float((bits & 0xffffu) << 16);
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    return bits(lo) | bits(hi) << 16;
+  }
+};
+
+/// a.b of two packed pairs, in float (the products are exact).
+template <Storage S> __device__ float dotPair(uint32_t a, uint32_t b) {
+  using E = MmaElement<S>;
+  return E::value(a) * E::value(b) + E::value(a >> 16) * E::value(b >> 16);
+}
+
+/// C += A B for one 16x8x8 tile (mma.sync m16n8k8, float accumulators),
+/// in the fragment layout of the PTX ISA: lane (g, t) = (lane / 4,
+/// lane % 4) holds a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], b0 =
+/// B[2t, 2t+1][g] and c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}.
+/// The whole warp calls it, converged.
+template <Storage S>
+__device__ __forceinline__ void mmaK8(float (&c)[4], uint32_t a0, uint32_t a1,
+                                      uint32_t b0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(KVC_CUDA_EMULATED)
+  if constexpr (S == Storage::F16)
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+  else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+#else
+  // Elsewhere (the emulator, the host pass): the same products from the
+  // warp's registers. Row g of A is in lanes 4g .. 4g+3, column n of B in
+  // lanes 4n .. 4n+3.
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  uint32_t rowA[4], rowA8[4], colB[4], colB1[4];
+#if defined(KVC_CUDA_EMULATED)
+  uint64_t a[kWarpSize], b[kWarpSize];
+  {
+    const uint64_t *w = ::kvc::emu::publish(kFullMask, a0 | uint64_t{a1} << 32);
+    for (int i = 0; i < kWarpSize; ++i)
+      a[i] = w[i];
+  }
+  {
+    const uint64_t *w = ::kvc::emu::publish(kFullMask, b0);
+    for (int i = 0; i < kWarpSize; ++i)
+      b[i] = w[i];
+  }
+  for (int s = 0; s < 4; ++s) {
+    rowA[s] = static_cast<uint32_t>(a[4 * g + s]);
+    rowA8[s] = static_cast<uint32_t>(a[4 * g + s] >> 32);
+    colB[s] = static_cast<uint32_t>(b[4 * (2 * t) + s]);
+    colB1[s] = static_cast<uint32_t>(b[4 * (2 * t + 1) + s]);
+  }
+#else
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    rowA[s] = __shfl_sync(kFullMask, a0, 4 * g + s);
+    rowA8[s] = __shfl_sync(kFullMask, a1, 4 * g + s);
+    colB[s] = __shfl_sync(kFullMask, b0, 4 * (2 * t) + s);
+    colB1[s] = __shfl_sync(kFullMask, b0, 4 * (2 * t + 1) + s);
+  }
+#endif
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    d[0] += dotPair<S>(rowA[s], colB[s]);
+    d[1] += dotPair<S>(rowA[s], colB1[s]);
+    d[2] += dotPair<S>(rowA8[s], colB[s]);
+    d[3] += dotPair<S>(rowA8[s], colB1[s]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    c[i] += d[i];
+#endif
+}
+
+/// C += A B for one 16x8x16 tile (mma.sync m16n8k16): a = {A[g][2t, 2t+1],
+/// A[g+8][2t, 2t+1], A[g][2t+8, 2t+9], A[g+8][2t+8, 2t+9]}, b = {B[2t,
+/// 2t+1][g], B[2t+8, 2t+9][g]}, c as mmaK8.
+template <Storage S>
+__device__ __forceinline__ void mmaK16(float (&c)[4], const uint32_t (&a)[4],
+                                       uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(KVC_CUDA_EMULATED)
+  if constexpr (S == Storage::F16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                   "r"(b1));
+#else
+  // Columns 0-7 of A with rows 0-7 of B, then the rest.
+  mmaK8<S>(c, a[0], a[1], b0);
+  mmaK8<S>(c, a[2], a[3], b1);
+#endif
+}
+
+/// The B operands (mmaK8) of four 8x8 blocks of a row-major tile of 16-bit
+/// elements in shared memory: `rows` points at element (0, 0) of eight rows
+/// `pitch` bytes apart, and block i is columns column0 + 8i .. +7. Lane (g,
+/// t) receives b[i] = {X[2t][column0 + 8i + g], X[2t+1][column0 + 8i + g]}
+/// (ldmatrix .x4 .trans). Rows are 16-byte aligned. The whole warp calls
+/// it, converged.
+__device__ __forceinline__ void loadTransposed(const uint8_t *rows, int pitch,
+                                               int column0, uint32_t (&b)[4]) {
+  const int lane = threadIdx.x % kWarpSize;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(KVC_CUDA_EMULATED)
+  // Lanes 8i .. 8i+7 name the rows of block i.
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(
+      rows + (lane % 8) * pitch + 2 * (column0 + 8 * (lane / 8))));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+               "{%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(address));
+#else
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = column0 + 8 * i + g;
+    const uint32_t lo =
+        reinterpret_cast<const uint16_t *>(rows + 2 * t * pitch)[c];
+    const uint32_t hi =
+        reinterpret_cast<const uint16_t *>(rows + (2 * t + 1) * pitch)[c];
+    b[i] = lo | hi << 16;
+  }
+#endif
+}
+
+/// Geometry of decodeMmaRows: each of the block's kWarps warps takes eight
+/// rows of every tile of kTileRows, whose keys and values cp.async copies
+/// into shared memory rows of kPitch bytes (16 more than a row, so that the
+/// eight rows of a fragment load fall into different banks), kStages tiles
+/// in flight (two where three would pass 32 KiB).
+template <int G, int D, Storage S, int kThreads> struct MmaDecode {
+  /// 16-bit storage (what tensor cores read as stored), a group that fits
+  /// the eight rows of a fragment, and whole warps.
+  static constexpr bool kApplies =
+      (S == Storage::F16 || S == Storage::BF16) && G >= 2 && G <= 8 &&
+      D % 32 == 0 && kThreads % kWarpSize == 0;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kKeysPerWarp = 8;
+  static constexpr int kTileRows = kWarps * kKeysPerWarp;
+  static constexpr int kRowBytes = 2 * D;
+  static constexpr int kPitch = kRowBytes + 16;
+  static constexpr int kVecs = kRowBytes / 16;
+  static constexpr int kUnits = kTileRows * kVecs;
+  static constexpr int kUnitsPerThread = (kUnits + kThreads - 1) / kThreads;
+  static constexpr int kStageBytes = 2 * kTileRows * kPitch;
+  static constexpr int kStages = 3 * kStageBytes <= 32 * 1024 ? 3 : 2;
+  /// Steps of 16 channels (the logits) and blocks of 8 (the value sums).
+  static constexpr int kKSteps = D / 16;
+  static constexpr int kNBlocks = D / 8;
+};
+
+/// decodeSplitRows on tensor cores, for 16-bit storage and 2 <= G <= 8
+/// (MmaDecode::kApplies). Warp w takes rows 8w .. 8w+7 of every tile of
+/// the split and runs an online softmax over them for every query head:
+///  - logits: S = Q K^T with mma.sync m16n8k16, the eight rows of the warp
+///    as the eight columns and the heads as rows 0 .. G-1 of A; rows 8 ..
+///    8+G-1 hold the remainder q - round(q) of each query (q scaled by the
+///    softmax scale), so that the two row halves of S add up to the logit
+///    of a query of 16 significant bits rather than 8 (bf16) or 11 (f16);
+///  - value sums: O += P V with m16n8k8, the weights e^(l - m) of the eight
+///    rows as A, likewise split into rounded part (rows 0-7) and remainder
+///    (rows 8-15); B from ldmatrix .trans of the value rows.
+/// Lane (g, t) thus holds query head g's logits of rows 2t and 2t+1 and its
+/// value sums of channels 8j + 2t, 8j + 2t + 1: a row's keys and values are
+/// read from shared memory once per block and never converted to float.
+/// Free rows (and rows past the split) get zero values in shared memory
+/// and the logit -inf. The warps' states are combined into the split's
+/// partial record as in decodeSplitRows (combineRowGroups).
+template <int G, int D, Storage S, int kThreads>
+__device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
+                                              const HeadTable &t, int32_t h,
+                                              int32_t split, int32_t begin,
+                                              int32_t end) {
+  using P = MmaDecode<G, D, S, kThreads>;
+  using E = MmaElement<S>;
+  static_assert(P::kApplies, "decodeMmaRows: 16-bit storage, 2 <= G <= 8");
+  constexpr int kTileRows = P::kTileRows, kStages = P::kStages;
+  constexpr int kPitch = P::kPitch, kVecs = P::kVecs;
+  // [stage][key, value][row][bytes], and whether each row holds a live
+  // slot.
+  __shared__ __align__(16) uint8_t tiles[kStages][2][kTileRows][kPitch];
+  __shared__ uint8_t liveRow[kStages][kTileRows];
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, tq = lane % 4;
+  const int32_t numTiles =
+      end > begin ? (end - begin + kTileRows - 1) / kTileRows : 0;
+
+  // A of the logits: per 16 channels, {round(q), q - round(q)} of head g at
+  // channels 2t, 2t+1, then at 2t+8, 2t+9 (zero past the group).
+  uint32_t qa[P::kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < P::kKSteps; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int c = ks * 16 + half * 8 + 2 * tq;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (g < G) {
+        const float *row = a.q + (static_cast<int64_t>(h) * G + g) * D;
+        x0 = row[c] * a.scale;
+        x1 = row[c + 1] * a.scale;
+      }
+      const float r0 = E::round(x0), r1 = E::round(x1);
+      qa[ks][2 * half] = E::pack(r0, r1);
+      qa[ks][2 * half + 1] = E::pack(x0 - r0, x1 - r1);
+    }
+  // Head g's online softmax over the warp's rows: m and z (the lane's rows'
+  // share of z), and the value sums of rounded (o[j][0..1]) and remainder
+  // (o[j][2..3]) weights, times E::kWeightScale.
+  float m = kNegInf, z = 0.0f;
+  float o[P::kNBlocks][4];
+#pragma unroll
+  for (int j = 0; j < P::kNBlocks; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+      o[j][x] = 0.0f;
+
+  // The position and page address of the calling thread's units of a tile
+  // (KVC_POSITION_NONE past the split or the tiles).
+  int32_t position[P::kUnitsPerThread];
+  uint64_t page[P::kUnitsPerThread];
+  auto fetch = [&](int32_t tile) {
+#pragma unroll
+    for (int k = 0; k < P::kUnitsPerThread; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      const int32_t slot = begin + tile * kTileRows + u / kVecs;
+      position[k] = KVC_POSITION_NONE;
+      page[k] = 0;
+      if (tile < numTiles && u < P::kUnits && slot < end) {
+        position[k] = t.positions[slot];
+        page[k] = t.pages[slot / a.layout.pageSize];
+      }
+    }
+  };
+  // Issues the copies of a tile's live rows into its stage (one group per
+  // thread), zeroes the value rows of the others (a weight 0 times whatever
+  // bytes a free row held would not be 0 if they were Inf or NaN) and marks
+  // which rows are live. No warp reads the stage until a barrier that
+  // follows.
+  auto issue = [&](int32_t tile) {
+    const int st = tile % kStages;
+#pragma unroll
+    for (int k = 0; k < P::kUnitsPerThread; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      if (u >= P::kUnits)
+        continue;
+      const int row = u / kVecs, vec = u % kVecs;
+      const bool live = position[k] != KVC_POSITION_NONE;
+      if (vec == 0)
+        liveRow[st][row] = live ? 1 : 0;
+      if (!live) {
+        *reinterpret_cast<uint4 *>(&tiles[st][1][row][vec * 16]) =
+            make_uint4(0u, 0u, 0u, 0u);
+        continue;
+      }
+      const int32_t slot = begin + tile * kTileRows + row;
+      const uint8_t *base = reinterpret_cast<const uint8_t *>(page[k]);
+      const uint64_t offset = static_cast<uint64_t>(slot % a.layout.pageSize);
+      copyAsync<16>(&tiles[st][0][row][vec * 16],
+                    base + a.layout.keyOffset + offset * P::kRowBytes +
+                        vec * 16);
+      copyAsync<16>(&tiles[st][1][row][vec * 16],
+                    base + a.layout.valueOffset + offset * P::kRowBytes +
+                        vec * 16);
+    }
+    commitCopies();
+  };
+
+#pragma unroll
+  for (int32_t tile = 0; tile < kStages - 1; ++tile) {
+    fetch(tile);
+    issue(tile);
+  }
+  fetch(kStages - 1);
+  for (int32_t i = 0; i < numTiles; ++i) {
+    // Tile i has landed for every thread, and every warp is done with tile
+    // i - 1, whose stage tile i + kStages - 1 takes.
+    waitCopies<kStages - 2>();
+    __syncthreads();
+    issue(i + kStages - 1);
+    fetch(i + kStages);
+
+    const int st = i % kStages;
+    const int row0 = warp * P::kKeysPerWarp;
+    // S = Q K^T: B[k][n] = key row n's channel k, two consecutive channels
+    // per 32-bit word.
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint8_t *keyRow = &tiles[st][0][row0 + g][4 * tq];
+#pragma unroll
+    for (int ks = 0; ks < P::kKSteps; ++ks)
+      mmaK16<S>(s, qa[ks], *reinterpret_cast<const uint32_t *>(keyRow + 32 * ks),
+                *reinterpret_cast<const uint32_t *>(keyRow + 32 * ks + 16));
+    // Head g's logits of rows 2t and 2t+1: the two halves of S added.
+    float l[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = row0 + 2 * tq + e;
+      l[e] = liveRow[st][row] ? s[e] + s[2 + e] : kNegInf;
+      const int32_t slot = begin + i * kTileRows + row;
+      if (g < G && slot < end)
+        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] = l[e];
+    }
+    // The maximum over the warp's eight rows (the four lanes of head g),
+    // one rescale per tile, and the rows' weights.
+    float mNew = fmaxf(m, fmaxf(l[0], l[1]));
+    mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, 1));
+    mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, 2));
+    float p[2] = {0.0f, 0.0f};
+    if (mNew != kNegInf) { // else no live row yet: nothing to add
+      const float rescale = expf(m - mNew);
+      m = mNew;
+      z *= rescale;
+#pragma unroll
+      for (int j = 0; j < P::kNBlocks; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          o[j][x] *= rescale;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        p[e] = expf(l[e] - mNew);
+        z += p[e];
+      }
+    }
+    // O += P V, the weights scaled by E::kWeightScale and split into their
+    // rounding and its remainder (rows g and g + 8 of A).
+    const float w0 = p[0] * E::kWeightScale, w1 = p[1] * E::kWeightScale;
+    const float r0 = E::round(w0), r1 = E::round(w1);
+    const uint32_t pa = E::pack(r0, r1), pr = E::pack(w0 - r0, w1 - r1);
+    const uint8_t *valueRows = &tiles[st][1][row0][0];
+#pragma unroll
+    for (int j = 0; j < P::kNBlocks; j += 4) {
+      uint32_t b[4];
+      loadTransposed(valueRows, kPitch, 8 * j, b);
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+        mmaK8<S>(o[j + x], pa, pr, b[x]);
+    }
+  }
+
+  // z over the four lanes of head g; the lane's value sums, the rounded
+  // and remainder halves added and the weight scale taken out.
+  z += __shfl_xor_sync(kFullMask, z, 1);
+  z += __shfl_xor_sync(kFullMask, z, 2);
+  // The warps' states go through shared memory (the tiles, free once every
+  // copy landed and every warp is done) into the split's partial record:
+  // M = max_w m_w, Z = sum_w z_w e^(m_w - M), acc = sum_w acc_w e^(m_w - M),
+  // added in warp order (a warp without a live row adds nothing).
+  static_assert(sizeof(float) * P::kWarps * G * D <= sizeof(tiles),
+                "the warps' value sums must fit the tiles");
+  __shared__ float warpMax[P::kWarps][G], warpSum[P::kWarps][G];
+  waitCopies<0>();
+  __syncthreads();
+  float(*warpAcc)[G][D] = reinterpret_cast<float(*)[G][D]>(&tiles[0][0][0][0]);
+  if (g < G) {
+#pragma unroll
+    for (int j = 0; j < P::kNBlocks; ++j) {
+      warpAcc[warp][g][8 * j + 2 * tq] =
+          (o[j][0] + o[j][2]) / E::kWeightScale;
+      warpAcc[warp][g][8 * j + 2 * tq + 1] =
+          (o[j][1] + o[j][3]) / E::kWeightScale;
+    }
+    if (tq == 0) {
+      warpMax[warp][g] = m;
+      warpSum[warp][g] = z;
+    }
+  }
+  __syncthreads();
+  float *out = a.partials + ((static_cast<int64_t>(h) * a.numSplits + split) *
+                             G) * partialFloats<D>();
+  for (int i = threadIdx.x; i < G * partialFloats<D>(); i += kThreads) {
+    const int head = i / partialFloats<D>(), x = i % partialFloats<D>();
+    float bm = kNegInf;
+#pragma unroll
+    for (int w = 0; w < P::kWarps; ++w)
+      bm = fmaxf(bm, warpMax[w][head]);
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < P::kWarps; ++w) {
+      const float mw = warpMax[w][head];
+      if (mw == kNegInf)
+        continue;
+      const float f = expf(mw - bm);
+      total += (x == 1 ? warpSum[w][head] : warpAcc[w][head][x < 2 ? 0 : x - 2]) * f;
+    }
+    out[i] = x == 0 ? bm : total;
+  }
+}
+
 /// One block per (split, kv-head): the G query heads of the group read each
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
@@ -1262,7 +1701,9 @@ __global__ void __launch_bounds__(kThreads)
   const HeadTable t = a.heads[h];
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
-  if constexpr (!kMixed && StagedDecode<G, D, S, kThreads>::kApplies) {
+  if constexpr (!kMixed && MmaDecode<G, D, S, kThreads>::kApplies) {
+    decodeMmaRows<G, D, S, kThreads>(a, t, h, split, begin, end);
+  } else if constexpr (!kMixed && StagedDecode<G, D, S, kThreads>::kApplies) {
     decodeStagedRows<G, D, S, kThreads>(a, t, h, split, begin, end);
   } else {
     const int lane = threadIdx.x % Shape::kLanes;

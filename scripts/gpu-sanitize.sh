@@ -12,9 +12,11 @@
 #    statistics, last-query, merging, KIVI pages, two page classes), and
 #    kvc-bench-gpu-smoke (f16, head dim 128, G=4; batch 2, context 1k,
 #    prefill 1k);
-#  - racecheck: kvc-gpu-tests-g1 on KVC_SANITIZE_RACE_POLICIES (H2O: its
-#    prefill and decode kernels use every shared-memory tile and reduction
-#    of the backend).
+#  - racecheck: kvc-gpu-tests-g1 and kvc-gpu-tests-g8 on
+#    KVC_SANITIZE_RACE_POLICIES (H2O: its prefill and decode kernels use
+#    every shared-memory tile and reduction of the backend; g8's decode
+#    attention runs on tensor cores, decodeMmaRows; about 5 minutes on an
+#    H100 for g8).
 # The test executables take the policy list from KVC_GPU_TEST_POLICIES.
 #
 # Usage: scripts/gpu-sanitize.sh
@@ -84,6 +86,7 @@ run() {
 for tool in $tools; do
   if [ "$tool" = racecheck ]; then
     run "$tool" "$race_policies" "$build/bin/kvc-gpu-tests-g1"
+    run "$tool" "$race_policies" "$build/bin/kvc-gpu-tests-g8"
     continue
   fi
   run "$tool" "$policies" "$build/bin/kvc-gpu-tests-g1"

@@ -1,10 +1,13 @@
 //===- DecodeKernelTest.cu - The split decode attention kernel alone ------===//
 //
 // decodeAttentionSplit of runtime/kvc_cuda.cuh on the emulator, against a
-// host reference in double precision, for both of its paths: the register
-// tiles (G = 1, 3) and the shared-memory tiles of decodeStagedRows (G = 4,
-// 8, 16), over every single-class storage (f32, f16, bf16, int8, fp8) at
-// head dim 64 and 128. A batch of three heads of different lengths (one
+// host reference in double precision, for its three paths: tensor cores
+// (decodeMmaRows: f16 and bf16 with 2 <= G <= 8), the shared-memory tiles
+// of decodeStagedRows (the other storages at G = 4, 8; f16 at G = 16) and
+// the register tiles (G = 1; G = 2, 3 but for f16 and bf16), over every
+// single-class storage (f32, f16, bf16, int8, fp8) at head dim 32, 64 and
+// 128. The emulator runs the tensor-core path's mma.sync and ldmatrix as
+// the PTX ISA defines their fragments (kvc_cuda.cuh's fallbacks). A batch of three heads of different lengths (one
 // shorter than a split, so that some of its splits are empty) over pages
 // of 16 slots, with free slots, a page hole and a split size that is not a
 // multiple of the tile. The references use the kernel's own decoding of
@@ -260,7 +263,9 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
   for (void *p : allocations)
     cudaFree(p);
   std::printf("decode G=%d D=%d %s (%s): ok\n", G, D, name,
-              kvc::cuda::StagedDecode<G, D, S, kThreads>::kApplies
+              kvc::cuda::MmaDecode<G, D, S, kThreads>::kApplies
+                  ? "tensor cores"
+              : kvc::cuda::StagedDecode<G, D, S, kThreads>::kApplies
                   ? "shared-memory tiles"
                   : "register tiles");
 }
@@ -282,6 +287,7 @@ int main() {
   checkStorages<4, 128>(rng);
   checkStorages<4, 64>(rng);
   checkStorages<8, 128>(rng);
+  checkStorages<2, 32>(rng);
   check<16, 64, Storage::F16>(rng);
   std::printf("decode kernel: ok\n");
   return 0;
