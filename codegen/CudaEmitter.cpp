@@ -1696,8 +1696,9 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   const std::string outArg = attention.getOutput() ? "out" : "w.scratchOut";
   out << "  // The slot tables of the batch's sequences stay on the device "
            "between steps\n  // (DeviceTables). Checked out first: the "
-           "runtime then evicts the victims of\n  // the last step before "
-           "anything here reads its bookkeeping.\n"
+           "runtime then evicts the victims of\n  // the step before the "
+           "last (of the last step on a KIVI pool) before anything\n  // "
+           "here reads its bookkeeping.\n"
            "  kvc::cuda::DeviceTables tables;\n"
            "  KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, "
            "kKvHeads,\n"
@@ -1911,12 +1912,13 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
   out << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
   // The score state, the importance bits and the victims stay on the
   // device; the victim lists' download is queued, and the runtime evicts
-  // them when the tables are next checked out or settled.
+  // them at the check-out of the step after next or when the tables are
+  // settled.
   if (selects) {
     out << "    // The victims stay in the device tables; their download is "
-           "queued, and the\n    // runtime evicts them before this layer's "
-           "next step or host access (the\n    // step does not wait for "
-           "its kernels).\n"
+           "queued, and the\n    // runtime evicts them at this layer's "
+           "step after next (the next one on a\n    // KIVI pool) or host "
+           "access; the step does not wait for its kernels.\n"
            "    for (int32_t b = 0; b < batch; ++b)\n";
     if (periodic)
       out << "      if ((positions[b] + 1) % kPeriod == 0)\n  ";

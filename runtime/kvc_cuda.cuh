@@ -1031,6 +1031,36 @@ template <int G, int D, Storage S, int kThreads> struct StagedDecode {
   static constexpr int kUnitsPerThread = (kUnits + kThreads - 1) / kThreads;
 };
 
+/// The position and page address of each of a thread's copy units of a
+/// tile of kTileRows rows, kVecs units per row (units threadIdx.x,
+/// + kThreads, ... below kUnits): what a staged decode loads one tile
+/// ahead of the tile's copies, so that no thread waits on them
+/// (decodeStagedRows, decodeMmaRows).
+template <int kTileRows, int kVecs, int kThreads> struct TileSlots {
+  static constexpr int kUnits = kTileRows * kVecs;
+  static constexpr int kUnitsPerThread = (kUnits + kThreads - 1) / kThreads;
+  int32_t position[kUnitsPerThread];
+  uint64_t page[kUnitsPerThread];
+
+  /// Loads tile `tile` of the split [begin, end) of t (KVC_POSITION_NONE
+  /// past the split or the split's numTiles tiles).
+  __device__ __forceinline__ void fetch(const HeadTable &t, int32_t pageSize,
+                                        int32_t begin, int32_t end,
+                                        int32_t numTiles, int32_t tile) {
+#pragma unroll
+    for (int k = 0; k < kUnitsPerThread; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      const int32_t slot = begin + tile * kTileRows + u / kVecs;
+      position[k] = KVC_POSITION_NONE;
+      page[k] = 0;
+      if (tile < numTiles && u < kUnits && slot < end) {
+        position[k] = t.positions[slot];
+        page[k] = t.pages[slot / pageSize];
+      }
+    }
+  }
+};
+
 /// decodeSplitRows for a group that divides among the block's warps (one
 /// storage class, no KIVI): the block copies each tile of rows of the split
 /// into shared memory with cp.async, kStages - 1 tiles ahead of the one its
@@ -1070,22 +1100,11 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
   float q[kGw][kChunk], acc[kGw][kChunk], m[kGw], z[kGw];
   startQueryRows<G, D, Shape>(a, h, g0, rowLane, q, acc, m, z);
 
-  // The position and page address of the calling thread's units of a tile
-  // (KVC_POSITION_NONE past the split or the tiles).
-  int32_t position[P::kUnitsPerThread];
-  uint64_t page[P::kUnitsPerThread];
+  // The position and page address of the calling thread's units of a tile.
+  TileSlots<kTileRows, Shape::kVecs, kThreads> ahead;
+  static_assert(decltype(ahead)::kUnits == P::kUnits, "tile units");
   auto fetch = [&](int32_t tile) {
-#pragma unroll
-    for (int k = 0; k < P::kUnitsPerThread; ++k) {
-      const int u = threadIdx.x + k * kThreads;
-      const int32_t slot = begin + tile * kTileRows + u / Shape::kVecs;
-      position[k] = KVC_POSITION_NONE;
-      page[k] = 0;
-      if (tile < numTiles && u < P::kUnits && slot < end) {
-        position[k] = t.positions[slot];
-        page[k] = t.pages[slot / a.layout.pageSize];
-      }
-    }
+    ahead.fetch(t, a.layout.pageSize, begin, end, numTiles, tile);
   };
   // Issues the copies of a tile's live rows into its stage (one group per
   // thread, empty past the tiles) and marks which rows are live.
@@ -1097,13 +1116,13 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
       if (u >= P::kUnits)
         continue;
       const int row = u / Shape::kVecs, vec = u % Shape::kVecs;
-      const bool live = position[k] != KVC_POSITION_NONE;
+      const bool live = ahead.position[k] != KVC_POSITION_NONE;
       if (vec == 0)
         liveRow[st][row] = live ? 1 : 0;
       if (!live)
         continue;
       const int32_t slot = begin + tile * kTileRows + row;
-      const uint8_t *base = reinterpret_cast<const uint8_t *>(page[k]);
+      const uint8_t *base = reinterpret_cast<const uint8_t *>(ahead.page[k]);
       const uint64_t o = static_cast<uint64_t>(slot % a.layout.pageSize);
       copyAsync<16>(&tiles[st][0][row][vec * 16],
                     base + a.layout.keyOffset + o * kRowBytes + vec * 16);
@@ -1504,22 +1523,11 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     for (int x = 0; x < 4; ++x)
       o[j][x] = 0.0f;
 
-  // The position and page address of the calling thread's units of a tile
-  // (KVC_POSITION_NONE past the split or the tiles).
-  int32_t position[P::kUnitsPerThread];
-  uint64_t page[P::kUnitsPerThread];
+  // The position and page address of the calling thread's units of a tile.
+  TileSlots<kTileRows, kVecs, kThreads> ahead;
+  static_assert(decltype(ahead)::kUnits == P::kUnits, "tile units");
   auto fetch = [&](int32_t tile) {
-#pragma unroll
-    for (int k = 0; k < P::kUnitsPerThread; ++k) {
-      const int u = threadIdx.x + k * kThreads;
-      const int32_t slot = begin + tile * kTileRows + u / kVecs;
-      position[k] = KVC_POSITION_NONE;
-      page[k] = 0;
-      if (tile < numTiles && u < P::kUnits && slot < end) {
-        position[k] = t.positions[slot];
-        page[k] = t.pages[slot / a.layout.pageSize];
-      }
-    }
+    ahead.fetch(t, a.layout.pageSize, begin, end, numTiles, tile);
   };
   // Issues the copies of a tile's live rows into its stage (one group per
   // thread), zeroes the value rows of the others (a weight 0 times whatever
@@ -1534,7 +1542,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
       if (u >= P::kUnits)
         continue;
       const int row = u / kVecs, vec = u % kVecs;
-      const bool live = position[k] != KVC_POSITION_NONE;
+      const bool live = ahead.position[k] != KVC_POSITION_NONE;
       if (vec == 0)
         liveRow[st][row] = live ? 1 : 0;
       if (!live) {
@@ -1543,7 +1551,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
         continue;
       }
       const int32_t slot = begin + tile * kTileRows + row;
-      const uint8_t *base = reinterpret_cast<const uint8_t *>(page[k]);
+      const uint8_t *base = reinterpret_cast<const uint8_t *>(ahead.page[k]);
       const uint64_t offset = static_cast<uint64_t>(slot % a.layout.pageSize);
       copyAsync<16>(&tiles[st][0][row][vec * 16],
                     base + a.layout.keyOffset + offset * P::kRowBytes +
@@ -2195,7 +2203,7 @@ __device__ void mergeOutput(const float *partials, int32_t numSplits,
   const int e = threadIdx.x / per, k = threadIdx.x % per;
   sums[threadIdx.x] = e < n ? sumOf(first + e, k, per) : 0.0f;
   __syncthreads();
-  if (threadIdx.x < n) {
+  if (static_cast<int>(threadIdx.x) < n) {
     const int i = first + threadIdx.x;
     float sum = 0.0f;
     for (int j = 0; j < per; ++j)
@@ -3389,6 +3397,12 @@ private:
 /// Victims per head that a decode step downloads with the counts.
 constexpr int32_t kInlineVictims = 8;
 
+/// Victim lists a TableMirror holds, used by its steps in turn: the
+/// runtime evicts a step's victims at the check-out of the step after next
+/// (DeviceTables::checkOut), so a step never waits for the step just
+/// before it.
+constexpr int32_t kVictimBuffers = 2;
+
 //===----------------------------------------------------------------------===//
 // Device-resident slot tables (decode)
 //===----------------------------------------------------------------------===//
@@ -3476,17 +3490,22 @@ struct TableMirror {
   /// The device copy was uploaded (a mirror whose build failed holds
   /// nothing to write back).
   bool loaded = false;
-  /// The last step left victims that the runtime has not evicted yet: its
-  /// kernels cleared them on the device, and `hostVictims` receives their
+  /// Per victim buffer (kVictimBuffers of them, used by steps in turn): the
+  /// step that used it left victims that the runtime has not evicted yet.
+  /// Its kernels cleared them on the device, listed them in the buffer's
+  /// device lists (victimsOf), and hostVictimsOf(buffer) receives their
   /// counts and first kInlineVictims slots per head (applyVictims).
-  bool pending = false;
+  bool pending[kVictimBuffers] = {};
+  /// The buffer the next step uses: the one of the step before the last.
+  int32_t next = 0;
   char *device = nullptr;
   uint64_t headBytes = 0;
-  /// Pinned host memory, per head: the victim count and the first
-  /// kInlineVictims victim slots (withVictims).
+  /// Pinned host memory, per buffer and head: the victim count and the
+  /// first kInlineVictims victim slots (withVictims).
   int32_t *hostVictims = nullptr;
-  /// Recorded on the stream after the last step's kernels and copies.
-  cudaEvent_t done = nullptr;
+  /// Per buffer: recorded on the stream after the kernels and copies of the
+  /// last step that used it.
+  cudaEvent_t done[kVictimBuffers] = {};
   /// Per head: the page-table entries the device holds, as many as the
   /// runtime's page table has.
   std::vector<std::vector<uint64_t>> pages;
@@ -3517,7 +3536,8 @@ struct TableMirror {
     return 1 + (capSlots() > kInlineVictims ? capSlots() : kInlineVictims);
   }
   uint64_t kiviRowsOffset() const {
-    return victimsOffset() + (withVictims ? align(4ull * victimWords()) : 0);
+    return victimsOffset() +
+           (withVictims ? kVictimBuffers * align(4ull * victimWords()) : 0);
   }
   uint64_t regionBytes() const {
     return kiviRowsOffset() + (withKivi ? align(4ull * capSlots()) : 0);
@@ -3538,11 +3558,24 @@ struct TableMirror {
                ? reinterpret_cast<uint64_t *>(head(h) + historyOffset())
                : nullptr;
   }
-  /// Head h's victim list ([0]: the count), where the stages leave the
-  /// step's victims (HeadTable::victims).
-  int32_t *victimsOf(int32_t h) const {
-    return withVictims ? reinterpret_cast<int32_t *>(head(h) + victimsOffset())
-                       : nullptr;
+  /// Head h's victim list in `buffer` ([0]: the count), where the stages
+  /// of a step that uses the buffer leave its victims (HeadTable::victims).
+  int32_t *victimsOf(int32_t h, int32_t buffer) const {
+    return withVictims
+               ? reinterpret_cast<int32_t *>(head(h) + victimsOffset() +
+                                             buffer *
+                                                 align(4ull * victimWords()))
+               : nullptr;
+  }
+  /// The pinned rows (count, first kInlineVictims slots) of `buffer`, one
+  /// per head.
+  int32_t *hostVictimsOf(int32_t buffer) const {
+    return hostVictims + static_cast<int64_t>(buffer) * heads *
+                             (1 + kInlineVictims);
+  }
+  /// The buffer of the step `age` uses before the next one (0: the last).
+  int32_t bufferOf(int32_t age) const {
+    return (next + kVictimBuffers - 1 - age) % kVictimBuffers;
   }
   /// KIVI: head h's per-slot window words (HeadTable::kiviRows).
   int32_t *kiviRowsOf(int32_t h) const {
@@ -3576,40 +3609,48 @@ struct TableMirror {
   }
 };
 
-/// Evicts through the runtime the victims that the last step using the
-/// mirror left on the device (TableMirror::pending), once that step is
-/// done: so the runtime's host bookkeeping catches up with the device
-/// before the sequence's next step or any host access to the layer. The
+/// Evicts through the runtime the victims that the steps using the mirror
+/// left on the device (TableMirror::pending), oldest first, once each step
+/// is done, except those of the `keep` most recent steps: so the runtime's
+/// host bookkeeping catches up with the device before the sequence's next
+/// step (keep 1: all but the last step's victims; see
+/// DeviceTables::checkOut) or any host access to the layer (keep 0). The
 /// mirror must be detached (kvc_evict settles the layer). A list longer
 /// than kInlineVictims (a budget that shrank) is read from the device.
 inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
-                                 uint64_t sequence, int32_t layer) {
-  const char *name = "kvc cuda: evicting the last step's victims";
-  if (!m.pending)
-    return KVC_STATUS_OK;
-  m.pending = false;
-  KVC_CUDA_CHECK(name, cudaEventSynchronize(m.done));
+                                 uint64_t sequence, int32_t layer,
+                                 int32_t keep = 0) {
+  const char *name = "kvc cuda: evicting a step's victims";
   std::vector<int32_t> longList;
-  for (int32_t h = 0; h < m.heads; ++h) {
-    const int32_t *row = m.hostVictims + h * (1 + kInlineVictims);
-    const int32_t count = row[0];
-    if (count <= 0)
+  for (int32_t age = kVictimBuffers - 1; age >= keep; --age) {
+    const int32_t buffer = m.bufferOf(age);
+    if (!m.pending[buffer])
       continue;
-    const int32_t *slots = row + 1;
-    if (count > kInlineVictims) {
-      try {
-        longList.resize(count);
-      } catch (const std::bad_alloc &) {
-        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                                "kvc cuda: host victim allocation failed");
+    m.pending[buffer] = false;
+    KVC_CUDA_CHECK(name, cudaEventSynchronize(m.done[buffer]));
+    for (int32_t h = 0; h < m.heads; ++h) {
+      const int32_t *row =
+          m.hostVictimsOf(buffer) + h * (1 + kInlineVictims);
+      const int32_t count = row[0];
+      if (count <= 0)
+        continue;
+      const int32_t *slots = row + 1;
+      if (count > kInlineVictims) {
+        try {
+          longList.resize(count);
+        } catch (const std::bad_alloc &) {
+          return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                  "kvc cuda: host victim allocation failed");
+        }
+        KVC_CUDA_CHECK(name,
+                       cudaMemcpy(longList.data(), m.victimsOf(h, buffer) + 1,
+                                  sizeof(int32_t) * count,
+                                  cudaMemcpyDeviceToHost));
+        slots = longList.data();
       }
-      KVC_CUDA_CHECK(name, cudaMemcpy(longList.data(), m.victimsOf(h) + 1,
-                                      sizeof(int32_t) * count,
-                                      cudaMemcpyDeviceToHost));
-      slots = longList.data();
+      KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, count, slots));
+      KVC_CUDA_TRY(m.noteEvicted(context, sequence, layer, h, count, slots));
     }
-    KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, count, slots));
-    KVC_CUDA_TRY(m.noteEvicted(context, sequence, layer, h, count, slots));
   }
   return KVC_STATUS_OK;
 }
@@ -3617,8 +3658,9 @@ inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
 /// kvc_attachment_t::release of a TableMirror.
 inline void releaseMirror(void *data) {
   TableMirror *m = static_cast<TableMirror *>(data);
-  if (m->done)
-    cudaEventDestroy(m->done);
+  for (cudaEvent_t event : m->done)
+    if (event)
+      cudaEventDestroy(event);
   if (m->hostVictims)
     cudaFreeHost(m->hostVictims);
   if (m->device)
@@ -3626,9 +3668,10 @@ inline void releaseMirror(void *data) {
   delete m;
 }
 
-/// kvc_attachment_t::flush of a TableMirror: waits for the last step that
-/// used it, evicts its victims through the runtime (applyVictims) and
-/// copies its score state and importance bits into the runtime's metadata.
+/// kvc_attachment_t::flush of a TableMirror: waits for the steps that used
+/// it, evicts every victim they left through the runtime (applyVictims)
+/// and copies its score state and importance bits into the runtime's
+/// metadata.
 inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
                                 uint64_t sequence, int32_t layer) {
   TableMirror &m = *static_cast<TableMirror *>(data);
@@ -3636,8 +3679,9 @@ inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
   KVC_CUDA_TRY(applyVictims(m, context, sequence, layer));
   if (!m.loaded || (!m.withState && !m.withHistory))
     return KVC_STATUS_OK;
-  if (m.done)
-    KVC_CUDA_CHECK(name, cudaEventSynchronize(m.done));
+  const cudaEvent_t last = m.done[m.bufferOf(0)];
+  if (last)
+    KVC_CUDA_CHECK(name, cudaEventSynchronize(last));
   for (int32_t h = 0; h < m.heads; ++h) {
     kvc_metadata_t meta;
     KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta));
@@ -3681,12 +3725,21 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
 /// The slot tables of a decode step's batch, kept on the device between
 /// steps (one TableMirror per sequence of the batch, attached to the
 /// context). A step checks the mirrors out (kvc_detach; the runtime then
-/// evicts the victims the step before left, applyVictims) before the
-/// runtime's appends, writes only what changed into them (upload: the
-/// appended slots, new pages, pages that eviction released), lets its
-/// kernels update the score state in place, mirror their evictions
-/// (clearEvicted) and leave the victim lists in the mirror, queues the
-/// download of those lists (keepVictims) and checks the mirrors back in.
+/// evicts the victims that the step before the last left, applyVictims)
+/// before the runtime's appends, writes only what changed into them
+/// (upload: the appended slots, new pages, pages that eviction released),
+/// lets its kernels update the score state in place, mirror their
+/// evictions (clearEvicted) and leave the victim lists in the mirror's
+/// victim buffer of the step, queues the download of those lists
+/// (keepVictims) and checks the mirrors back in.
+/// The runtime thus lags the device by up to two steps' evictions (the
+/// last step's victims stay live in its bookkeeping through the next
+/// step's append), and a step waits only for the step before the last,
+/// whose work the GPU finished while it ran the last one: the host
+/// prepares a step while the GPU runs the one before. A KIVI pool lags by
+/// one step only: its appends quantize blocks of keys whose scales the
+/// live members set, so every victim must be gone before the next append
+/// (each step waits for the last one).
 /// For KIVI storage the mirror also holds each slot's window word
 /// (HeadTable::kiviRows); a step compares each head's residual window with
 /// the one the device reflects and writes the words of the slots whose
@@ -3752,6 +3805,8 @@ public:
     pageSize_ = config.page_size;
     mixed_ = config.low_format != KVC_FORMAT_FULL;
     lowFormat_ = config.low_format;
+    const bool kivi = config.format == KVC_FORMAT_KIVI_INT2 ||
+                      config.format == KVC_FORMAT_KIVI_INT4;
     try {
       mirrors_.assign(batch, nullptr);
     } catch (const std::bad_alloc &) {
@@ -3766,10 +3821,11 @@ public:
           m->heads == heads && m->pageSize == pageSize_ &&
           (m->withState || !withState) && (m->withHistory || !withHistory) &&
           (m->withVictims || !withVictims) && (m->withKivi || !withKivi)) {
-        // The runtime catches up with the last step's evictions; a mirror
-        // it could not catch up with is written back and dropped.
-        const kvc_status_t status = applyVictims(*m, context, sequences[b],
-                                                 layer);
+        // The runtime catches up with the evictions of every step but the
+        // last (of every step on a KIVI pool); a mirror it could not catch
+        // up with is written back and dropped.
+        const kvc_status_t status =
+            applyVictims(*m, context, sequences[b], layer, kivi ? 0 : 1);
         if (status != KVC_STATUS_OK) {
           flushMirror(m, context, sequences[b], layer);
           releaseMirror(m);
@@ -3828,7 +3884,7 @@ public:
           t.numPages = static_cast<int32_t>(m.pages[h].size());
           t.numSlots = t.numPages * pageSize_;
           t.queryPosition = queryPositions[b];
-          t.victims = m.victimsOf(h);
+          t.victims = m.victimsOf(h, m.next);
           t.kiviRows = m.kiviRowsOf(h);
           t.kiviResidual = m.withKivi ? m.residual[h] : nullptr;
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
@@ -3881,10 +3937,11 @@ public:
 
   /// Queues on the step's stream, after its kernels, the download of the
   /// victim counts and first kInlineVictims victims that the stages left in
-  /// the mirror of sequence b (for a periodic policy: only a sequence whose
-  /// stages selected in this step). The runtime evicts them when the
-  /// mirror is next checked out or settled (applyVictims): the step itself
-  /// does not wait for them.
+  /// the step's victim buffer of sequence b's mirror (for a periodic
+  /// policy: only a sequence whose stages selected in this step). The
+  /// runtime evicts them at the check-out of the step after next (the next
+  /// one on a KIVI pool) or when the mirror is settled (applyVictims): the
+  /// step itself does not wait for them.
   kvc_status_t keepVictims(int32_t b) {
     TableMirror &m = *mirrors_[b];
     if (!m.withVictims)
@@ -3894,20 +3951,22 @@ public:
                                "list")
                                   .c_str());
     const size_t row = sizeof(int32_t) * (1 + kInlineVictims);
-    KVC_CUDA_CHECK(name_, cudaMemcpy2DAsync(m.hostVictims, row,
-                                            m.victimsOf(0), m.headBytes, row,
-                                            m.heads, cudaMemcpyDeviceToHost,
-                                            stream_));
-    m.pending = true;
+    KVC_CUDA_CHECK(name_, cudaMemcpy2DAsync(m.hostVictimsOf(m.next), row,
+                                            m.victimsOf(0, m.next),
+                                            m.headBytes, row, m.heads,
+                                            cudaMemcpyDeviceToHost, stream_));
+    m.pending[m.next] = true;
     return KVC_STATUS_OK;
   }
 
   /// Attaches the mirrors to the context again, after the step's last
-  /// kernel was queued on `stream`.
+  /// kernel was queued on `stream`; the next step uses the other victim
+  /// buffer.
   kvc_status_t checkIn() {
     for (int32_t b = 0; b < batch_; ++b) {
       TableMirror *m = mirrors_[b];
-      KVC_CUDA_CHECK(name_, cudaEventRecord(m->done, stream_));
+      KVC_CUDA_CHECK(name_, cudaEventRecord(m->done[m->next], stream_));
+      m->next = (m->next + 1) % kVictimBuffers;
       const kvc_attachment_t a{m, &flushMirror, &releaseMirror};
       KVC_CUDA_TRY(kvc_attach(context_, sequences_[b], layer_, &a));
       mirrors_[b] = nullptr;
@@ -4082,15 +4141,16 @@ private:
       m->window.resize(heads_);
       m->residual.assign(heads_, nullptr);
     }
-    KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&m->done,
-                                                   cudaEventDisableTiming));
+    for (cudaEvent_t &event : m->done)
+      KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&event,
+                                                     cudaEventDisableTiming));
     KVC_CUDA_CHECK(name_, cudaMalloc(reinterpret_cast<void **>(&m->device),
                                      m->headBytes * heads_));
     if (withVictims_)
       KVC_CUDA_CHECK(name_,
                      cudaMallocHost(reinterpret_cast<void **>(&m->hostVictims),
                                     sizeof(int32_t) * (1 + kInlineVictims) *
-                                        heads_));
+                                        kVictimBuffers * heads_));
     std::vector<char> image(m->headBytes * heads_, 0);
     const int32_t *firstPositions = nullptr;
     int32_t firstSlots = 0;

@@ -155,8 +155,8 @@
 // CHECK-NOT: cudaStreamSynchronize
 // CHECK: KVC_CUDA_CHECK("kvc_heavy_cuda_decode_batch", cudaGetLastError());
 // CHECK-NEXT: // The victims stay in the device tables; their download is queued, and the
-// CHECK-NEXT: // runtime evicts them before this layer's next step or host access (the
-// CHECK-NEXT: // step does not wait for its kernels).
+// CHECK-NEXT: // runtime evicts them at this layer's step after next (the next one on a
+// CHECK-NEXT: // KIVI pool) or host access; the step does not wait for its kernels.
 // CHECK-NEXT: for (int32_t b = 0; b < batch; ++b)
 // CHECK-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
 // CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn());
@@ -372,8 +372,8 @@
 // RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
 // Only the sequences that ended a period selected victims.
 // RPC-NEXT: // The victims stay in the device tables; their download is queued, and the
-// RPC-NEXT: // runtime evicts them before this layer's next step or host access (the
-// RPC-NEXT: // step does not wait for its kernels).
+// RPC-NEXT: // runtime evicts them at this layer's step after next (the next one on a
+// RPC-NEXT: // KIVI pool) or host access; the step does not wait for its kernels.
 // RPC-NEXT: for (int32_t b = 0; b < batch; ++b)
 // RPC-NEXT: if ((positions[b] + 1) % kPeriod == 0)
 // RPC-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));

@@ -8,13 +8,17 @@
 // for the stages kernel updates on the device; the words that change the
 // tables go up through a region of three words, in chunks. The stand-in
 // also clears the step's victims and leaves them in the mirrors' victim
-// lists, which the runtime evicts only when the next step checks the
-// mirrors out (or a metadata read settles them). After every step the mirrors (detached for
+// lists of the step's buffer, which the runtime evicts only when the step
+// after next checks the mirrors out (the next step on a KIVI pool), or a
+// metadata read settles them. After every step the mirrors (detached for
 // the look, so nothing is settled) must hold the runtime's page addresses
-// exactly and its positions but for the step's victims, which must be
-// cleared on the device and listed, in the list and in its download;
-// every few steps the state is read through kvc_get_metadata, which must
-// evict the victims and write the device's state back (the runtime settles
+// exactly and its positions but for the victims of the step and, on a
+// full-precision pool, of the step before (unless a read settled them),
+// which must be cleared on the device and listed, each step's in its own
+// buffer and the step's in its download too; so a long list that the
+// runtime reads from the device must survive the next step. Every few
+// steps the state is read through kvc_get_metadata, which must evict every
+// pending victim and write the device's state back (the runtime settles
 // the attachment), and must equal a host model of it. The run is made
 // twice: on a full-precision pool, and on a KIVI pool (residual window of 8,
 // groups of 4), whose mirrors must also hold every slot's window word as
@@ -96,21 +100,32 @@ __global__ void stages(const kvc::cuda::HeadTable *heads,
 }
 
 /// The mirror of (sequence, layer 0) equals the runtime's page table and
-/// positions, but for the step's victims `chosen` (per head, ascending),
-/// which the device cleared and lists while the runtime has not evicted
-/// them yet. Records the runtime's page counts in `pages`. Detaches the
-/// mirror for the look and attaches it again.
+/// positions, but for the step's victims `chosen` and, when `olderPending`,
+/// the step before's `older` (per head, ascending), which the device
+/// cleared and lists in the two steps' buffers while the runtime has not
+/// evicted them yet. Records the runtime's page counts in `pages`.
+/// Detaches the mirror for the look and attaches it again.
 void expectMirror(kvc_context_t *ctx, bool kivi, int b, uint64_t sequence,
                   int step, const std::vector<int32_t> *chosen,
+                  const std::vector<int32_t> *older, bool olderPending,
                   int32_t *pageCounts) {
   kvc_attachment_t a{};
   CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "detach");
   CHECK(a.release == &kvc::cuda::releaseMirror, "step %d: no mirror", step);
   const auto &m = *static_cast<const kvc::cuda::TableMirror *>(a.data);
-  CHECK(m.pending && m.recheck.empty(),
-        "step %d: the mirror has no pending victims or stale pages", step);
-  CHECK(cudaEventSynchronize(m.done) == cudaSuccess, "event");
-  growths += lastCapacity[b] && m.capPages > lastCapacity[b];
+  // A mirror that the step rebuilt larger (it outgrew its capacity) was
+  // written back first: the runtime evicted every victim then.
+  const bool rebuilt = lastCapacity[b] && m.capPages != lastCapacity[b];
+  olderPending = olderPending && !rebuilt;
+  const int32_t last = m.bufferOf(0), before = m.bufferOf(1);
+  CHECK(m.pending[last] && m.pending[before] == olderPending &&
+            m.recheck.empty(),
+        "step %d: pending in the mirror: the step's victims %s, the step "
+        "before's %s (expected %s); %zu stale pages",
+        step, m.pending[last] ? "yes" : "no", m.pending[before] ? "yes" : "no",
+        olderPending ? "yes" : "no", m.recheck.size());
+  CHECK(cudaEventSynchronize(m.done[last]) == cudaSuccess, "event");
+  growths += rebuilt;
   lastCapacity[b] = m.capPages;
   minCapacity = std::min(minCapacity, m.capPages);
   maxCapacity = std::max(maxCapacity, m.capPages);
@@ -124,18 +139,33 @@ void expectMirror(kvc_context_t *ctx, bool kivi, int b, uint64_t sequence,
     pageCounts[h] = pages;
     const std::vector<int32_t> &victims = chosen[h];
     const int32_t count = static_cast<int32_t>(victims.size());
-    const int32_t *row = m.hostVictims + h * (1 + kvc::cuda::kInlineVictims);
-    CHECK(row[0] == count && m.victimsOf(h)[0] == count,
+    const int32_t *row =
+        m.hostVictimsOf(last) + h * (1 + kvc::cuda::kInlineVictims);
+    const int32_t *list = m.victimsOf(h, last);
+    CHECK(row[0] == count && list[0] == count,
           "step %d sequence %llu head %d: %d victims listed (%d downloaded), "
           "chose %d",
-          step, static_cast<unsigned long long>(sequence), h,
-          m.victimsOf(h)[0], row[0], count);
+          step, static_cast<unsigned long long>(sequence), h, list[0], row[0],
+          count);
     for (int32_t k = 0; k < count; ++k)
-      CHECK(m.victimsOf(h)[1 + k] == victims[k] &&
+      CHECK(list[1 + k] == victims[k] &&
                 (k >= kvc::cuda::kInlineVictims || row[1 + k] == victims[k]),
             "step %d head %d: victim %d is slot %d (downloaded %d), chose %d",
-            step, h, k, m.victimsOf(h)[1 + k],
+            step, h, k, list[1 + k],
             k < kvc::cuda::kInlineVictims ? row[1 + k] : -1, victims[k]);
+    // The step before's list, which the runtime reads at the next
+    // check-out: this step used the other buffer.
+    const std::vector<int32_t> none;
+    const std::vector<int32_t> &earlier = olderPending ? older[h] : none;
+    if (olderPending) {
+      const int32_t *kept = m.victimsOf(h, before);
+      CHECK(kept[0] == static_cast<int32_t>(earlier.size()) &&
+                std::equal(earlier.begin(), earlier.end(), kept + 1),
+            "step %d sequence %llu head %d: the step before's list holds %d "
+            "victims (chose %zu) or other slots",
+            step, static_cast<unsigned long long>(sequence), h, kept[0],
+            earlier.size());
+    }
     CHECK(static_cast<int32_t>(m.pages[h].size()) == pages,
           "step %d sequence %llu head %d: mirror has %zu pages, runtime %d",
           step, static_cast<unsigned long long>(sequence), h,
@@ -153,7 +183,8 @@ void expectMirror(kvc_context_t *ctx, bool kivi, int b, uint64_t sequence,
     }
     for (int s = 0; s < meta.num_slots; ++s) {
       const bool victim =
-          std::binary_search(victims.begin(), victims.end(), s);
+          std::binary_search(victims.begin(), victims.end(), s) ||
+          std::binary_search(earlier.begin(), earlier.end(), s);
       CHECK(victim == (meta.position[s] != KVC_POSITION_NONE &&
                        m.positionsOf(h)[s] == KVC_POSITION_NONE) &&
                 (victim || m.positionsOf(h)[s] == meta.position[s]),
@@ -242,9 +273,13 @@ void run(bool kivi) {
   std::mt19937 rng(1234);
   int holes = 0, trims = 0, rebuilds = 0, longLists = 0;
   // Per head of the batch: the runtime's page count after the last step,
-  // before its victims were evicted, and whether it had victims.
+  // before the check-out evicted victims.
   std::vector<int32_t> pagesBefore(kBatch * kHeads, 0);
-  std::vector<bool> evicting(kBatch * kHeads, false);
+  // Per head: the last step's victims, sorted; per sequence, whether the
+  // runtime has not evicted them yet (a full-precision pool keeps them
+  // through the next step's append unless a metadata read settled them).
+  std::vector<std::vector<int32_t>> lastChosen(kBatch * kHeads);
+  bool lastPending[kBatch] = {};
   std::vector<uint8_t> flags(kBatch * kHeads * kStride);
   // Reading the metadata writes the device state back (the runtime settles
   // the mirrors); it must equal the model.
@@ -301,14 +336,16 @@ void run(bool kivi) {
     CHECK(tables.checkOut(ctx, kBatch, sequences, 0, kHeads, true, true, true,
                           "test", kivi) == KVC_STATUS_OK,
           "check out");
-    // The runtime has evicted the last step's victims now (at the check-out
-    // or at the metadata read that settled the mirror).
+    // The runtime has evicted the victims of the step before the last now
+    // (of the last step too on a KIVI pool), at the check-out or at the
+    // metadata read that settled the mirror: a trailing page they emptied
+    // left the table.
     for (int i = 0; i < kBatch * kHeads; ++i) {
       int32_t after = 0;
       CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
                               &after) == KVC_STATUS_OK,
             "pages");
-      trims += evicting[i] && after < pagesBefore[i];
+      trims += after < pagesBefore[i];
     }
     std::vector<int32_t> newSlots(kBatch * kHeads);
     for (int i = 0; i < kBatch * kHeads; ++i) {
@@ -337,9 +374,14 @@ void run(bool kivi) {
       CHECK(kvc_get_metadata(ctx, sequences[i / kHeads], 0, i % kHeads,
                              &meta) == KVC_STATUS_OK,
             "metadata");
+      // Live on the device: the last step's victims are still live in the
+      // runtime's bookkeeping of a full-precision pool.
       std::vector<int32_t> liveSlots;
+      const std::vector<int32_t> &gone = lastChosen[i];
       for (int s = 0; s < meta.num_slots; ++s)
-        if (meta.position[s] != KVC_POSITION_NONE)
+        if (meta.position[s] != KVC_POSITION_NONE &&
+            !(lastPending[i / kHeads] &&
+              std::binary_search(gone.begin(), gone.end(), s)))
           liveSlots.push_back(s);
       // The second sequence stops evicting halfway: its table grows.
       const int roll = static_cast<int>(rng() % 10) +
@@ -379,17 +421,21 @@ void run(bool kivi) {
       holes += chosen[i].size() > 1 &&
                chosen[i].size() <= static_cast<size_t>(kPageSize);
       longLists += chosen[i].size() > kvc::cuda::kInlineVictims;
-      evicting[i] = !chosen[i].empty();
     }
     for (int b = 0; b < kBatch; ++b)
       expectMirror(ctx, kivi, b, sequences[b], step, &chosen[b * kHeads],
+                   &lastChosen[b * kHeads], lastPending[b] && !kivi,
                    &pagesBefore[b * kHeads]);
+    lastChosen = chosen;
+    for (int b = 0; b < kBatch; ++b)
+      lastPending[b] = !kivi;
     // Write-backs in the first half; in the second, the tables grow past
     // their mirrors' capacity.
     if (step % 9 != 8 || step > kSteps / 2)
       continue;
     lastCapacity[0] = lastCapacity[1] = 0;
     verifyState(step);
+    lastPending[0] = lastPending[1] = false;
     kvc_attachment_t a{};
     CHECK(kvc_detach(ctx, sequences[0], 0, &a) == KVC_STATUS_OK &&
               a.data == nullptr,
