@@ -838,10 +838,11 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
                   KVC_STATUS_OK);
         if (m.storage == Model::Storage::MixedInt8Int2) {
           const bool isHigh = high.count(pos) > 0;
-          if (!unclear.count(pos))
+          if (!unclear.count(pos)) {
             EXPECT_EQ(meta.key_format[slot],
                       isHigh ? KVC_FORMAT_INT8 : KVC_FORMAT_INT2)
                 << where << " class of " << pos;
+          }
           const bool storedHigh = meta.key_format[slot] == KVC_FORMAT_INT8;
           EXPECT_EQ(meta.value_format[slot], meta.key_format[slot]);
           // int8: half a step of max|x| / 127; int2: half a step of the
@@ -922,9 +923,10 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
             const bool bit = (meta.history[slot] >> a) & 1u;
             const bool want =
                 a < steps && e.weights[steps - 1 - a] > m.threshold;
-            if (!c.ambiguous)
+            if (!c.ambiguous) {
               EXPECT_EQ(bit, want) << where << " history bit " << a
                                    << " of " << pos;
+            }
           }
         }
         cache[layer][h].push_back(e);
@@ -1258,11 +1260,12 @@ TEST(GlobalBudget, OneSelectionOverEveryLayerAndHead) {
             actual.insert(meta.position[s]);
         std::set<int> expected(want[lh].begin(), want[lh].end());
         for (int i = 0; i < kPrompt; ++i)
-          if (actual.count(i) != expected.count(i))
+          if (actual.count(i) != expected.count(i)) {
             EXPECT_LE(std::fabs(scores[lh][i] - boundary), 1e-5 * scale)
                 << "layer " << layer << " head " << h << " entry " << i
                 << (actual.count(i) ? " kept" : " evicted")
                 << " against the oracle";
+          }
         kept += static_cast<int64_t>(actual.size());
         counts.insert(static_cast<int>(actual.size()));
         // The window is always kept.
@@ -1271,8 +1274,9 @@ TEST(GlobalBudget, OneSelectionOverEveryLayerAndHead) {
       }
     EXPECT_EQ(kept, std::min<int64_t>(total, int64_t{kPrompt} * kLayers *
                                                   kKvHeads));
-    if (kLayers * kKvHeads > 1)
+    if (kLayers * kKvHeads > 1) {
       EXPECT_GT(counts.size(), 1u) << "heads should end with different counts";
+    }
     kvc_context_destroy(context);
   }
 }
