@@ -266,9 +266,13 @@ __device__ uint32_t kiviCode(float x, float scale, float lo) {
       fminf(code, static_cast<float>((1 << kBits) - 1)));
 }
 
-/// x = code * scale + min, rounded twice like the host's dequantization.
+/// x = code * scale + min in one fused multiply-add: the decode kernels'
+/// dequantization. The host's (kvc_dequantize_asym) rounds the product and
+/// the sum apart; the two differ by at most an ulp of x, which the decode
+/// tolerates (attention outputs are compared within 5e-4), and the fused
+/// form is one instruction per code instead of two.
 __device__ inline float kiviDequant(uint32_t code, float scale, float lo) {
-  return __fadd_rn(__fmul_rn(static_cast<float>(code), scale), lo);
+  return fmaf(static_cast<float>(code), scale, lo);
 }
 
 /// Mixed precision: a low-class row (KVC_FORMAT_INT2/INT4: kBits-bit codes
@@ -331,9 +335,50 @@ template <int D, Storage S, int kBits, int KG> struct LowRow {
 // Device views of the runtime's pages
 //===----------------------------------------------------------------------===//
 
+/// Division of a slot index (0 <= slot < 2^31) by the page size without a
+/// divide instruction (a multiply-high, an add and a shift): with
+/// shift = ceil(log2 size) and magic = floor(2^32 (2^shift - size) / size) + 1,
+/// page(slot) = (hi32(slot * magic) + slot) >> shift. The multiplier
+/// 2^32 + magic exceeds 2^(32 + shift) / size by e <= size <= 2^shift, so
+/// slot * e / (size 2^(32 + shift)) < 1 / (2 size) and the quotient's
+/// fraction, at most (size - 1) / size, stays below 1: exact for every
+/// dividend below 2^31, and the sum stays below 2^32. A power of two gets
+/// magic 1 (hi32 = 0): a shift.
+struct PageDivisor {
+  int32_t size;
+  uint32_t magic;
+  int32_t shift;
+
+  static PageDivisor of(int32_t size) {
+    int32_t shift = 0;
+    while ((int64_t{1} << shift) < size)
+      ++shift;
+    const uint64_t excess =
+        (uint64_t{1} << shift) - static_cast<uint64_t>(size);
+    return PageDivisor{
+        size,
+        static_cast<uint32_t>((excess << 32) / static_cast<uint64_t>(size) + 1),
+        shift};
+  }
+  __host__ __device__ int32_t page(int32_t slot) const {
+    const uint32_t n = static_cast<uint32_t>(slot);
+#ifdef __CUDA_ARCH__
+    const uint32_t hi = __umulhi(n, magic);
+#else
+    const uint32_t hi =
+        static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32);
+#endif
+    return static_cast<int32_t>((hi + n) >> shift);
+  }
+  __host__ __device__ int32_t offset(int32_t slot) const {
+    return slot - page(slot) * size;
+  }
+};
+
 /// The page layout of a context (kvc_page_layout_t), as kernels read it.
 struct PageLayout {
-  int32_t pageSize;
+  /// The page size (slots per page), as a divisor: slot -> (page, offset).
+  PageDivisor pages;
   uint64_t keyOffset, valueOffset, keyParamOffset, valueParamOffset;
   /// Mixed precision: the same offsets in a low page (kvc_low_page_layout);
   /// 0 for a context with one class.
@@ -344,9 +389,15 @@ struct PageLayout {
 /// Converts the runtime's page layout.
 inline PageLayout devicePageLayout(const kvc_config_t &config,
                                    const kvc_page_layout_t &layout) {
-  return PageLayout{config.page_size,         layout.key_offset,
-                    layout.value_offset,      layout.key_param_offset,
-                    layout.value_param_offset, 0, 0, 0, 0};
+  return PageLayout{PageDivisor::of(config.page_size),
+                    layout.key_offset,
+                    layout.value_offset,
+                    layout.key_param_offset,
+                    layout.value_param_offset,
+                    0,
+                    0,
+                    0,
+                    0};
 }
 
 /// Converts the page layouts of both classes of a mixed-precision context.
@@ -412,8 +463,8 @@ struct StoreEntry {
 
 /// Device address of byte `offset` of slot `slot`'s page region.
 __device__ inline const uint8_t *slotBase(const HeadTable &t, int32_t slot,
-                                          int32_t pageSize) {
-  return reinterpret_cast<const uint8_t *>(t.pages[slot / pageSize]);
+                                          const PageDivisor &pages) {
+  return reinterpret_cast<const uint8_t *>(t.pages[pages.page(slot)]);
 }
 
 //===----------------------------------------------------------------------===//
@@ -860,17 +911,21 @@ startQueryRows(const DecodeSplitArgs &a, int32_t h, int g0, int lane,
 /// Moves query head g's running maximum to mNew (finite) for a tile of
 /// kRows rows: rescales its sum and value sums once, and turns the tile's
 /// logits l[r][g] into weights e^(l - mNew) (0 for a free or masked row,
-/// whose logit is -inf), added to the sum.
+/// whose logit is -inf), added to the sum. A tile that leaves the maximum
+/// where it was skips the rescale (a factor e^0 = 1: the same bits), which
+/// is most tiles once the first rows are in.
 template <int kHeads, int kChunk, int kRows>
 __device__ __forceinline__ void
 moveMaximum(int g, float mNew, float (&m)[kHeads], float (&z)[kHeads],
             float (&acc)[kHeads][kChunk], float (&l)[kRows][kHeads]) {
-  const float rescale = expf(m[g] - mNew);
-  m[g] = mNew;
-  z[g] *= rescale;
+  if (mNew != m[g]) {
+    const float rescale = expf(m[g] - mNew);
+    m[g] = mNew;
+    z[g] *= rescale;
 #pragma unroll
-  for (int x = 0; x < kChunk; ++x)
-    acc[g][x] *= rescale;
+    for (int x = 0; x < kChunk; ++x)
+      acc[g][x] *= rescale;
+  }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     l[r][g] = expf(l[r][g] - mNew);
@@ -1044,7 +1099,8 @@ template <int kTileRows, int kVecs, int kThreads> struct TileSlots {
 
   /// Loads tile `tile` of the split [begin, end) of t (KVC_POSITION_NONE
   /// past the split or the split's numTiles tiles).
-  __device__ __forceinline__ void fetch(const HeadTable &t, int32_t pageSize,
+  __device__ __forceinline__ void fetch(const HeadTable &t,
+                                        const PageDivisor &pages,
                                         int32_t begin, int32_t end,
                                         int32_t numTiles, int32_t tile) {
 #pragma unroll
@@ -1055,8 +1111,36 @@ template <int kTileRows, int kVecs, int kThreads> struct TileSlots {
       page[k] = 0;
       if (tile < numTiles && u < kUnits && slot < end) {
         position[k] = t.positions[slot];
-        page[k] = t.pages[slot / pageSize];
+        page[k] = t.pages[pages.page(slot)];
       }
+    }
+  }
+
+  /// The copies of tile `tile` (fetched): for each of the calling thread's
+  /// units, marks its row in liveRows (the unit of vector 0) and calls
+  /// free(row, vec) for a free slot or live(row, vec, page, offset) with
+  /// the page address and the slot's offset in it.
+  template <typename Free, typename Live>
+  __device__ __forceinline__ void issue(const PageDivisor &pages,
+                                        int32_t begin, int32_t tile,
+                                        uint8_t *liveRows, Free free,
+                                        Live live) const {
+#pragma unroll
+    for (int k = 0; k < kUnitsPerThread; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      if (u >= kUnits)
+        continue;
+      const int row = u / kVecs, vec = u % kVecs;
+      const bool isLive = position[k] != KVC_POSITION_NONE;
+      if (vec == 0)
+        liveRows[row] = isLive ? 1 : 0;
+      if (!isLive) {
+        free(row, vec);
+        continue;
+      }
+      const int32_t slot = begin + tile * kTileRows + row;
+      live(row, vec, reinterpret_cast<const uint8_t *>(page[k]),
+           static_cast<uint64_t>(pages.offset(slot)));
     }
   }
 };
@@ -1104,38 +1188,29 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
   TileSlots<kTileRows, Shape::kVecs, kThreads> ahead;
   static_assert(decltype(ahead)::kUnits == P::kUnits, "tile units");
   auto fetch = [&](int32_t tile) {
-    ahead.fetch(t, a.layout.pageSize, begin, end, numTiles, tile);
+    ahead.fetch(t, a.layout.pages, begin, end, numTiles, tile);
   };
   // Issues the copies of a tile's live rows into its stage (one group per
   // thread, empty past the tiles) and marks which rows are live.
   auto issue = [&](int32_t tile) {
     const int st = tile % kStages;
-#pragma unroll
-    for (int k = 0; k < P::kUnitsPerThread; ++k) {
-      const int u = threadIdx.x + k * kThreads;
-      if (u >= P::kUnits)
-        continue;
-      const int row = u / Shape::kVecs, vec = u % Shape::kVecs;
-      const bool live = ahead.position[k] != KVC_POSITION_NONE;
-      if (vec == 0)
-        liveRow[st][row] = live ? 1 : 0;
-      if (!live)
-        continue;
-      const int32_t slot = begin + tile * kTileRows + row;
-      const uint8_t *base = reinterpret_cast<const uint8_t *>(ahead.page[k]);
-      const uint64_t o = static_cast<uint64_t>(slot % a.layout.pageSize);
-      copyAsync<16>(&tiles[st][0][row][vec * 16],
-                    base + a.layout.keyOffset + o * kRowBytes + vec * 16);
-      copyAsync<16>(&tiles[st][1][row][vec * 16],
-                    base + a.layout.valueOffset + o * kRowBytes + vec * 16);
-      if constexpr (Codec<S>::kScaled)
-        if (vec == 0) {
-          copyAsync<4>(&scales[st][0][row],
-                       base + a.layout.keyParamOffset + o * sizeof(float));
-          copyAsync<4>(&scales[st][1][row],
-                       base + a.layout.valueParamOffset + o * sizeof(float));
-        }
-    }
+    ahead.issue(
+        a.layout.pages, begin, tile, liveRow[st], [](int, int) {},
+        [&](int row, int vec, const uint8_t *base, uint64_t o) {
+          copyAsync<16>(&tiles[st][0][row][vec * 16],
+                        base + a.layout.keyOffset + o * kRowBytes + vec * 16);
+          copyAsync<16>(&tiles[st][1][row][vec * 16],
+                        base + a.layout.valueOffset + o * kRowBytes +
+                            vec * 16);
+          if constexpr (Codec<S>::kScaled)
+            if (vec == 0) {
+              copyAsync<4>(&scales[st][0][row],
+                           base + a.layout.keyParamOffset + o * sizeof(float));
+              copyAsync<4>(&scales[st][1][row],
+                           base + a.layout.valueParamOffset +
+                               o * sizeof(float));
+            }
+        });
     commitCopies();
   };
   auto decodeRow = [&](int st, int part, int row, int j, float *out) {
@@ -1527,7 +1602,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   TileSlots<kTileRows, kVecs, kThreads> ahead;
   static_assert(decltype(ahead)::kUnits == P::kUnits, "tile units");
   auto fetch = [&](int32_t tile) {
-    ahead.fetch(t, a.layout.pageSize, begin, end, numTiles, tile);
+    ahead.fetch(t, a.layout.pages, begin, end, numTiles, tile);
   };
   // Issues the copies of a tile's live rows into its stage (one group per
   // thread), zeroes the value rows of the others (a weight 0 times whatever
@@ -1536,30 +1611,20 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   // follows.
   auto issue = [&](int32_t tile) {
     const int st = tile % kStages;
-#pragma unroll
-    for (int k = 0; k < P::kUnitsPerThread; ++k) {
-      const int u = threadIdx.x + k * kThreads;
-      if (u >= P::kUnits)
-        continue;
-      const int row = u / kVecs, vec = u % kVecs;
-      const bool live = ahead.position[k] != KVC_POSITION_NONE;
-      if (vec == 0)
-        liveRow[st][row] = live ? 1 : 0;
-      if (!live) {
-        *reinterpret_cast<uint4 *>(&tiles[st][1][row][vec * 16]) =
-            make_uint4(0u, 0u, 0u, 0u);
-        continue;
-      }
-      const int32_t slot = begin + tile * kTileRows + row;
-      const uint8_t *base = reinterpret_cast<const uint8_t *>(ahead.page[k]);
-      const uint64_t offset = static_cast<uint64_t>(slot % a.layout.pageSize);
-      copyAsync<16>(&tiles[st][0][row][vec * 16],
-                    base + a.layout.keyOffset + offset * P::kRowBytes +
-                        vec * 16);
-      copyAsync<16>(&tiles[st][1][row][vec * 16],
-                    base + a.layout.valueOffset + offset * P::kRowBytes +
-                        vec * 16);
-    }
+    ahead.issue(
+        a.layout.pages, begin, tile, liveRow[st],
+        [&](int row, int vec) {
+          *reinterpret_cast<uint4 *>(&tiles[st][1][row][vec * 16]) =
+              make_uint4(0u, 0u, 0u, 0u);
+        },
+        [&](int row, int vec, const uint8_t *base, uint64_t offset) {
+          copyAsync<16>(&tiles[st][0][row][vec * 16],
+                        base + a.layout.keyOffset + offset * P::kRowBytes +
+                            vec * 16);
+          copyAsync<16>(&tiles[st][1][row][vec * 16],
+                        base + a.layout.valueOffset + offset * P::kRowBytes +
+                            vec * 16);
+        });
     commitCopies();
   };
 
@@ -1604,14 +1669,16 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, 2));
     float p[2] = {0.0f, 0.0f};
     if (mNew != kNegInf) { // else no live row yet: nothing to add
-      const float rescale = expf(m - mNew);
-      m = mNew;
-      z *= rescale;
+      if (mNew != m) { // else a rescale by e^0 = 1 (moveMaximum)
+        const float rescale = expf(m - mNew);
+        m = mNew;
+        z *= rescale;
 #pragma unroll
-      for (int j = 0; j < P::kNBlocks; ++j)
+        for (int j = 0; j < P::kNBlocks; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x)
-          o[j][x] *= rescale;
+          for (int x = 0; x < 4; ++x)
+            o[j][x] *= rescale;
+      }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         p[e] = expf(l[e] - mNew);
@@ -1683,6 +1750,19 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   }
 }
 
+/// Blocks per SM that decodeAttentionSplit asks ptxas to fit
+/// (__launch_bounds__). The register path of 16-bit storage at G = 1, the
+/// one that reaches the copy bandwidth, holds its rows in 72 registers (7
+/// blocks of 128 threads per SM) when asked to, with no spills (ptxas,
+/// sm_90a, head dim 64 and 128), and takes 80 (6 blocks) when not. The
+/// other paths keep ptxas's own choice (0: no minimum; a minimum of 1 would
+/// let ptxas spend more registers than it does unasked).
+template <int G, Storage S, int kThreads, int kLowBits>
+constexpr int DecodeMinBlocks =
+    G == 1 && kLowBits == 0 && (S == Storage::F16 || S == Storage::BF16)
+        ? 65536 / (72 * kThreads)
+        : 0;
+
 /// One block per (split, kv-head): the G query heads of the group read each
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
@@ -1699,7 +1779,8 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
 /// expanded. With kLowBits == 0 (one class) none of it is compiled in.
 template <int G, int D, Storage S, int kThreads, int kLowBits = 0,
           int kLowGroup = 0>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads,
+                                  DecodeMinBlocks<G, S, kThreads, kLowBits>)
     decodeAttentionSplit(DecodeSplitArgs a) {
   using Shape = RowShape<D, S>;
   constexpr bool kMixed = kLowBits != 0;
@@ -1735,8 +1816,8 @@ __global__ void __launch_bounds__(kThreads)
       r.vScale = 1.0f;
       if (!r.live)
         return;
-      const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
-      const int32_t o = slot % a.layout.pageSize;
+      const uint8_t *page = slotBase(t, slot, a.layout.pages);
+      const int32_t o = a.layout.pages.offset(slot);
       if constexpr (kMixed) {
         const uint64_t address = reinterpret_cast<uint64_t>(page);
         r.low = (address & kLowPageTag) != 0;
@@ -1994,10 +2075,10 @@ template <int D, Storage S, int kBits, int KG> struct KiviPrefetch {
       prefetchL2(kiviRows + slot);
     }
     const uint8_t *page =
-        reinterpret_cast<const uint8_t *>(pages[slot / layout.pageSize]);
+        reinterpret_cast<const uint8_t *>(pages[layout.pages.page(slot)]);
     if (!page)
       return;
-    const uint64_t o = static_cast<uint64_t>(slot % layout.pageSize);
+    const uint64_t o = static_cast<uint64_t>(layout.pages.offset(slot));
     const bool pageLead = lead || o == 0;
     if (startsLine(o * Packed::kRowBytes, Packed::kRowBytes, pageLead)) {
       prefetchL2(page + layout.keyOffset + o * Packed::kRowBytes);
@@ -2054,10 +2135,13 @@ __global__ void __launch_bounds__(kThreads)
     r.slot = slot;
     r.inRange = slot < end;
     r.live = r.inRange && t.positions[slot] != KVC_POSITION_NONE;
+    // decode reads a live row only; a free one is still fully defined.
+    r.keyFull = r.valueFull = false;
+    r.kRecord = r.vRecord = nullptr;
     if (!r.live)
       return;
-    const uint8_t *page = slotBase(t, slot, a.layout.pageSize);
-    const uint64_t o = static_cast<uint64_t>(slot % a.layout.pageSize);
+    const uint8_t *page = slotBase(t, slot, a.layout.pages);
+    const uint64_t o = static_cast<uint64_t>(a.layout.pages.offset(slot));
     const int32_t word = t.kiviRows[slot];
     r.keyFull = word >= 0 && (word & kKiviKeyFull);
     r.valueFull = word >= 0 && (word & kKiviValueFull);

@@ -17,7 +17,11 @@
 //    barrier after every thread's wait publishes the copies, 16- and 4-byte
 //    copies. The emulator lands a copy at the wait that covers it, not
 //    before (a kernel that reads a tile too early fails its test); the
-//    device may land it any time until then.
+//    device may land it any time until then;
+//  - PageDivisor (slot -> page and offset without a divide): against / and %
+//    for every page size up to 4096, sizes near powers of two up to 2^30
+//    and 2^31 - 1, at both sides of page boundaries, 2^31 - 1 and random
+//    slots.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -305,8 +309,40 @@ template <int kThreads> void checkAll(std::mt19937 &rng) {
 
 } // namespace
 
+void checkPageDivisor(std::mt19937 &rng) {
+  std::vector<int32_t> sizes;
+  for (int32_t d = 1; d <= 4096; ++d)
+    sizes.push_back(d);
+  for (int k = 12; k <= 30; ++k)
+    for (int32_t delta = -3; delta <= 3; ++delta)
+      sizes.push_back((int32_t{1} << k) + delta);
+  sizes.push_back(INT32_MAX - 1);
+  sizes.push_back(INT32_MAX);
+  std::uniform_int_distribution<int32_t> any(0, INT32_MAX);
+  for (int32_t d : sizes) {
+    const kvc::cuda::PageDivisor div = kvc::cuda::PageDivisor::of(d);
+    std::vector<int32_t> slots = {0, 1, INT32_MAX, INT32_MAX - 1};
+    for (int32_t p : {int32_t{1}, int32_t{2}, int32_t{3}, INT32_MAX / d,
+                      INT32_MAX / d - 1, INT32_MAX / d / 2})
+      for (int32_t delta : {-1, 0, 1}) {
+        const int64_t slot = static_cast<int64_t>(p) * d + delta;
+        if (slot >= 0 && slot <= INT32_MAX)
+          slots.push_back(static_cast<int32_t>(slot));
+      }
+    for (int i = 0; i < 64; ++i)
+      slots.push_back(any(rng));
+    for (int32_t slot : slots) {
+      CHECK(div.page(slot) == slot / d && div.offset(slot) == slot % d,
+            "PageDivisor(%d): slot %d gives page %d offset %d, want %d %d", d,
+            slot, div.page(slot), div.offset(slot), slot / d, slot % d);
+    }
+  }
+  std::printf("page divisor: %zu sizes ok\n", sizes.size());
+}
+
 int main() {
   std::mt19937 rng(20261122);
+  checkPageDivisor(rng);
   checkAll<256>(rng);
   checkAll<512>(rng);
   checkAsyncCopies();

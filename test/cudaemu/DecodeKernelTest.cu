@@ -7,10 +7,11 @@
 // the register tiles (G = 1; G = 2, 3 but for f16 and bf16), over every
 // single-class storage (f32, f16, bf16, int8, fp8) at head dim 32, 64 and
 // 128. The emulator runs the tensor-core path's mma.sync and ldmatrix as
-// the PTX ISA defines their fragments (kvc_cuda.cuh's fallbacks). A batch of three heads of different lengths (one
-// shorter than a split, so that some of its splits are empty) over pages
-// of 16 slots, with free slots, a page hole and a split size that is not a
-// multiple of the tile. The references use the kernel's own decoding of
+// the PTX ISA defines their fragments (kvc_cuda.cuh's fallbacks). A batch
+// of three heads of different lengths (one shorter than a split, so that
+// some of its splits are empty) over pages of 12 slots (not a power of
+// two: PageDivisor's multiply-high), with free slots, a page hole and a
+// split size that is not a multiple of the tile. The references use the kernel's own decoding of
 // the stored bytes (Codec), so that only the attention arithmetic is under
 // test:
 //  - every slot's logit within 2e-5 (absolute, logits of order 1), -inf
@@ -36,7 +37,7 @@ namespace {
 
 using kvc::cuda::Storage;
 
-constexpr int32_t kPageSize = 16;
+constexpr int32_t kPageSize = 12;
 constexpr int kThreads = kvc::cuda::kDecodeThreads;
 
 const char *storageName(Storage s) {
@@ -92,7 +93,7 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
   constexpr uint64_t kRowBytes = Shape::kRowBytes;
   // Page: keys, values, then the key and value scales.
   kvc::cuda::PageLayout layout{};
-  layout.pageSize = kPageSize;
+  layout.pages = kvc::cuda::PageDivisor::of(kPageSize);
   layout.keyOffset = 0;
   layout.valueOffset = kPageSize * kRowBytes;
   layout.keyParamOffset = 2 * kPageSize * kRowBytes;
