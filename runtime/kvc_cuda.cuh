@@ -2041,11 +2041,12 @@ constexpr Storage kKiviFullStorage =
 /// Rows each thread of decodeAttentionKivi loads before it uses the first
 /// (DecodeRowsInFlight's trade-off): the most that stay within 128
 /// registers (4 blocks of 128 threads per SM) where that is possible. With
-/// f16, head dim 128 and int2 (ptxas, sm_90a): G = 1 takes 128 registers at
-/// 4 rows, G = 2 110 at 2 (136 at 4), G = 4 128 at 1 (146 at 2), G = 8 207
-/// at 1.
+/// f16, head dim 128 and int2 (ptxas, sm_90a): G = 1 takes 120 registers at
+/// 4 rows, G = 2 128 at 4, G = 3 124 at 2, G = 4 128 at 1 (138 at 2),
+/// G = 8 200 at 1; no spills at head dim 64 and 128, int2 and int4, f16,
+/// bf16 and f32, on sm_80 and sm_90a.
 template <int G> struct KiviRowsInFlight {
-  static constexpr int value = G == 1 ? 4 : (G == 2 ? 2 : 1);
+  static constexpr int value = G <= 2 ? 4 : (G == 3 ? 2 : 1);
 };
 
 /// The Prefetch of decodeAttentionKivi: asks L2 for the lines of the rows

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Static instruction counts of the decode kernels' loops, without a GPU.
+
+Compiles explicit instantiations of the decode kernels of
+runtime/kvc_cuda.cuh for sm_90a (nvcc -cubin), prints ptxas's registers and
+spills per kernel, disassembles the cubin (cuobjdump -sass) and, for each
+kernel, every loop of 30 or more instructions (a backward branch to an
+earlier address of the same kernel): its length and its most frequent
+opcodes. A loop's length counts every instruction of its body, the branches
+not taken included; it is a static measure of the code a tile runs, not a
+timing.
+
+Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [INST ...]
+  INST: an instantiation, e.g. 'decodeAttentionSplit<4,128,Storage::F16,128>'
+        or 'decodeAttentionKivi<4,128,2,32,KVC_DTYPE_F16,128>'; without
+        any, the ones docs/performance.md quotes.
+Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
+$CUOBJDUMP). The CUDA toolkit of the build machine has no cuobjdump; the
+PyPI wheel nvidia-cuda-cuobjdump carries one (nvidia/cu13/bin/cuobjdump).
+"""
+
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DEFAULT = [
+    "decodeAttentionSplit<1,128,Storage::F16,128>",
+    "decodeAttentionSplit<4,128,Storage::F16,128>",
+    "decodeAttentionSplit<8,128,Storage::BF16,128>",
+    "decodeAttentionSplit<4,128,Storage::Int8,128>",
+    "decodeAttentionKivi<1,128,2,32,KVC_DTYPE_F16,128>",
+    "decodeAttentionKivi<4,128,2,32,KVC_DTYPE_F16,128>",
+    "decodeAttentionKivi<8,128,2,32,KVC_DTYPE_F16,128>",
+]
+
+
+def tool(name, env):
+    path = os.environ.get(env) or shutil.which(name)
+    if not path and name == "nvcc" and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        path = "/usr/local/cuda/bin/nvcc"
+    if not path:
+        sys.exit(f"sass-loops: no {name} (PATH or ${env})")
+    return path
+
+
+def signature(inst):
+    return ("(kvc::cuda::DecodeSplitArgs, int32_t)" if "Kivi" in inst
+            else "(kvc::cuda::DecodeSplitArgs)")
+
+
+def loops(sass, pattern):
+    out = []
+    for block in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = block.split("\n", 1)[0].strip()
+        if not re.search(pattern, name):
+            continue
+        code = [(int(a, 16), t.strip()) for a, t in
+                re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", block)]
+        index = {a: i for i, (a, _) in enumerate(code)}
+        found = []
+        for i, (a, text) in enumerate(code):
+            m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+            if not m:
+                continue
+            target = int(m.group(1), 16)
+            if target >= a or target not in index:
+                continue
+            body = code[index[target]:i + 1]
+            if len(body) < 30:
+                continue
+            ops = collections.Counter(
+                re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                for _, t in body)
+            found.append((target, a, len(body), ops))
+        out.append((name, len(code), found))
+    return out
+
+
+def main(argv):
+    arch, pattern, insts = "sm_90a", r"decode", []
+    for arg in argv:
+        if arg.startswith("--arch="):
+            arch = arg.split("=", 1)[1]
+        elif arg.startswith("--filter="):
+            pattern = arg.split("=", 1)[1]
+        elif arg in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        else:
+            insts.append(arg)
+    insts = insts or DEFAULT
+    nvcc, cuobjdump = tool("nvcc", "NVCC"), tool("cuobjdump", "CUOBJDUMP")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "inst.cu")
+        with open(source, "w") as f:
+            f.write('#include "runtime/kvc_cuda.cuh"\n'
+                    "using kvc::cuda::Storage;\n")
+            for inst in insts:
+                f.write(f"template __global__ void kvc::cuda::{inst}"
+                        f"{signature(inst)};\n")
+        cubin = os.path.join(tmp, "inst.cubin")
+        ptxas = subprocess.run(
+            [nvcc, "-std=c++17", f"-arch={arch}", "-I" + ROOT, "-cubin",
+             "-o", cubin, source, "-Xptxas", "-v"],
+            capture_output=True, text=True)
+        if ptxas.returncode != 0:
+            sys.stderr.write(ptxas.stderr)
+            return ptxas.returncode
+        kernel = None
+        for line in ptxas.stderr.splitlines():
+            m = re.search(r"Compiling entry function '(\S+)'", line)
+            if m:
+                kernel = m.group(1)
+            m = re.search(r"(\d+) bytes spill stores", line)
+            if m and kernel and re.search(pattern, kernel):
+                spills = m.group(1)
+            m = re.search(r"Used (\d+) registers", line)
+            if m and kernel and re.search(pattern, kernel):
+                print(f"{kernel}: {m.group(1)} registers, "
+                      f"{spills} bytes spilled")
+        sass = subprocess.run([cuobjdump, "-sass", cubin], check=True,
+                              capture_output=True, text=True).stdout
+    for name, total, found in loops(sass, pattern):
+        print(f"{name}: {total} instructions")
+        for start, end, length, ops in found:
+            top = " ".join(f"{op}:{n}" for op, n in ops.most_common(12))
+            print(f"  loop {start:#x}-{end:#x}: {length} ({top})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
