@@ -2106,8 +2106,10 @@ template <int D, Storage S, int kBits, int KG> struct KiviPrefetch {
 /// mergeSplits and the stages follow unchanged; the cache is never
 /// expanded in memory.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
-__global__ void __launch_bounds__(kThreads)
-    decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
+__device__ __forceinline__ void
+decodeKiviRows(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
+               int32_t split, int32_t begin, int32_t end,
+               int32_t residualLength) {
   constexpr Storage S = kKiviFullStorage<T>;
   using Shape = RowShape<D, S>;
   // Keys and values are packed per token alike (kvc_pack_bits); a value's
@@ -2117,12 +2119,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
   static_assert(Shape::kElemsPerVec % 2 == 0,
                 "a lane's key pairs are whole 16-byte loads");
-  // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
-  const int32_t h = blockIdx.x, split = blockIdx.y;
-  const HeadTable t = a.heads[h];
   const int lane = threadIdx.x % Shape::kLanes;
-  const int32_t begin = split * a.splitSlots;
-  const int32_t end = min(begin + a.splitSlots, t.numSlots);
 
   // A row's loads: per vector, the full-precision vector, or its codes in
   // (x, y).
@@ -2209,6 +2206,452 @@ __global__ void __launch_bounds__(kThreads)
       a, h, split, begin, end, load, decode,
       KiviPrefetch<D, S, kBits, KG>{t.pages, t.positions, t.kiviRows,
                                     a.layout, end});
+}
+
+/// (x & kMask) | bits, one instruction (ptxas does not merge an AND and an
+/// OR that take an immediate each).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t maskOr(uint32_t x, uint32_t bits) {
+#if defined(__CUDA_ARCH__) && !defined(KVC_CUDA_EMULATED)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;"
+      : "=r"(d)
+      : "r"(x), "n"(kMask), "r"(bits));
+  return d;
+#else
+  return (x & kMask) | bits;
+#endif
+}
+
+/// 1 + code / 2^kBits for code e of a packed word (kBits-bit codes,
+/// LSB-first): the code moved into the top mantissa bits under the exponent
+/// of 1.0, a shift and a mask instead of an integer-to-float conversion;
+/// exact. The decode folds the offset of 1 and the factor 2^kBits into the
+/// scales and minima of the codes (decodeKiviTiles).
+template <int kBits>
+__device__ __forceinline__ float kiviUnit(uint32_t codes, int e) {
+  constexpr int kTop = 23 - kBits;
+  constexpr uint32_t kField = ((1u << kBits) - 1) << kTop;
+  const int at = e * kBits;
+  const uint32_t moved = at <= kTop ? codes << (kTop - at) : codes >> (at - kTop);
+  return __uint_as_float(maskOr<kField>(moved, 0x3F800000u));
+}
+
+/// Geometry of decodeKiviTiles: each warp takes tiles of 32 consecutive
+/// slots (32-aligned, so a tile lies in one key block of KG >= 32 tokens and
+/// in one page: pages hold whole blocks). Keys go a slot per lane, against
+/// the query folded with the tile's block record once (folded[g][c] =
+/// q[g][c] * scale[c] * 2^kBits); values go kValueChannels channels per
+/// lane, kValueLanes lanes per slot.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+struct KiviTiles {
+  static constexpr int kWarps = kThreads / kWarpSize;
+  /// Codes per 32-bit word, words and bytes of a packed row.
+  static constexpr int kCodesPerWord = 32 / kBits;
+  static constexpr int kRowWords = D * kBits / 32;
+  static constexpr int kRowBytes = D * kBits / 8;
+  /// Value groups of a row ({scale, min} per KG channels).
+  static constexpr int kGroups = D / KG;
+  static constexpr int kValueChannels = 8;
+  static constexpr int kValueLanes = D / kValueChannels;
+  static constexpr int kSlotsPerStep = kWarpSize / kValueLanes;
+  /// 2^kBits: a code c is 2^kBits * (kiviUnit - 1).
+  static constexpr float kUnit = static_cast<float>(1 << kBits);
+  using ValueCodes = std::conditional_t<kBits == 2, uint16_t, uint32_t>;
+  /// A packed row as 16- or 8-byte vectors.
+  using RowVector = std::conditional_t<kRowWords % 4 == 0, uint4, uint2>;
+  static constexpr int kRowVectors = kRowWords / (sizeof(RowVector) / 4);
+  /// Shared memory of the kernel (its buffers and combineRowGroups').
+  static constexpr int kSharedBytes =
+      4 * (G * D + kWarps * G * D + kWarps * kWarpSize * (G + 1) +
+           kWarps * kWarpSize * 2 * kGroups) +
+      kWarps * kWarpSize * kRowBytes + 4 * (G * D + 2 * kWarps * G);
+  /// Key blocks of whole tiles, up to 8 query heads (their value sums stay
+  /// in registers), the static shared memory limit; other KIVI geometries
+  /// go through decodeKiviRows.
+  static constexpr bool kApplies =
+      KG % kWarpSize == 0 && kThreads % kWarpSize == 0 &&
+      D % kWarpSize == 0 && G <= 8 && kSharedBytes <= 48 * 1024;
+  static_assert(kBits == 2 || kBits == 4, "KIVI codes are int2 or int4");
+  static_assert(kRowWords % 2 == 0, "a packed row is whole 8-byte words");
+  static_assert(kValueLanes <= kWarpSize && kWarpSize % kValueLanes == 0,
+                "a value row spreads over a power-of-two number of lanes");
+};
+
+/// decodeAttentionKivi for key blocks of KG >= 32 tokens (KG a multiple of
+/// 32; the paper's 32 and larger): the arithmetic of a code is folded into
+/// per-block and per-slot factors so that a key code costs G fused
+/// multiply-adds and a shift and a mask, and a value code the same.
+///
+/// Keys (a slot per lane): with x = code * s + min and u = 1 + code / 2^b
+/// (kiviUnit), q . x = sum_c (q_c s_c 2^b) u_c + sum_c q_c (min_c - s_c 2^b).
+/// The warp forms the first factor per channel in shared memory and the
+/// second sum (the bias) once per tile; each lane then dots its slot's codes
+/// with the folded query, reading it with broadcast loads.
+/// Values (kValueChannels channels of one slot per lane): the same identity
+/// per slot and group gives acc += (p s 2^b) u + p (min - s 2^b); the second
+/// term is one sum per (lane, query head), added to the lane's channels at
+/// the end. A window slot's full-precision key or value goes the direct way
+/// (its weight p, its row from the residual region).
+/// Same outputs as decodeKiviRows: every slot's logit and the split's
+/// partial record.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+__device__ __forceinline__ void
+decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
+                int32_t split, int32_t begin, int32_t end,
+                int32_t residualLength) {
+  using Tiles = KiviTiles<G, D, kBits, KG, T, kThreads>;
+  constexpr Storage S = kKiviFullStorage<T>;
+  using Full = RowShape<D, S>;
+  constexpr int kWarps = Tiles::kWarps, kVC = Tiles::kValueChannels;
+  constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  constexpr uint64_t kValueRecordBytes = 2 * sizeof(float) * Tiles::kGroups;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  // The value phase's lane: channels [c0, c0 + kVC) of the slots
+  // sub, sub + kSlotsPerStep, ... of the tile.
+  const int sub = lane / Tiles::kValueLanes;
+  const int c0 = lane % Tiles::kValueLanes * kVC;
+
+  __shared__ __align__(16) float queries[G][D];
+  __shared__ __align__(16) float folded[kWarps][G][D];
+  // A tile's weights (per slot and query head), value factors (per slot and
+  // group: {s 2^b, min - s 2^b}; {1, 0} for a full-precision value, {0, 0}
+  // for a free slot) and full-precision value rows (-1: codes).
+  __shared__ __align__(16) float weights[kWarps][kWarpSize][G];
+  __shared__ float2 valueTerms[kWarps][kWarpSize][Tiles::kGroups];
+  __shared__ int32_t valueRows[kWarps][kWarpSize];
+  __shared__ __align__(16)
+      typename Tiles::RowVector valueCodes[kWarps][kWarpSize]
+                                          [Tiles::kRowVectors];
+  for (int i = threadIdx.x; i < G * D; i += kThreads)
+    (&queries[0][0])[i] = a.q[static_cast<int64_t>(h) * G * D + i];
+  __syncthreads();
+
+  float m[G], z[G], acc[G][kVC], corr[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegInf;
+    z[g] = corr[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kVC; ++e)
+      acc[g][e] = 0.0f;
+  }
+
+  // The L2 lines of the tile at `base` (positions, words, key and value
+  // codes, value records, the block's key record), one per lane and round.
+  auto prefetchTile = [&](int32_t base, const uint8_t *page) {
+    constexpr int kCodeLines = Tiles::kRowBytes * kWarpSize / 128;
+    constexpr int kValueRecordLines =
+        static_cast<int>(kValueRecordBytes * kWarpSize / 128);
+    constexpr int kKeyRecordLines = static_cast<int>(kKeyRecordBytes / 128);
+    constexpr int kLines =
+        2 + 2 * kCodeLines + kValueRecordLines + kKeyRecordLines;
+    if (!page)
+      return;
+    const uint64_t o0 = static_cast<uint64_t>(a.layout.pages.offset(base));
+#pragma unroll
+    for (int r = 0; r < (kLines + kWarpSize - 1) / kWarpSize; ++r) {
+      int i = r * kWarpSize + lane;
+      const void *line = nullptr;
+      if (i == 0)
+        line = t.positions + base;
+      else if (i == 1)
+        line = t.kiviRows + base;
+      else if ((i -= 2) < kCodeLines)
+        line = page + a.layout.keyOffset + o0 * Tiles::kRowBytes + i * 128;
+      else if ((i -= kCodeLines) < kCodeLines)
+        line = page + a.layout.valueOffset + o0 * Tiles::kRowBytes + i * 128;
+      else if ((i -= kCodeLines) < kValueRecordLines)
+        line = page + a.layout.valueParamOffset + o0 * kValueRecordBytes +
+               i * 128;
+      else if ((i -= kValueRecordLines) < kKeyRecordLines)
+        line = page + a.layout.keyParamOffset +
+               o0 / KG * kKeyRecordBytes + i * 128;
+      if (line)
+        prefetchL2(line);
+    }
+  };
+
+  // Warp w takes the 32-aligned tiles w, w + kWarps, ... that meet
+  // [begin, end); a lane's slot outside the split is masked.
+  constexpr int32_t kTileStride = kWarps * kWarpSize;
+  const int32_t first = begin / kWarpSize * kWarpSize + warp * kWarpSize;
+  for (int32_t base = first; base < end; base += kTileStride) {
+    const int32_t slot = base + lane;
+    const bool inRange = slot >= begin && slot < end;
+    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
+    // The next tile's page, read now and used for its prefetch below.
+    const int32_t next = base + kTileStride;
+    const uint64_t nextPage =
+        next < end ? t.pages[a.layout.pages.page(next)] : 0;
+    float l[G];
+    if (__ballot_sync(kFullMask, live) == 0) {
+      if (inRange)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
+              kNegInf;
+      prefetchTile(next, reinterpret_cast<const uint8_t *>(nextPage));
+      continue;
+    }
+    // A tile with a live slot has its page (and a block's slots share it).
+    const uint8_t *page =
+        reinterpret_cast<const uint8_t *>(t.pages[a.layout.pages.page(base)]);
+    const uint64_t o = static_cast<uint64_t>(a.layout.pages.offset(base)) +
+                       static_cast<uint64_t>(lane);
+    const int32_t word = live ? t.kiviRows[slot] : -1;
+    const bool keyFull = word >= 0 && (word & kKiviKeyFull);
+    const bool valueFull = word >= 0 && (word & kKiviValueFull);
+    const int32_t row = word & kKiviRowMask;
+    const bool keyCodes = live && !keyFull;
+
+    // Every load of the tile goes first: the slot's codes (keys and
+    // values), its value record and the block's key record. A free slot's
+    // value codes are read from its page (which exists: the tile has a live
+    // slot) and weighted 0.
+    using RowVector = typename Tiles::RowVector;
+    RowVector keyRow[Tiles::kRowVectors] = {}, valueRow[Tiles::kRowVectors];
+    if (keyCodes) {
+      const auto *codes = reinterpret_cast<const RowVector *>(
+          page + a.layout.keyOffset + o * Tiles::kRowBytes);
+#pragma unroll
+      for (int v = 0; v < Tiles::kRowVectors; ++v)
+        keyRow[v] = __ldg(codes + v);
+    }
+    {
+      const auto *codes = reinterpret_cast<const RowVector *>(
+          page + a.layout.valueOffset + o * Tiles::kRowBytes);
+#pragma unroll
+      for (int v = 0; v < Tiles::kRowVectors; ++v)
+        valueRow[v] = __ldg(codes + v);
+    }
+    float2 valueRecord[Tiles::kGroups] = {};
+    if (live && !valueFull) {
+      const float2 *record = reinterpret_cast<const float2 *>(
+          page + a.layout.valueParamOffset + o * kValueRecordBytes);
+#pragma unroll
+      for (int x = 0; x < Tiles::kGroups; ++x)
+        valueRecord[x] = __ldg(record + x);
+    }
+    // The block's {scale, min} of channels lane, lane + 32, ...
+    float2 keyRecord[D / kWarpSize] = {};
+    const bool fold = __ballot_sync(kFullMask, keyCodes) != 0;
+    if (fold) {
+      const float2 *pairs = reinterpret_cast<const float2 *>(
+          page + a.layout.keyParamOffset +
+          (o - lane) / KG * kKeyRecordBytes);
+#pragma unroll
+      for (int i = 0; i < D / kWarpSize; ++i)
+        keyRecord[i] = __ldg(pairs + i * kWarpSize + lane);
+    }
+
+    // The previous tile's lanes are done with the tile buffers: the slot's
+    // value codes, factors and window row go to them (a value's factors:
+    // {s 2^b, min - s 2^b} per group; {1, 0} for a full-precision value,
+    // {0, 0} for a free slot).
+    __syncwarp();
+#pragma unroll
+    for (int v = 0; v < Tiles::kRowVectors; ++v)
+      valueCodes[warp][lane][v] = valueRow[v];
+#pragma unroll
+    for (int x = 0; x < Tiles::kGroups; ++x) {
+      const float s = valueRecord[x].x * Tiles::kUnit;
+      valueTerms[warp][lane][x] =
+          live && !valueFull ? make_float2(s, valueRecord[x].y - s)
+                             : make_float2(valueFull ? 1.0f : 0.0f, 0.0f);
+    }
+    valueRows[warp][lane] = valueFull ? row : -1;
+    // The fold: folded[g][c] = q[g][c] s[c] 2^b and the bias
+    // sum_c q[g][c] (min[c] - s[c] 2^b), channels lane, lane + 32, ...
+    float bias[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      bias[g] = 0.0f;
+    if (fold) {
+#pragma unroll
+      for (int i = 0; i < D / kWarpSize; ++i) {
+        const int c = i * kWarpSize + lane;
+        const float s = keyRecord[i].x * Tiles::kUnit,
+                    offset = keyRecord[i].y - s;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          folded[warp][g][c] = queries[g][c] * s;
+          bias[g] = fmaf(queries[g][c], offset, bias[g]);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        bias[g] = warpSum(bias[g]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      l[g] = keyCodes ? bias[g] : 0.0f;
+    if (keyCodes) {
+      const uint32_t *words = reinterpret_cast<const uint32_t *>(keyRow);
+#pragma unroll
+      for (int w = 0; w < Tiles::kRowWords; ++w)
+#pragma unroll
+        for (int e = 0; e < Tiles::kCodesPerWord; e += 4) {
+          const int c = w * Tiles::kCodesPerWord + e;
+          const float u0 = kiviUnit<kBits>(words[w], e),
+                      u1 = kiviUnit<kBits>(words[w], e + 1),
+                      u2 = kiviUnit<kBits>(words[w], e + 2),
+                      u3 = kiviUnit<kBits>(words[w], e + 3);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float4 f =
+                *reinterpret_cast<const float4 *>(&folded[warp][g][c]);
+            l[g] = fmaf(f.x, u0, l[g]);
+            l[g] = fmaf(f.y, u1, l[g]);
+            l[g] = fmaf(f.z, u2, l[g]);
+            l[g] = fmaf(f.w, u3, l[g]);
+          }
+        }
+    } else if (live) {
+      // A window key: its full-precision row from the residual region.
+      const uint4 *full = reinterpret_cast<const uint4 *>(
+          t.kiviResidual + static_cast<uint64_t>(row) * Full::kRowBytes);
+#pragma unroll 2
+      for (int v = 0; v < Full::kVecs; ++v) {
+        float x[Full::kElemsPerVec];
+        Codec<S>::decode(__ldg(full + v), 1.0f, x);
+#pragma unroll
+        for (int e = 0; e < Full::kElemsPerVec; ++e)
+#pragma unroll
+          for (int g = 0; g < G; ++g)
+            l[g] = fmaf(queries[g][v * Full::kElemsPerVec + e], x[e], l[g]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      l[g] = live ? l[g] * a.scale : kNegInf;
+      if (inRange)
+        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] = l[g];
+    }
+
+    // The online softmax: the tile's maximum (finite: a slot is live), one
+    // rescale when it moves, the slot's weights.
+    float p[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float mNew = fmaxf(m[g], warpMax(l[g]));
+      if (mNew != m[g]) {
+        const float rescale = expf(m[g] - mNew);
+        m[g] = mNew;
+        z[g] *= rescale;
+        corr[g] *= rescale;
+#pragma unroll
+        for (int e = 0; e < kVC; ++e)
+          acc[g][e] *= rescale;
+      }
+      p[g] = expf(l[g] - mNew);
+      z[g] += p[g];
+    }
+
+    // The slot's value factors, for the lanes of its channels.
+    // The weights, for the lanes of the slot's channels.
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      weights[warp][lane][g] = p[g];
+    __syncwarp();
+    prefetchTile(next, reinterpret_cast<const uint8_t *>(nextPage));
+
+    // Values: kSlotsPerStep slots per step, kVC channels per lane. A tile
+    // without window values (all but the newest R entries) runs no test.
+    auto valueStep = [&](int r, const float (&x)[kVC]) {
+      const float2 term = valueTerms[warp][r][c0 / KG];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float pg = weights[warp][r][g];
+        const float w = pg * term.x;
+        corr[g] = fmaf(pg, term.y, corr[g]);
+#pragma unroll
+        for (int e = 0; e < kVC; ++e)
+          acc[g][e] = fmaf(w, x[e], acc[g][e]);
+      }
+    };
+    auto unitsOf = [&](int r, float (&x)[kVC]) {
+      const typename Tiles::ValueCodes codes =
+          reinterpret_cast<const typename Tiles::ValueCodes *>(
+              &valueCodes[warp][r][0])[c0 * kBits / 8 /
+                                       sizeof(typename Tiles::ValueCodes)];
+#pragma unroll
+      for (int e = 0; e < kVC; ++e)
+        x[e] = kiviUnit<kBits>(codes, e);
+    };
+    if (__ballot_sync(kFullMask, valueFull) == 0) {
+#pragma unroll 4
+      for (int r = sub; r < kWarpSize; r += Tiles::kSlotsPerStep) {
+        float x[kVC];
+        unitsOf(r, x);
+        valueStep(r, x);
+      }
+    } else {
+      for (int r = sub; r < kWarpSize; r += Tiles::kSlotsPerStep) {
+        float x[kVC];
+        const int32_t fullRow = valueRows[warp][r];
+        if (fullRow < 0) {
+          unitsOf(r, x);
+        } else {
+          const uint4 *full = reinterpret_cast<const uint4 *>(
+              t.kiviResidual +
+              (static_cast<uint64_t>(residualLength) + fullRow) *
+                  Full::kRowBytes +
+              c0 * Codec<S>::kBytes);
+#pragma unroll
+          for (int v = 0; v < kVC / Full::kElemsPerVec; ++v)
+            Codec<S>::decode(__ldg(full + v), 1.0f,
+                             x + v * Full::kElemsPerVec);
+        }
+        valueStep(r, x);
+      }
+    }
+  }
+
+  // The lanes of a channel run hold the sums of different slots: add them
+  // (with their offsets), then the warps' states in warp order.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    z[g] = warpSum(z[g]);
+#pragma unroll
+    for (int e = 0; e < kVC; ++e) {
+      float v = acc[g][e] + corr[g];
+#pragma unroll
+      for (int s = Tiles::kValueLanes; s < kWarpSize; s *= 2)
+        v += __shfl_xor_sync(kFullMask, v, s);
+      acc[g][e] = v;
+    }
+  }
+  combineRowGroups<G, D, kThreads, kWarps>(
+      a, h, split, warp, lane == 0, m, z,
+      [&](int g, float factor, float (*sum)[D]) {
+        if (sub == 0)
+#pragma unroll
+          for (int e = 0; e < kVC; ++e)
+            sum[g][c0 + e] += acc[g][e] * factor;
+      });
+}
+
+/// Decode attention over KIVI pages: one block per (split, kv-head), the
+/// same outputs as decodeAttentionSplit (every slot's logit and the split's
+/// partial records), so mergeSplits and the stages follow unchanged; the
+/// cache is never expanded in memory. Key blocks of 32 tokens or a multiple
+/// (and G <= 8) take decodeKiviTiles, others decodeKiviRows.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
+  // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
+  const int32_t h = blockIdx.x, split = blockIdx.y;
+  const HeadTable t = a.heads[h];
+  const int32_t begin = split * a.splitSlots;
+  const int32_t end = min(begin + a.splitSlots, t.numSlots);
+  if constexpr (KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies)
+    decodeKiviTiles<G, D, kBits, KG, T, kThreads>(a, t, h, split, begin, end,
+                                                  residualLength);
+  else
+    decodeKiviRows<G, D, kBits, KG, T, kThreads>(a, t, h, split, begin, end,
+                                                 residualLength);
 }
 
 /// M = max m_s and 1/Z, Z = sum z_s e^(m_s - M), of the G query heads of

@@ -13,19 +13,14 @@
 // two: PageDivisor's multiply-high), with free slots, a page hole and a
 // split size that is not a multiple of the tile. The references use the kernel's own decoding of
 // the stored bytes (Codec), so that only the attention arithmetic is under
-// test:
-//  - every slot's logit within 2e-5 (absolute, logits of order 1), -inf
-//    for free slots and nothing written past a head's slots;
-//  - the split records merged on the host (M = max m_s, Z = sum z_s
-//    e^(m_s - M), out = sum acc_s e^(m_s - M) / Z) within 2e-5 of the
-//    softmax-weighted value sum, and Z e^M within 2e-5 relative of
-//    sum_i e^(l_i).
+// test: every slot's logit and the merged split records
+// (DecodeReference.h).
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/kvc_cuda.cuh"
-#include "test/cudaemu/EmuCheck.h"
+#include "test/cudaemu/DecodeReference.h"
 
 #include <cmath>
 #include <cstdio>
@@ -102,21 +97,9 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
       (layout.valueParamOffset + 4 * kPageSize + 255) / 256 * 256;
 
   const std::vector<int32_t> slots = {700, 37, 513};
-  const int32_t heads = static_cast<int32_t>(slots.size());
-  int32_t maxSlots = 0;
-  for (int32_t n : slots)
-    maxSlots = std::max(maxSlots, n);
-  const int32_t splitSlots = 100; // not a multiple of any tile
-  const int32_t numSplits = (maxSlots + splitSlots - 1) / splitSlots;
-  const int64_t stride = maxSlots + 3;
-
-  std::vector<void *> allocations;
-  auto deviceAlloc = [&](uint64_t bytes) {
-    void *p = nullptr;
-    CHECK(cudaMalloc(&p, bytes) == cudaSuccess, "cudaMalloc");
-    allocations.push_back(p);
-    return p;
-  };
+  // Splits of 100 slots: not a multiple of any tile.
+  DecodeBatch batch(G, D, slots, 100);
+  const int32_t heads = batch.heads, numSplits = batch.numSplits;
 
   std::vector<kvc::cuda::HeadTable> tables(heads);
   // Host copies: per head, per slot, the decoded key and value (empty:
@@ -133,7 +116,7 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
     for (int32_t p = 0; p < numPages; ++p) {
       if (h == 0 && p == 3)
         continue; // a hole: every slot of the page is free
-      auto *page = static_cast<uint8_t *>(deviceAlloc(pageBytes));
+      auto *page = static_cast<uint8_t *>(batch.alloc(pageBytes));
       pages[p] = reinterpret_cast<uint64_t>(page);
       for (int32_t o = 0; o < kPageSize; ++o) {
         const int32_t s = p * kPageSize + o;
@@ -152,117 +135,22 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
         values[h][s] = decodeRow<D, S>(v, vs[o]);
       }
     }
-    auto *dPages = static_cast<uint64_t *>(deviceAlloc(8 * numPages));
-    std::memcpy(dPages, pages.data(), 8 * numPages);
-    auto *dPositions = static_cast<int32_t *>(deviceAlloc(4 * n));
-    std::memcpy(dPositions, positions.data(), 4 * n);
-    tables[h] = kvc::cuda::HeadTable{};
-    tables[h].pages = dPages;
-    tables[h].positions = dPositions;
-    tables[h].numSlots = n;
-    tables[h].numPages = numPages;
+    tables[h] = batch.table(pages, positions);
   }
-  auto *dTables = static_cast<kvc::cuda::HeadTable *>(
-      deviceAlloc(sizeof(kvc::cuda::HeadTable) * heads));
-  std::memcpy(dTables, tables.data(), sizeof(kvc::cuda::HeadTable) * heads);
-
   std::vector<float> q(static_cast<size_t>(heads) * G * D);
   for (float &x : q)
     x = 2.0f * u(rng);
-  auto *dQ = static_cast<float *>(deviceAlloc(4 * q.size()));
-  std::memcpy(dQ, q.data(), 4 * q.size());
-  const size_t logitCount = static_cast<size_t>(heads) * G * stride;
-  auto *dLogits = static_cast<float *>(deviceAlloc(4 * logitCount));
-  const float sentinel = 12345.0f;
-  for (size_t i = 0; i < logitCount; ++i)
-    dLogits[i] = sentinel;
-  constexpr int kRecord = kvc::cuda::partialFloats<D>();
-  auto *dPartials = static_cast<float *>(
-      deviceAlloc(4ull * heads * numSplits * G * kRecord));
-
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  kvc::cuda::DecodeSplitArgs args{dTables, layout,    dQ,      scale,
-                                  splitSlots, numSplits, stride, dLogits,
-                                  dPartials};
+  const kvc::cuda::DecodeSplitArgs args =
+      batch.args(tables, layout, q, scale);
   kvc::cuda::decodeAttentionSplit<G, D, S, kThreads>
       <<<dim3(heads, numSplits), kThreads>>>(args);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
 
   const char *name = storageName(S);
-  for (int32_t h = 0; h < heads; ++h) {
-    const int32_t n = slots[h];
-    for (int g = 0; g < G; ++g) {
-      const float *qg = &q[(static_cast<size_t>(h) * G + g) * D];
-      const float *got = dLogits + (static_cast<size_t>(h) * G + g) * stride;
-      // Reference logits and softmax.
-      std::vector<double> l(n, -INFINITY);
-      double lmax = -INFINITY;
-      for (int32_t s = 0; s < n; ++s) {
-        if (keys[h][s].empty())
-          continue;
-        double dot = 0.0;
-        for (int c = 0; c < D; ++c)
-          dot += static_cast<double>(qg[c]) * keys[h][s][c];
-        l[s] = dot * scale;
-        lmax = std::max(lmax, l[s]);
-      }
-      double z = 0.0;
-      std::vector<double> out(D, 0.0);
-      for (int32_t s = 0; s < n; ++s) {
-        if (keys[h][s].empty()) {
-          CHECK(got[s] == -INFINITY,
-                "G=%d D=%d %s head %d g %d: free slot %d has logit %g", G, D,
-                name, h, g, s, got[s]);
-          continue;
-        }
-        CHECK(std::fabs(got[s] - l[s]) <= 2e-5,
-              "G=%d D=%d %s head %d g %d: logit of slot %d is %.7g, "
-              "reference %.7g",
-              G, D, name, h, g, s, got[s], l[s]);
-        const double w = std::exp(l[s] - lmax);
-        z += w;
-        for (int c = 0; c < D; ++c)
-          out[c] += w * values[h][s][c];
-      }
-      for (int64_t s = n; s < stride; ++s)
-        CHECK(got[s] == sentinel,
-              "G=%d D=%d %s head %d g %d: logit written past the head's "
-              "slots at %lld",
-              G, D, name, h, g, static_cast<long long>(s));
-      // The split records, merged.
-      double bm = -INFINITY;
-      for (int32_t s = 0; s < numSplits; ++s)
-        bm = std::max(bm, static_cast<double>(
-                              dPartials[((h * numSplits + s) * G + g) * kRecord]));
-      double bz = 0.0;
-      std::vector<double> acc(D, 0.0);
-      for (int32_t s = 0; s < numSplits; ++s) {
-        const float *r = dPartials + ((h * numSplits + s) * G + g) * kRecord;
-        if (r[0] == -INFINITY) {
-          CHECK(r[1] == 0.0f, "G=%d D=%d %s head %d g %d: empty split %d "
-                "has sum %g", G, D, name, h, g, s, r[1]);
-          continue;
-        }
-        const double f = std::exp(r[0] - bm);
-        bz += r[1] * f;
-        for (int c = 0; c < D; ++c)
-          acc[c] += r[2 + c] * f;
-      }
-      const double total = z * std::exp(lmax), merged = bz * std::exp(bm);
-      CHECK(std::fabs(merged - total) <= 2e-5 * total,
-            "G=%d D=%d %s head %d g %d: sum of e^l is %.9g, reference %.9g",
-            G, D, name, h, g, merged, total);
-      for (int c = 0; c < D; ++c) {
-        const double want = out[c] / z, have = acc[c] / bz;
-        CHECK(std::fabs(have - want) <= 2e-5,
-              "G=%d D=%d %s head %d g %d: output channel %d is %.7g, "
-              "reference %.7g",
-              G, D, name, h, g, c, have, want);
-      }
-    }
-  }
-  for (void *p : allocations)
-    cudaFree(p);
+  char prefix[64];
+  std::snprintf(prefix, sizeof prefix, "G=%d D=%d %s", G, D, name);
+  batch.check(prefix, keys, values, scale);
   std::printf("decode G=%d D=%d %s (%s): ok\n", G, D, name,
               kvc::cuda::MmaDecode<G, D, S, kThreads>::kApplies
                   ? "tensor cores"

@@ -1,0 +1,206 @@
+//===- KiviDecodeTest.cu - The KIVI decode attention kernel alone ---------===//
+//
+// decodeAttentionKivi of runtime/kvc_cuda.cuh on the emulator, against a
+// host reference in double precision, for both of its paths: the tiles of
+// decodeKiviTiles (key blocks of 32 tokens or a multiple, G <= 8: the query
+// folded with each block's record, codes turned into floats by a shift and
+// a mask) and the row groups of decodeKiviRows (other groups). KIVI pages
+// are built by hand: random packed codes (LSB-first, as kvc_pack_bits), a
+// {scale, min} per channel per block of KG key slots and per group of KG
+// channels per value, and window entries whose key and value, or value
+// only, are read from the residual region (the slot's word: row and
+// kKiviKeyFull / kKiviValueFull). Three heads of different lengths over
+// pages of 192 slots (not a power of two), with free slots, a page hole, a
+// head whose keys are all in the window (no block to fold) and a split
+// size that is not a multiple of the tile. The reference dequantizes as
+// x = code * scale + min in double and reads window rows with the kernel's
+// Codec, and checks every slot's logit and the merged split records
+// (DecodeReference.h).
+// Exits 1 on the first difference.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/kvc_cuda.cuh"
+#include "test/cudaemu/DecodeReference.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using kvc::cuda::Storage;
+
+constexpr int32_t kPageSize = 192;
+constexpr int32_t kResidual = 64;
+constexpr int kThreads = kvc::cuda::kDecodeThreads;
+
+const char *dtypeName(kvc_dtype_t t) {
+  return t == KVC_DTYPE_F32 ? "f32" : (t == KVC_DTYPE_F16 ? "f16" : "bf16");
+}
+
+uint64_t alignUp(uint64_t x) { return (x + 255) / 256 * 256; }
+
+/// Code c of a packed row (kBits-bit codes, LSB-first).
+template <int kBits> void putCode(uint8_t *row, int c, uint32_t code) {
+  const int bit = c * kBits;
+  row[bit / 8] |= static_cast<uint8_t>(code << (bit % 8));
+}
+
+template <int G, int D, int kBits, int KG, kvc_dtype_t T>
+void check(std::mt19937 &rng) {
+  constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
+  using Full = kvc::cuda::RowShape<D, S>;
+  constexpr uint64_t kRowBytes = D * kBits / 8;
+  constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  constexpr uint64_t kValueRecordBytes = 2 * sizeof(float) * (D / KG);
+  constexpr uint32_t kMaxCode = (1u << kBits) - 1;
+  static_assert(kPageSize % KG == 0, "pages hold whole key blocks");
+  kvc::cuda::PageLayout layout{};
+  layout.pages = kvc::cuda::PageDivisor::of(kPageSize);
+  layout.keyOffset = 0;
+  layout.valueOffset = alignUp(kPageSize * kRowBytes);
+  layout.keyParamOffset = alignUp(layout.valueOffset + kPageSize * kRowBytes);
+  layout.valueParamOffset = alignUp(layout.keyParamOffset +
+                                    kPageSize / KG * kKeyRecordBytes);
+  const uint64_t pageBytes =
+      alignUp(layout.valueParamOffset + kPageSize * kValueRecordBytes);
+
+  const std::vector<int32_t> slots = {700, 45, 513};
+  // Splits of 100 slots: not a multiple of any tile.
+  DecodeBatch batch(G, D, slots, 100);
+  const int32_t heads = batch.heads, numSplits = batch.numSplits;
+
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<kvc::cuda::HeadTable> tables(heads);
+  // Per head and slot, the key and value the kernel must see (empty: free).
+  std::vector<std::vector<std::vector<double>>> keys(heads), values(heads);
+  for (int32_t h = 0; h < heads; ++h) {
+    const int32_t n = slots[h];
+    const int32_t numPages = (n + kPageSize - 1) / kPageSize;
+    // The residual region: kResidual key rows, then kResidual value rows.
+    auto *residual = static_cast<uint8_t *>(
+        batch.alloc(2 * kResidual * Full::kRowBytes));
+    std::vector<std::vector<double>> fullRows(2 * kResidual,
+                                              std::vector<double>(D));
+    for (int32_t r = 0; r < 2 * kResidual; ++r) {
+      uint8_t *row = residual + r * Full::kRowBytes;
+      for (int c = 0; c < D; ++c)
+        kvc::cuda::Codec<S>::store(row, c, 2.0f * u(rng) - 1.0f, 1.0f);
+      for (int v = 0; v < Full::kVecs; ++v) {
+        uint4 raw;
+        std::memcpy(&raw, row + 16 * v, 16);
+        float x[Full::kElemsPerVec];
+        kvc::cuda::Codec<S>::decode(raw, 1.0f, x);
+        for (int e = 0; e < Full::kElemsPerVec; ++e)
+          fullRows[r][v * Full::kElemsPerVec + e] = x[e];
+      }
+    }
+    std::vector<uint64_t> pages(numPages);
+    std::vector<int32_t> positions(n, KVC_POSITION_NONE), words(n, -1);
+    keys[h].resize(n);
+    values[h].resize(n);
+    for (int32_t p = 0; p < numPages; ++p) {
+      if (h == 0 && p == 2)
+        continue; // a hole: every slot of the page is free
+      auto *page = static_cast<uint8_t *>(batch.alloc(pageBytes));
+      pages[p] = reinterpret_cast<uint64_t>(page);
+      auto *keyRecords =
+          reinterpret_cast<float *>(page + layout.keyParamOffset);
+      for (int32_t i = 0; i < kPageSize / KG * D; ++i) {
+        keyRecords[2 * i] = 0.02f + 0.2f * u(rng); // scale
+        keyRecords[2 * i + 1] = u(rng) - 0.8f;     // min
+      }
+      for (int32_t o = 0; o < kPageSize; ++o) {
+        const int32_t s = p * kPageSize + o;
+        uint8_t *k = page + layout.keyOffset + o * kRowBytes;
+        uint8_t *v = page + layout.valueOffset + o * kRowBytes;
+        auto *valueRecord = reinterpret_cast<float *>(
+            page + layout.valueParamOffset + o * kValueRecordBytes);
+        std::vector<uint32_t> kc(D), vc(D);
+        for (int c = 0; c < D; ++c) {
+          kc[c] = static_cast<uint32_t>(rng() % (kMaxCode + 1));
+          vc[c] = static_cast<uint32_t>(rng() % (kMaxCode + 1));
+          putCode<kBits>(k, c, kc[c]);
+          putCode<kBits>(v, c, vc[c]);
+        }
+        for (int x = 0; x < D / KG; ++x) {
+          valueRecord[2 * x] = 0.02f + 0.2f * u(rng);
+          valueRecord[2 * x + 1] = u(rng) - 0.8f;
+        }
+        if (s >= n || rng() % 5 == 0)
+          continue; // past the head, or free
+        positions[s] = s;
+        // Head 1's keys are all in the window; elsewhere one entry in 8 has
+        // its key and value there, one in 8 its value only.
+        const uint32_t pick = rng() % 8;
+        const bool keyFull = h == 1 || pick == 0;
+        const bool valueFull = keyFull ? pick != 1 : pick == 1;
+        const int32_t row = static_cast<int32_t>(rng() % kResidual);
+        if (keyFull || valueFull)
+          words[s] = row | (keyFull ? kvc::cuda::kKiviKeyFull : 0) |
+                     (valueFull ? kvc::cuda::kKiviValueFull : 0);
+        keys[h][s].resize(D);
+        values[h][s].resize(D);
+        const float *keyRecord = keyRecords + o / KG * 2 * D;
+        for (int c = 0; c < D; ++c) {
+          keys[h][s][c] =
+              keyFull ? fullRows[row][c]
+                      : kc[c] * static_cast<double>(keyRecord[2 * c]) +
+                            keyRecord[2 * c + 1];
+          values[h][s][c] =
+              valueFull
+                  ? fullRows[kResidual + row][c]
+                  : vc[c] * static_cast<double>(valueRecord[2 * (c / KG)]) +
+                        valueRecord[2 * (c / KG) + 1];
+        }
+      }
+    }
+    tables[h] = batch.table(pages, positions);
+    tables[h].kiviRows = batch.copy(words);
+    tables[h].kiviResidual = residual;
+  }
+  std::vector<float> q(static_cast<size_t>(heads) * G * D);
+  for (float &x : q)
+    x = 4.0f * u(rng) - 2.0f;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const kvc::cuda::DecodeSplitArgs args =
+      batch.args(tables, layout, q, scale);
+  kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
+      <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
+
+  char prefix[64];
+  std::snprintf(prefix, sizeof prefix, "KIVI int%d G=%d D=%d KG=%d %s", kBits,
+                G, D, KG, dtypeName(T));
+  batch.check(prefix, keys, values, scale);
+  std::printf("KIVI int%d G=%d D=%d KG=%d %s (%s): ok\n", kBits, G, D, KG,
+              dtypeName(T),
+              kvc::cuda::KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies
+                  ? "tiles"
+                  : "row groups");
+}
+
+} // namespace
+
+int main() {
+  std::mt19937 rng(20261123);
+  // Tiles: the bundled policies' geometries (G 1, 3, 8) and G = 4, both
+  // code widths, every dtype, blocks of 32 and of 64 tokens.
+  check<1, 128, 2, 32, KVC_DTYPE_F16>(rng);
+  check<4, 128, 2, 32, KVC_DTYPE_F16>(rng);
+  check<4, 128, 4, 32, KVC_DTYPE_BF16>(rng);
+  check<8, 128, 2, 32, KVC_DTYPE_BF16>(rng);
+  check<3, 64, 2, 32, KVC_DTYPE_F16>(rng);
+  check<1, 64, 4, 32, KVC_DTYPE_F32>(rng);
+  check<2, 64, 2, 64, KVC_DTYPE_F32>(rng);
+  check<2, 32, 4, 32, KVC_DTYPE_F16>(rng);
+  // Row groups: blocks of 16 tokens, and 16 query heads.
+  check<4, 64, 2, 16, KVC_DTYPE_F16>(rng);
+  check<1, 128, 4, 16, KVC_DTYPE_BF16>(rng);
+  check<16, 64, 2, 32, KVC_DTYPE_F16>(rng);
+  std::printf("KIVI decode kernel: ok\n");
+  return 0;
+}
