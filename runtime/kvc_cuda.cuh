@@ -827,6 +827,38 @@ struct DecodeSplitArgs {
 /// Floats of one (head, split, g) partial record.
 template <int D> __host__ __device__ constexpr int partialFloats() { return D + 2; }
 
+/// The split's partial records of kv-head h from the row groups' states
+/// (groupMax, groupSum per group and query head) and the block's value
+/// sums (blockAcc, each group's already times e^(m_r - M)): per query head
+/// {M, Z, acc[D]}, M = max_r m_r, Z = sum_r z_r e^(m_r - M) (a group
+/// without a live row adds nothing). Every thread calls it.
+template <int G, int D, int kThreads, int kRowGroups>
+__device__ void writeSplitRecords(const DecodeSplitArgs &a, int32_t h,
+                                  int32_t split,
+                                  const float (&groupMax)[kRowGroups][G],
+                                  const float (&groupSum)[kRowGroups][G],
+                                  const float (&blockAcc)[G][D]) {
+  float *out = a.partials + ((static_cast<int64_t>(h) * a.numSplits + split) *
+                             G) * partialFloats<D>();
+  for (int i = threadIdx.x; i < G * partialFloats<D>(); i += kThreads) {
+    const int g = i / partialFloats<D>(), x = i % partialFloats<D>();
+    float bm = kNegInf;
+    for (int r = 0; r < kRowGroups; ++r)
+      bm = fmaxf(bm, groupMax[r][g]);
+    if (x == 0) {
+      out[i] = bm;
+    } else if (x == 1) {
+      float bz = 0.0f;
+      for (int r = 0; r < kRowGroups; ++r)
+        if (groupMax[r][g] != kNegInf)
+          bz += groupSum[r][g] * expf(groupMax[r][g] - bm);
+      out[i] = bz;
+    } else {
+      out[i] = blockAcc[g][x - 2];
+    }
+  }
+}
+
 /// The end of a decode split block: combines the online softmax states
 /// (m, z) of its row groups, in row-group order, into the split's partial
 /// record. `addAcc(g, factor, sum)` adds the calling thread's value sum of
@@ -862,25 +894,43 @@ __device__ void combineRowGroups(const DecodeSplitArgs &a, int32_t h,
         addAcc(g, factor[g], blockAcc);
     __syncthreads();
   }
-  float *out = a.partials + ((static_cast<int64_t>(h) * a.numSplits + split) *
-                             G) * partialFloats<D>();
-  for (int i = threadIdx.x; i < G * partialFloats<D>(); i += kThreads) {
-    const int g = i / partialFloats<D>(), x = i % partialFloats<D>();
+  writeSplitRecords<G, D, kThreads, kRowGroups>(a, h, split, groupMax,
+                                                groupSum, blockAcc);
+}
+
+/// combineRowGroups for row groups whose threads each hold the state of one
+/// query head (`head`; -1: none), as the fragments of decodeKiviMma: the
+/// head's `leader` thread of each group writes its m and z, and
+/// `addAcc(factor, sum)` adds the thread's value sums, times factor, into
+/// the head's sum[channel]. Row-group order, as combineRowGroups.
+template <int G, int D, int kThreads, int kRowGroups, typename AddAcc>
+__device__ void combineHeadLanes(const DecodeSplitArgs &a, int32_t h,
+                                 int32_t split, int rowGroup, int head,
+                                 bool leader, float m, float z,
+                                 AddAcc addAcc) {
+  __shared__ float groupMax[kRowGroups][G], groupSum[kRowGroups][G];
+  __shared__ float blockAcc[G][D];
+  if (leader) {
+    groupMax[rowGroup][head] = m;
+    groupSum[rowGroup][head] = z;
+  }
+  for (int i = threadIdx.x; i < G * D; i += kThreads)
+    (&blockAcc[0][0])[i] = 0.0f;
+  __syncthreads();
+  float factor = 0.0f;
+  if (head >= 0 && m != kNegInf) {
     float bm = kNegInf;
     for (int r = 0; r < kRowGroups; ++r)
-      bm = fmaxf(bm, groupMax[r][g]);
-    if (x == 0) {
-      out[i] = bm;
-    } else if (x == 1) {
-      float bz = 0.0f;
-      for (int r = 0; r < kRowGroups; ++r)
-        if (groupMax[r][g] != kNegInf)
-          bz += groupSum[r][g] * expf(groupMax[r][g] - bm);
-      out[i] = bz;
-    } else {
-      out[i] = blockAcc[g][x - 2];
-    }
+      bm = fmaxf(bm, groupMax[r][head]);
+    factor = expf(m - bm);
   }
+  for (int r = 0; r < kRowGroups; ++r) {
+    if (rowGroup == r && head >= 0)
+      addAcc(factor, blockAcc[head]);
+    __syncthreads();
+  }
+  writeSplitRecords<G, D, kThreads, kRowGroups>(a, h, split, groupMax,
+                                                groupSum, blockAcc);
 }
 
 /// Loads the calling lane's channels (RowShape Shape) of query heads
@@ -2233,7 +2283,8 @@ __device__ __forceinline__ float kiviUnit(uint32_t codes, int e) {
   constexpr int kTop = 23 - kBits;
   constexpr uint32_t kField = ((1u << kBits) - 1) << kTop;
   const int at = e * kBits;
-  const uint32_t moved = at <= kTop ? codes << (kTop - at) : codes >> (at - kTop);
+  const uint32_t moved =
+      at <= kTop ? codes << (kTop - at) : codes >> (at - kTop);
   return __uint_as_float(maskOr<kField>(moved, 0x3F800000u));
 }
 
@@ -2246,6 +2297,11 @@ __device__ __forceinline__ float kiviUnit(uint32_t codes, int e) {
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 struct KiviTiles {
   static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kHeadDim = D, kKeyGroup = KG;
+  /// Bytes of a block's key record ({scale, min} per channel) and of a
+  /// slot's value record ({scale, min} per group of KG channels).
+  static constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  static constexpr uint64_t kValueRecordBytes = 2 * sizeof(float) * (D / KG);
   /// Codes per 32-bit word, words and bytes of a packed row.
   static constexpr int kCodesPerWord = 32 / kBits;
   static constexpr int kRowWords = D * kBits / 32;
@@ -2268,7 +2324,8 @@ struct KiviTiles {
       kWarps * kWarpSize * kRowBytes + 4 * (G * D + 2 * kWarps * G);
   /// Key blocks of whole tiles, up to 8 query heads (their value sums stay
   /// in registers), the static shared memory limit; other KIVI geometries
-  /// go through decodeKiviRows.
+  /// go through decodeKiviRows. decodeAttentionKivi takes this path where
+  /// decodeKiviMma does not apply (G = 1).
   static constexpr bool kApplies =
       KG % kWarpSize == 0 && kThreads % kWarpSize == 0 &&
       D % kWarpSize == 0 && G <= 8 && kSharedBytes <= 48 * 1024;
@@ -2277,6 +2334,123 @@ struct KiviTiles {
   static_assert(kValueLanes <= kWarpSize && kWarpSize % kValueLanes == 0,
                 "a value row spreads over a power-of-two number of lanes");
 };
+
+/// Prefetches into L2 the lines of the KIVI tile of 32 slots at `base` on
+/// `page` (nothing for a null page): its positions and words, key and value
+/// codes, value records and its block's key record, one line per lane and
+/// round (decodeKiviTiles, decodeKiviMma).
+template <typename Tiles>
+__device__ __forceinline__ void prefetchKiviTile(const DecodeSplitArgs &a,
+                                                 const HeadTable &t,
+                                                 int32_t base,
+                                                 const uint8_t *page,
+                                                 int lane) {
+  constexpr int64_t kKeyRecordBytes = Tiles::kKeyRecordBytes;
+  constexpr int64_t kValueRecordBytes = Tiles::kValueRecordBytes;
+  constexpr int kCodeLines = Tiles::kRowBytes * kWarpSize / 128;
+  constexpr int kValueRecordLines =
+      static_cast<int>(kValueRecordBytes * kWarpSize / 128);
+  constexpr int kKeyRecordLines = static_cast<int>(kKeyRecordBytes / 128);
+  constexpr int kLines =
+      2 + 2 * kCodeLines + kValueRecordLines + kKeyRecordLines;
+  if (!page)
+    return;
+  const uint64_t o0 = static_cast<uint64_t>(a.layout.pages.offset(base));
+#pragma unroll
+  for (int r = 0; r < (kLines + kWarpSize - 1) / kWarpSize; ++r) {
+    int i = r * kWarpSize + lane;
+    const void *line = nullptr;
+    if (i == 0)
+      line = t.positions + base;
+    else if (i == 1)
+      line = t.kiviRows + base;
+    else if ((i -= 2) < kCodeLines)
+      line = page + a.layout.keyOffset + o0 * Tiles::kRowBytes + i * 128;
+    else if ((i -= kCodeLines) < kCodeLines)
+      line = page + a.layout.valueOffset + o0 * Tiles::kRowBytes + i * 128;
+    else if ((i -= kCodeLines) < kValueRecordLines)
+      line = page + a.layout.valueParamOffset + o0 * kValueRecordBytes +
+             i * 128;
+    else if ((i -= kValueRecordLines) < kKeyRecordLines)
+      line = page + a.layout.keyParamOffset +
+             o0 / Tiles::kKeyGroup * kKeyRecordBytes + i * 128;
+    if (line)
+      prefetchL2(line);
+  }
+}
+
+/// One lane's loads of a KIVI tile, issued together ahead of their use: its
+/// slot's key codes (where they are read: `keyCodes`), value codes (always:
+/// a free slot's are read from its page, which exists when the tile has a
+/// live slot, and weighted 0), value record (a live slot with quantized
+/// value) and, when some lane of the warp reads key codes (`fold`), the
+/// block's {scale, min} of channels lane, lane + 32, ...
+template <typename Tiles> struct KiviTileLoads {
+  using RowVector = typename Tiles::RowVector;
+  RowVector keyRow[Tiles::kRowVectors] = {}, valueRow[Tiles::kRowVectors];
+  float2 valueRecord[Tiles::kGroups] = {};
+  float2 keyRecord[Tiles::kHeadDim / kWarpSize] = {};
+
+  /// `page`: the tile's page; `o`: the lane's slot offset in it.
+  __device__ __forceinline__ void load(const DecodeSplitArgs &a,
+                                       const uint8_t *page, uint64_t o,
+                                       int lane, bool keyCodes,
+                                       bool valueCodes, bool fold) {
+    if (keyCodes) {
+      const auto *codes = reinterpret_cast<const RowVector *>(
+          page + a.layout.keyOffset + o * Tiles::kRowBytes);
+#pragma unroll
+      for (int v = 0; v < Tiles::kRowVectors; ++v)
+        keyRow[v] = __ldg(codes + v);
+    }
+    {
+      const auto *codes = reinterpret_cast<const RowVector *>(
+          page + a.layout.valueOffset + o * Tiles::kRowBytes);
+#pragma unroll
+      for (int v = 0; v < Tiles::kRowVectors; ++v)
+        valueRow[v] = __ldg(codes + v);
+    }
+    if (valueCodes) {
+      const float2 *record = reinterpret_cast<const float2 *>(
+          page + a.layout.valueParamOffset + o * Tiles::kValueRecordBytes);
+#pragma unroll
+      for (int x = 0; x < Tiles::kGroups; ++x)
+        valueRecord[x] = __ldg(record + x);
+    }
+    if (fold) {
+      const float2 *pairs = reinterpret_cast<const float2 *>(
+          page + a.layout.keyParamOffset +
+          (o - lane) / Tiles::kKeyGroup * Tiles::kKeyRecordBytes);
+#pragma unroll
+      for (int i = 0; i < Tiles::kHeadDim / kWarpSize; ++i)
+        keyRecord[i] = __ldg(pairs + i * kWarpSize + lane);
+    }
+  }
+};
+
+/// l[g] += q[g] . k over the D channels of a KIVI window key, k the
+/// full-precision row `row` of the residual region (Storage S) and q[g] the
+/// `pitch` floats at queries + g * pitch (decodeKiviTiles, decodeKiviMma).
+template <int G, int D, Storage S>
+__device__ __forceinline__ void addWindowKeyDots(const uint8_t *residual,
+                                                 int32_t row,
+                                                 const float *queries,
+                                                 int pitch, float (&l)[G]) {
+  using Full = RowShape<D, S>;
+  const uint4 *full = reinterpret_cast<const uint4 *>(
+      residual + static_cast<uint64_t>(row) * Full::kRowBytes);
+#pragma unroll 2
+  for (int v = 0; v < Full::kVecs; ++v) {
+    float x[Full::kElemsPerVec];
+    Codec<S>::decode(__ldg(full + v), 1.0f, x);
+#pragma unroll
+    for (int e = 0; e < Full::kElemsPerVec; ++e)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        l[g] = fmaf(queries[g * pitch + v * Full::kElemsPerVec + e], x[e],
+                    l[g]);
+  }
+}
 
 /// decodeAttentionKivi for key blocks of KG >= 32 tokens (KG a multiple of
 /// 32; the paper's 32 and larger): the arithmetic of a code is folded into
@@ -2304,8 +2478,6 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   constexpr Storage S = kKiviFullStorage<T>;
   using Full = RowShape<D, S>;
   constexpr int kWarps = Tiles::kWarps, kVC = Tiles::kValueChannels;
-  constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
-  constexpr uint64_t kValueRecordBytes = 2 * sizeof(float) * Tiles::kGroups;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   // The value phase's lane: channels [c0, c0 + kVC) of the slots
   // sub, sub + kSlotsPerStep, ... of the tile.
@@ -2337,53 +2509,25 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       acc[g][e] = 0.0f;
   }
 
-  // The L2 lines of the tile at `base` (positions, words, key and value
-  // codes, value records, the block's key record), one per lane and round.
-  auto prefetchTile = [&](int32_t base, const uint8_t *page) {
-    constexpr int kCodeLines = Tiles::kRowBytes * kWarpSize / 128;
-    constexpr int kValueRecordLines =
-        static_cast<int>(kValueRecordBytes * kWarpSize / 128);
-    constexpr int kKeyRecordLines = static_cast<int>(kKeyRecordBytes / 128);
-    constexpr int kLines =
-        2 + 2 * kCodeLines + kValueRecordLines + kKeyRecordLines;
-    if (!page)
-      return;
-    const uint64_t o0 = static_cast<uint64_t>(a.layout.pages.offset(base));
-#pragma unroll
-    for (int r = 0; r < (kLines + kWarpSize - 1) / kWarpSize; ++r) {
-      int i = r * kWarpSize + lane;
-      const void *line = nullptr;
-      if (i == 0)
-        line = t.positions + base;
-      else if (i == 1)
-        line = t.kiviRows + base;
-      else if ((i -= 2) < kCodeLines)
-        line = page + a.layout.keyOffset + o0 * Tiles::kRowBytes + i * 128;
-      else if ((i -= kCodeLines) < kCodeLines)
-        line = page + a.layout.valueOffset + o0 * Tiles::kRowBytes + i * 128;
-      else if ((i -= kCodeLines) < kValueRecordLines)
-        line = page + a.layout.valueParamOffset + o0 * kValueRecordBytes +
-               i * 128;
-      else if ((i -= kValueRecordLines) < kKeyRecordLines)
-        line = page + a.layout.keyParamOffset +
-               o0 / KG * kKeyRecordBytes + i * 128;
-      if (line)
-        prefetchL2(line);
-    }
+  auto prefetchTile = [&](int32_t base, uint64_t page) {
+    prefetchKiviTile<Tiles>(a, t, base, reinterpret_cast<const uint8_t *>(page),
+                            lane);
   };
 
   // Warp w takes the 32-aligned tiles w, w + kWarps, ... that meet
   // [begin, end); a lane's slot outside the split is masked.
   constexpr int32_t kTileStride = kWarps * kWarpSize;
   const int32_t first = begin / kWarpSize * kWarpSize + warp * kWarpSize;
+  // The page of the tile at `base` (read with the tile before it).
+  uint64_t nextPage = first < end ? t.pages[a.layout.pages.page(first)] : 0;
   for (int32_t base = first; base < end; base += kTileStride) {
     const int32_t slot = base + lane;
     const bool inRange = slot >= begin && slot < end;
     const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
     // The next tile's page, read now and used for its prefetch below.
+    const uint64_t pageAddress = nextPage;
     const int32_t next = base + kTileStride;
-    const uint64_t nextPage =
-        next < end ? t.pages[a.layout.pages.page(next)] : 0;
+    nextPage = next < end ? t.pages[a.layout.pages.page(next)] : 0;
     float l[G];
     if (__ballot_sync(kFullMask, live) == 0) {
       if (inRange)
@@ -2391,12 +2535,11 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         for (int g = 0; g < G; ++g)
           a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
               kNegInf;
-      prefetchTile(next, reinterpret_cast<const uint8_t *>(nextPage));
+      prefetchTile(next, nextPage);
       continue;
     }
     // A tile with a live slot has its page (and a block's slots share it).
-    const uint8_t *page =
-        reinterpret_cast<const uint8_t *>(t.pages[a.layout.pages.page(base)]);
+    const auto *page = reinterpret_cast<const uint8_t *>(pageAddress);
     const uint64_t o = static_cast<uint64_t>(a.layout.pages.offset(base)) +
                        static_cast<uint64_t>(lane);
     const int32_t word = live ? t.kiviRows[slot] : -1;
@@ -2405,45 +2548,10 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     const int32_t row = word & kKiviRowMask;
     const bool keyCodes = live && !keyFull;
 
-    // Every load of the tile goes first: the slot's codes (keys and
-    // values), its value record and the block's key record. A free slot's
-    // value codes are read from its page (which exists: the tile has a live
-    // slot) and weighted 0.
-    using RowVector = typename Tiles::RowVector;
-    RowVector keyRow[Tiles::kRowVectors] = {}, valueRow[Tiles::kRowVectors];
-    if (keyCodes) {
-      const auto *codes = reinterpret_cast<const RowVector *>(
-          page + a.layout.keyOffset + o * Tiles::kRowBytes);
-#pragma unroll
-      for (int v = 0; v < Tiles::kRowVectors; ++v)
-        keyRow[v] = __ldg(codes + v);
-    }
-    {
-      const auto *codes = reinterpret_cast<const RowVector *>(
-          page + a.layout.valueOffset + o * Tiles::kRowBytes);
-#pragma unroll
-      for (int v = 0; v < Tiles::kRowVectors; ++v)
-        valueRow[v] = __ldg(codes + v);
-    }
-    float2 valueRecord[Tiles::kGroups] = {};
-    if (live && !valueFull) {
-      const float2 *record = reinterpret_cast<const float2 *>(
-          page + a.layout.valueParamOffset + o * kValueRecordBytes);
-#pragma unroll
-      for (int x = 0; x < Tiles::kGroups; ++x)
-        valueRecord[x] = __ldg(record + x);
-    }
-    // The block's {scale, min} of channels lane, lane + 32, ...
-    float2 keyRecord[D / kWarpSize] = {};
+    // Every load of the tile goes first.
     const bool fold = __ballot_sync(kFullMask, keyCodes) != 0;
-    if (fold) {
-      const float2 *pairs = reinterpret_cast<const float2 *>(
-          page + a.layout.keyParamOffset +
-          (o - lane) / KG * kKeyRecordBytes);
-#pragma unroll
-      for (int i = 0; i < D / kWarpSize; ++i)
-        keyRecord[i] = __ldg(pairs + i * kWarpSize + lane);
-    }
+    KiviTileLoads<Tiles> in;
+    in.load(a, page, o, lane, keyCodes, live && !valueFull, fold);
 
     // The previous tile's lanes are done with the tile buffers: the slot's
     // value codes, factors and window row go to them (a value's factors:
@@ -2452,12 +2560,12 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     __syncwarp();
 #pragma unroll
     for (int v = 0; v < Tiles::kRowVectors; ++v)
-      valueCodes[warp][lane][v] = valueRow[v];
+      valueCodes[warp][lane][v] = in.valueRow[v];
 #pragma unroll
     for (int x = 0; x < Tiles::kGroups; ++x) {
-      const float s = valueRecord[x].x * Tiles::kUnit;
+      const float s = in.valueRecord[x].x * Tiles::kUnit;
       valueTerms[warp][lane][x] =
-          live && !valueFull ? make_float2(s, valueRecord[x].y - s)
+          live && !valueFull ? make_float2(s, in.valueRecord[x].y - s)
                              : make_float2(valueFull ? 1.0f : 0.0f, 0.0f);
     }
     valueRows[warp][lane] = valueFull ? row : -1;
@@ -2471,8 +2579,8 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
       for (int i = 0; i < D / kWarpSize; ++i) {
         const int c = i * kWarpSize + lane;
-        const float s = keyRecord[i].x * Tiles::kUnit,
-                    offset = keyRecord[i].y - s;
+        const float s = in.keyRecord[i].x * Tiles::kUnit,
+                    offset = in.keyRecord[i].y - s;
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           folded[warp][g][c] = queries[g][c] * s;
@@ -2488,7 +2596,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     for (int g = 0; g < G; ++g)
       l[g] = keyCodes ? bias[g] : 0.0f;
     if (keyCodes) {
-      const uint32_t *words = reinterpret_cast<const uint32_t *>(keyRow);
+      const uint32_t *words = reinterpret_cast<const uint32_t *>(in.keyRow);
 #pragma unroll
       for (int w = 0; w < Tiles::kRowWords; ++w)
 #pragma unroll
@@ -2510,18 +2618,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         }
     } else if (live) {
       // A window key: its full-precision row from the residual region.
-      const uint4 *full = reinterpret_cast<const uint4 *>(
-          t.kiviResidual + static_cast<uint64_t>(row) * Full::kRowBytes);
-#pragma unroll 2
-      for (int v = 0; v < Full::kVecs; ++v) {
-        float x[Full::kElemsPerVec];
-        Codec<S>::decode(__ldg(full + v), 1.0f, x);
-#pragma unroll
-        for (int e = 0; e < Full::kElemsPerVec; ++e)
-#pragma unroll
-          for (int g = 0; g < G; ++g)
-            l[g] = fmaf(queries[g][v * Full::kElemsPerVec + e], x[e], l[g]);
-      }
+      addWindowKeyDots<G, D, S>(t.kiviResidual, row, &queries[0][0], D, l);
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -2555,7 +2652,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     for (int g = 0; g < G; ++g)
       weights[warp][lane][g] = p[g];
     __syncwarp();
-    prefetchTile(next, reinterpret_cast<const uint8_t *>(nextPage));
+    prefetchTile(next, nextPage);
 
     // Values: kSlotsPerStep slots per step, kVC channels per lane. A tile
     // without window values (all but the newest R entries) runs no test.
@@ -2633,11 +2730,509 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       });
 }
 
+/// prmt.b32: byte i of the result is byte (nibble i of `selector`) of
+/// {b, a} (bytes 0-3 of a, 4-7 of b); selectors here leave bit 3 of every
+/// nibble clear.
+__device__ __forceinline__ uint32_t bytePerm(uint32_t a, uint32_t b,
+                                             uint32_t selector) {
+#if defined(__CUDA_ARCH__) && !defined(KVC_CUDA_EMULATED)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+#else
+  const uint64_t bytes = a | static_cast<uint64_t>(b) << 32;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i)
+    d |= static_cast<uint32_t>(bytes >> (8 * ((selector >> (4 * i)) & 7)) &
+                               0xffu)
+         << (8 * i);
+  return d;
+#endif
+}
+
+/// KIVI codes as bf16 operands of mma.sync: u = 1 + code / 2^kBits, the
+/// code in the top kBits of the mantissa of 1.0 (exact), two per register
+/// (the lower k index in the low half).
+template <int kBits> struct KiviBf16Units {
+  /// Where a code goes in a bf16 (7 mantissa bits), and its mask in both
+  /// halves.
+  static constexpr int kShift = 7 - kBits;
+  static constexpr uint32_t kMask = (((1u << kBits) - 1) << kShift) * 0x10001u;
+  static constexpr uint32_t kOnes = 0x3F803F80u;
+  /// Codes i and i + 1 of the byte x (x < 256): one multiply places both
+  /// (the two shifted copies of x do not overlap), one lop3 keeps them.
+  __device__ static __forceinline__ uint32_t pair(uint32_t x, int i) {
+    const uint32_t spread = (1u << (kShift - i * kBits)) +
+                            (1u << (16 + kShift - (i + 1) * kBits));
+    return maskOr<kMask>(x * spread, kOnes);
+  }
+  /// Code r of byte 0 (low half) and of byte 2 (high half) of x, whatever
+  /// bytes 1 and 3 hold.
+  __device__ static __forceinline__ uint32_t spread(uint32_t x, int r) {
+    const int s = kShift - r * kBits;
+    return maskOr<kMask>(s >= 0 ? x << s : x >> -s, kOnes);
+  }
+};
+
+/// A float as a sum of bf16 parts for mma.sync, by integer operations (no
+/// conversion instructions): lead(x) is x rounded to bf16 (its top 16 bits
+/// after adding half a unit of the last kept bit: to nearest, ties away
+/// from zero), a float whose low 16 bits are 0; x - lead(x) is exact and
+/// the next part is taken from it. pack() puts the top 16 bits of two
+/// floats into one register (the first in the low half): the bf16 pair of
+/// two leads, or of two last parts truncated.
+struct Bf16Parts {
+  __device__ static __forceinline__ float lead(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x8000u) & 0xffff0000u);
+  }
+  __device__ static __forceinline__ uint32_t pack(float lo, float hi) {
+    return bytePerm(__float_as_uint(lo), __float_as_uint(hi), 0x7632u);
+  }
+};
+
+/// Geometry of decodeKiviMma. A warp's tile of 32 slots (as in KiviTiles)
+/// goes through mma.sync m16n8k16 (bf16, float sums) twice:
+///  - logits S = Q' K^T: rows 0..G-1 of A the query heads folded with the
+///    block's record (q s 2^b in bf16 parts, Bf16Parts), rows 8..8+G-1
+///    the second parts, and a second A with the third parts (24
+///    significant bits: a logit sums D products); B the slots' key codes
+///    as units (KiviBf16Units), four blocks of 8 slots, kKSteps steps of
+///    16 channels. Step ks, lane
+///    (g, t): the four codes of byte t of key word ks (int2; channels 16 ks
+///    + 4t + i) or byte t of words 2 ks and 2 ks + 1 (int4; channels
+///    16 ks + 2t + {0, 1, 8, 9}): keyChannel;
+///  - value sums O += W U: A the weights e^(l - m) times the slot's value
+///    scale s 2^b per group (two bf16 parts, rows g and g + 8), which lane
+///    (g, t) holds already as the logits of its slots 8n + 2t, 8n + 2t + 1 (the
+///    C fragment of S is the A fragment of W); B the value codes of two
+///    slots per register (bytePerm of their words), n-block j = kCpb q + r
+///    holding column n at channel 8 kCpb q + kCpb n + r (byte 8q + n of a
+///    row, code r of it): valueChannel.
+/// Each value group's offset sum_slots p (min - s 2^b) goes per lane and
+/// group alongside (corr), as in decodeKiviTiles.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+struct KiviMma {
+  using Tiles = KiviTiles<G, D, kBits, KG, T, kThreads>;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kCpb = 8 / kBits;
+  /// Row pitch of the staged codes in words: an odd multiple of 4, so that
+  /// rows stay 16-byte aligned and the eight rows that a fragment reads
+  /// fall into different banks.
+  static constexpr int kRowWords = Tiles::kRowWords;
+  static constexpr int kPitch =
+      (kRowWords + 3) / 4 % 2 ? (kRowWords + 3) / 4 * 4
+                              : (kRowWords + 3) / 4 * 4 + 4;
+  /// Query rows padded so that the heads' fragment loads miss each other's
+  /// banks (float4 loads for int2, float2 for int4).
+  static constexpr int kQueryPitch = D + (kBits == 2 ? 16 : 8);
+  static constexpr int kKSteps = D / 16;
+  static constexpr int kKeyBlocks = kWarpSize / 8;
+  /// Value channel blocks (8 kCpb channels: a byte of every column's row),
+  /// n-blocks of 8 channels, channel blocks per value group.
+  static constexpr int kQBlocks = D / (8 * kCpb);
+  static constexpr int kValueBlocks = D / 8;
+  static constexpr int kQPerGroup = KG / (8 * kCpb);
+  static constexpr int kSharedBytes =
+      4 * 8 * kQueryPitch + 2 * 4 * kWarps * kWarpSize * kPitch +
+      8 * kWarps * D + 8 * kWarps * kWarpSize * Tiles::kGroups +
+      4 * kWarps * kWarpSize * G + 4 * (G * D + 2 * kWarps * G);
+  /// Two to eight query heads (one fragment row each), whole key blocks per
+  /// tile, whole value groups per channel block, the static shared memory
+  /// limit; others go through decodeKiviTiles or decodeKiviRows.
+  static constexpr bool kApplies =
+      G >= 2 && G <= 8 && KG % kWarpSize == 0 && D % kWarpSize == 0 &&
+      kThreads % kWarpSize == 0 && kSharedBytes <= 48 * 1024;
+
+  /// Channel of A's k index {2t, 2t+1, 2t+8, 2t+9}[i] at key step ks.
+  __device__ static int keyChannel(int ks, int t, int i) {
+    return kBits == 2 ? 16 * ks + 4 * t + i
+                      : 16 * ks + 8 * (i / 2) + 2 * t + i % 2;
+  }
+  /// Channel of column n of value n-block kCpb q + r.
+  __device__ static int valueChannel(int q, int n, int r) {
+    return 8 * kCpb * q + kCpb * n + r;
+  }
+};
+
+/// decodeAttentionKivi on tensor cores for 2 <= G <= 8 and key blocks of
+/// KG >= 32 tokens (KiviMma). The tiles, their loads and the window
+/// entries as in decodeKiviTiles: lane l loads slot base + l's codes and
+/// records and stages them in shared memory; a window key's logits come
+/// from its full-precision row (by its lane) and a window value's row is
+/// added by every lane to the channels it sums, times the slot's weight.
+/// The codes are never converted to float: a key code costs about 1.25
+/// integer instructions and a value code about 1.1 (KiviBf16Units), and
+/// the multiplications go to the tensor cores. Same outputs as
+/// decodeKiviTiles.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+__device__ __forceinline__ void
+decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
+              int32_t split, int32_t begin, int32_t end,
+              int32_t residualLength) {
+  using P = KiviMma<G, D, kBits, KG, T, kThreads>;
+  using Tiles = typename P::Tiles;
+  using U = KiviBf16Units<kBits>;
+  constexpr Storage S = kKiviFullStorage<T>;
+  using Full = RowShape<D, S>;
+  constexpr int kWarps = P::kWarps, kCpb = P::kCpb;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  // Fragment coordinates: query head (and key column) g, pair t.
+  const int g = lane / 4, tq = lane % 4;
+
+  // The queries times the softmax scale (zero rows from G to the
+  // fragment's 8); the tile's codes (keyWords, valueWords: rows of kPitch
+  // words), the block's key factors {s 2^b, min - s 2^b} per channel, the
+  // slots' value factors per group ({0, 0} for a free slot or a window
+  // value), and per slot and head a window key's logit, then (same lane,
+  // same entry) the weight of a window value.
+  __shared__ __align__(16) float queries[8][P::kQueryPitch];
+  __shared__ __align__(16) uint32_t keyWords[kWarps][kWarpSize][P::kPitch];
+  __shared__ __align__(16) uint32_t valueWords[kWarps][kWarpSize][P::kPitch];
+  __shared__ __align__(16) float2 keyTerms[kWarps][D];
+  __shared__ float2 valueTerms[kWarps][kWarpSize][Tiles::kGroups];
+  __shared__ float slotHeads[kWarps][kWarpSize][G];
+  for (int i = threadIdx.x; i < 8 * D; i += kThreads)
+    queries[i / D][i % D] =
+        i < G * D ? a.q[static_cast<int64_t>(h) * G * D + i] * a.scale : 0.0f;
+  __syncthreads();
+
+  // x0 and x1 as bf16 pairs of kParts parts (Bf16Parts): parts[0] the
+  // rounded values, parts[i] those of what the parts before leave, the
+  // last truncated.
+  auto splitParts = [](float x0, float x1, auto &parts) {
+    constexpr int kParts = sizeof(parts) / sizeof(parts[0]);
+#pragma unroll
+    for (int i = 0; i + 1 < kParts; ++i) {
+      const float l0 = Bf16Parts::lead(x0), l1 = Bf16Parts::lead(x1);
+      parts[i] = Bf16Parts::pack(l0, l1);
+      x0 -= l0;
+      x1 -= l1;
+    }
+    parts[kParts - 1] = Bf16Parts::pack(x0, x1);
+  };
+  // Head g's online softmax: m, z (the lane's slots' share), the value
+  // sums of rounded (o[j][0..1]) and remainder (o[j][2..3]) weights, and
+  // the lane's share of each group's offset.
+  float m = kNegInf, z = 0.0f;
+  float o[P::kValueBlocks][4], corr[Tiles::kGroups];
+#pragma unroll
+  for (int j = 0; j < P::kValueBlocks; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+      o[j][x] = 0.0f;
+#pragma unroll
+  for (int x = 0; x < Tiles::kGroups; ++x)
+    corr[x] = 0.0f;
+  // Byte tq of a key word (zeros above); byte g % 4 of two value words
+  // into bytes 0 and 2.
+  const uint32_t keyByte = 0x4440u | static_cast<uint32_t>(tq);
+  const uint32_t valueBytes =
+      static_cast<uint32_t>(g % 4) | static_cast<uint32_t>(4 + g % 4) << 8;
+
+  constexpr int32_t kTileStride = kWarps * kWarpSize;
+  const int32_t first = begin / kWarpSize * kWarpSize + warp * kWarpSize;
+  // The page of the tile at `base` (read with the tile before it).
+  uint64_t nextPage = first < end ? t.pages[a.layout.pages.page(first)] : 0;
+  for (int32_t base = first; base < end; base += kTileStride) {
+    const int32_t slot = base + lane;
+    const bool inRange = slot >= begin && slot < end;
+    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
+    const uint64_t pageAddress = nextPage;
+    const int32_t next = base + kTileStride;
+    nextPage = next < end ? t.pages[a.layout.pages.page(next)] : 0;
+    const uint32_t liveMask = __ballot_sync(kFullMask, live);
+    if (liveMask == 0) {
+      if (inRange)
+#pragma unroll
+        for (int q = 0; q < G; ++q)
+          a.logits[(static_cast<int64_t>(h) * G + q) * a.stride + slot] =
+              kNegInf;
+      prefetchKiviTile<Tiles>(a, t, next,
+                              reinterpret_cast<const uint8_t *>(nextPage),
+                              lane);
+      continue;
+    }
+    const auto *page = reinterpret_cast<const uint8_t *>(pageAddress);
+    const uint64_t o0 = static_cast<uint64_t>(a.layout.pages.offset(base)) +
+                        static_cast<uint64_t>(lane);
+    const int32_t word = live ? t.kiviRows[slot] : -1;
+    const bool keyFull = word >= 0 && (word & kKiviKeyFull);
+    const bool valueFull = word >= 0 && (word & kKiviValueFull);
+    const int32_t row = word & kKiviRowMask;
+    const bool keyCodes = live && !keyFull;
+    const uint32_t codeKeys = __ballot_sync(kFullMask, keyCodes);
+    const uint32_t windowKeys = __ballot_sync(kFullMask, live && keyFull);
+    const uint32_t windowValues = __ballot_sync(kFullMask, live && valueFull);
+    KiviTileLoads<Tiles> in;
+    in.load(a, page, o0, lane, keyCodes, live && !valueFull, codeKeys != 0);
+
+    // The previous tile is done with the buffers: stage this one's.
+    __syncwarp();
+    using RowVector = typename Tiles::RowVector;
+#pragma unroll
+    for (int v = 0; v < Tiles::kRowVectors; ++v) {
+      reinterpret_cast<RowVector *>(&keyWords[warp][lane][0])[v] =
+          in.keyRow[v];
+      reinterpret_cast<RowVector *>(&valueWords[warp][lane][0])[v] =
+          in.valueRow[v];
+    }
+#pragma unroll
+    for (int x = 0; x < Tiles::kGroups; ++x) {
+      const float s = in.valueRecord[x].x * Tiles::kUnit;
+      valueTerms[warp][lane][x] = live && !valueFull
+                                      ? make_float2(s, in.valueRecord[x].y - s)
+                                      : make_float2(0.0f, 0.0f);
+    }
+    if (codeKeys)
+#pragma unroll
+      for (int i = 0; i < D / kWarpSize; ++i) {
+        const float s = in.keyRecord[i].x * Tiles::kUnit;
+        keyTerms[warp][i * kWarpSize + lane] =
+            make_float2(s, in.keyRecord[i].y - s);
+      }
+    if (live && keyFull) {
+      // A window key: its logits from the full-precision row.
+      float l[G];
+#pragma unroll
+      for (int q = 0; q < G; ++q)
+        l[q] = 0.0f;
+      addWindowKeyDots<G, D, S>(t.kiviResidual, row, &queries[0][0],
+                                P::kQueryPitch, l);
+#pragma unroll
+      for (int q = 0; q < G; ++q)
+        slotHeads[warp][lane][q] = l[q];
+    }
+    __syncwarp();
+    prefetchKiviTile<Tiles>(a, t, next,
+                            reinterpret_cast<const uint8_t *>(nextPage), lane);
+
+    // S = Q' K^T and head g's bias sum_c q (min - s 2^b), over the lane's
+    // channels, then over the four lanes of the head.
+    float s[P::kKeyBlocks][4];
+#pragma unroll
+    for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+        s[n][x] = 0.0f;
+    float bias = 0.0f;
+    if (codeKeys) {
+      const float *query = queries[g];
+#pragma unroll 1
+      for (int ks = 0; ks < P::kKSteps; ++ks) {
+        // Rows g and g + 8 of the first A: the folded query rounded and
+        // its remainder; row g of the second: the remainder's remainder.
+        uint32_t qa[4], qr[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int c = P::keyChannel(ks, tq, 2 * half);
+          const float4 terms =
+              *reinterpret_cast<const float4 *>(&keyTerms[warp][c]);
+          const float2 q = *reinterpret_cast<const float2 *>(query + c);
+          bias = fmaf(q.x, terms.y, bias);
+          bias = fmaf(q.y, terms.w, bias);
+          uint32_t parts[3];
+          splitParts(q.x * terms.x, q.y * terms.z, parts);
+          qa[2 * half] = parts[0];
+          qa[2 * half + 1] = parts[1];
+          qr[2 * half] = parts[2];
+        }
+#pragma unroll
+        for (int n = 0; n < P::kKeyBlocks; ++n) {
+          const uint32_t *codes = keyWords[warp][8 * n + g];
+          uint32_t b0, b1;
+          if constexpr (kBits == 2) {
+            const uint32_t x = bytePerm(codes[ks], 0u, keyByte);
+            b0 = U::pair(x, 0);
+            b1 = U::pair(x, 2);
+          } else {
+            b0 = U::pair(bytePerm(codes[2 * ks], 0u, keyByte), 0);
+            b1 = U::pair(bytePerm(codes[2 * ks + 1], 0u, keyByte), 0);
+          }
+          mmaK16<Storage::BF16>(s[n], qa, b0, b1);
+          mmaK16<Storage::BF16>(s[n], qr, b0, b1);
+        }
+      }
+    }
+    bias += __shfl_xor_sync(kFullMask, bias, 1);
+    bias += __shfl_xor_sync(kFullMask, bias, 2);
+
+    // Head g's logits of slots 8n + 2t + e (rounded and remainder rows
+    // added), every one stored; the tile's maximum (finite: a slot is
+    // live), one rescale when it moves, the weights.
+    float p[P::kKeyBlocks][2];
+    float tileMax = kNegInf;
+#pragma unroll
+    for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * n + 2 * tq + e;
+        float l = s[n][e] + s[n][2 + e] + bias;
+        if (windowKeys >> r & 1u)
+          l = g < G ? slotHeads[warp][r][g] : 0.0f;
+        if (!(liveMask >> r & 1u))
+          l = kNegInf;
+        p[n][e] = l;
+        tileMax = fmaxf(tileMax, l);
+        const int32_t at = base + r;
+        if (g < G && at >= begin && at < end)
+          a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + at] = l;
+      }
+    tileMax = fmaxf(tileMax, __shfl_xor_sync(kFullMask, tileMax, 1));
+    tileMax = fmaxf(tileMax, __shfl_xor_sync(kFullMask, tileMax, 2));
+    const float mNew = fmaxf(m, tileMax);
+    if (mNew != m) {
+      const float rescale = expf(m - mNew);
+      m = mNew;
+      z *= rescale;
+#pragma unroll
+      for (int x = 0; x < Tiles::kGroups; ++x)
+        corr[x] *= rescale;
+#pragma unroll
+      for (int j = 0; j < P::kValueBlocks; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          o[j][x] *= rescale;
+    }
+    // e^(l - m) as 2^((l - m) log2 e): one multiply and the hardware's
+    // exp2 (within 2 ulp) instead of expf's range reduction.
+#pragma unroll
+    for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        p[n][e] = exp2f((p[n][e] - m) * 1.44269504088896341f);
+        z += p[n][e];
+      }
+
+    // O += W U, 16 slots per step: per value group, the weights times the
+    // slots' scales (and the offsets into corr), then the group's channel
+    // blocks.
+#pragma unroll
+    for (int ks = 0; ks < kWarpSize / 16; ++ks)
+#pragma unroll
+      for (int x = 0; x < Tiles::kGroups; ++x) {
+        uint32_t wa[4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float w[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float2 term =
+                valueTerms[warp][16 * ks + 8 * half + 2 * tq + e][x];
+            const float pr = p[2 * ks + half][e];
+            w[e] = pr * term.x;
+            corr[x] = fmaf(pr, term.y, corr[x]);
+          }
+          uint32_t parts[2];
+          splitParts(w[0], w[1], parts);
+          wa[2 * half] = parts[0];
+          wa[2 * half + 1] = parts[1];
+        }
+#pragma unroll
+        for (int qq = 0; qq < P::kQPerGroup; ++qq) {
+          const int q = x * P::kQPerGroup + qq, wi = 2 * q + g / 4;
+          const int r0 = 16 * ks + 2 * tq;
+          const uint32_t ab = bytePerm(valueWords[warp][r0][wi],
+                                       valueWords[warp][r0 + 1][wi],
+                                       valueBytes);
+          const uint32_t cd = bytePerm(valueWords[warp][r0 + 8][wi],
+                                       valueWords[warp][r0 + 9][wi],
+                                       valueBytes);
+#pragma unroll
+          for (int r = 0; r < kCpb; ++r)
+            mmaK16<Storage::BF16>(o[kCpb * q + r], wa, U::spread(ab, r),
+                                  U::spread(cd, r));
+        }
+      }
+
+    // Window values: each lane adds the row's channels it sums (2 kCpb
+    // from channel 8 kCpb q + 2 kCpb t), times head g's weight.
+    if (windowValues) {
+#pragma unroll
+      for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (g < G)
+            slotHeads[warp][8 * n + 2 * tq + e][g] = p[n][e];
+      __syncwarp();
+      for (uint32_t bits = windowValues; bits; bits &= bits - 1) {
+        const int r = __ffs(static_cast<int>(bits)) - 1;
+        const int32_t fullRow = __shfl_sync(kFullMask, row, r);
+        const float pr = g < G ? slotHeads[warp][r][g] : 0.0f;
+        const uint8_t *full =
+            t.kiviResidual +
+            (static_cast<uint64_t>(residualLength) + fullRow) * Full::kRowBytes;
+        constexpr int kRun = 2 * kCpb, kPerVec = Full::kElemsPerVec;
+#pragma unroll
+        for (int q = 0; q < P::kQBlocks; ++q) {
+          const int c = P::valueChannel(q, 2 * tq, 0);
+          float x[kRun];
+          if constexpr (kRun >= kPerVec) {
+#pragma unroll
+            for (int v = 0; v < kRun / kPerVec; ++v)
+              Codec<S>::decode(
+                  __ldg(reinterpret_cast<const uint4 *>(
+                            full + c * Codec<S>::kBytes) +
+                        v),
+                  1.0f, x + v * kPerVec);
+          } else {
+            // A part of one vector: decode it, keep the run.
+            float y[kPerVec];
+            Codec<S>::decode(__ldg(reinterpret_cast<const uint4 *>(
+                                 full + c / kPerVec * 16)),
+                             1.0f, y);
+            const int at = c % kPerVec;
+#pragma unroll
+            for (int i = 0; i < kRun; ++i) {
+              x[i] = y[i];
+#pragma unroll
+              for (int k = 1; k < kPerVec / kRun; ++k)
+                if (at == k * kRun)
+                  x[i] = y[k * kRun + i];
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int r2 = 0; r2 < kCpb; ++r2)
+              o[kCpb * q + r2][e] =
+                  fmaf(pr, x[kCpb * e + r2], o[kCpb * q + r2][e]);
+        }
+      }
+    }
+  }
+
+  // Head g's sum and offsets over its four lanes, then the warps' states
+  // in warp order.
+  z += __shfl_xor_sync(kFullMask, z, 1);
+  z += __shfl_xor_sync(kFullMask, z, 2);
+#pragma unroll
+  for (int x = 0; x < Tiles::kGroups; ++x) {
+    corr[x] += __shfl_xor_sync(kFullMask, corr[x], 1);
+    corr[x] += __shfl_xor_sync(kFullMask, corr[x], 2);
+  }
+  combineHeadLanes<G, D, kThreads, kWarps>(
+      a, h, split, warp, g < G ? g : -1, g < G && tq == 0, m, z,
+      [&](float factor, float *sum) {
+#pragma unroll
+        for (int q = 0; q < P::kQBlocks; ++q)
+#pragma unroll
+          for (int r = 0; r < kCpb; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = P::valueChannel(q, 2 * tq + e, r);
+              sum[c] += (o[kCpb * q + r][e] + o[kCpb * q + r][2 + e] +
+                         corr[c / KG]) *
+                        factor;
+            }
+      });
+}
+
 /// Decode attention over KIVI pages: one block per (split, kv-head), the
 /// same outputs as decodeAttentionSplit (every slot's logit and the split's
 /// partial records), so mergeSplits and the stages follow unchanged; the
 /// cache is never expanded in memory. Key blocks of 32 tokens or a multiple
-/// (and G <= 8) take decodeKiviTiles, others decodeKiviRows.
+/// take the tensor cores (decodeKiviMma) at 2 <= G <= 8 and
+/// decodeKiviTiles at G = 1; other geometries decodeKiviRows.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
     decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
@@ -2646,7 +3241,10 @@ __global__ void __launch_bounds__(kThreads)
   const HeadTable t = a.heads[h];
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
-  if constexpr (KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies)
+  if constexpr (KiviMma<G, D, kBits, KG, T, kThreads>::kApplies)
+    decodeKiviMma<G, D, kBits, KG, T, kThreads>(a, t, h, split, begin, end,
+                                                residualLength);
+  else if constexpr (KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies)
     decodeKiviTiles<G, D, kBits, KG, T, kThreads>(a, t, h, split, begin, end,
                                                   residualLength);
   else

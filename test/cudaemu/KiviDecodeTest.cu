@@ -1,10 +1,14 @@
 //===- KiviDecodeTest.cu - The KIVI decode attention kernel alone ---------===//
 //
 // decodeAttentionKivi of runtime/kvc_cuda.cuh on the emulator, against a
-// host reference in double precision, for both of its paths: the tiles of
-// decodeKiviTiles (key blocks of 32 tokens or a multiple, G <= 8: the query
-// folded with each block's record, codes turned into floats by a shift and
-// a mask) and the row groups of decodeKiviRows (other groups). KIVI pages
+// host reference in double precision, for its three paths: the tensor-core
+// tiles of decodeKiviMma (key blocks of 32 tokens or a multiple, 2 <= G <=
+// 8: codes as bf16 units, the folded query and the weights split into bf16
+// parts, mma.sync as the emulator computes it from the PTX fragment
+// layout), the CUDA-core tiles of decodeKiviTiles (the same blocks at G = 1,
+// and at G = 4 and 8 through a kernel of this test that calls it directly:
+// the fallback should the tensor-core path lose on a GPU) and the row
+// groups of decodeKiviRows (other groups). KIVI pages
 // are built by hand: random packed codes (LSB-first, as kvc_pack_bits), a
 // {scale, min} per channel per block of KG key slots and per group of KG
 // channels per value, and window entries whose key and value, or value
@@ -43,6 +47,33 @@ const char *dtypeName(kvc_dtype_t t) {
 
 uint64_t alignUp(uint64_t x) { return (x + 255) / 256 * 256; }
 
+/// decodeAttentionKivi with its path chosen by the test.
+enum class Path { Dispatch, Tiles };
+
+/// decodeAttentionKivi's prologue, then decodeKiviTiles whatever G is.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
+__global__ void decodeKiviTilesOnly(kvc::cuda::DecodeSplitArgs a,
+                                    int32_t residualLength) {
+  const int32_t h = blockIdx.x, split = blockIdx.y;
+  const kvc::cuda::HeadTable t = a.heads[h];
+  const int32_t begin = split * a.splitSlots;
+  const int32_t end = min(begin + a.splitSlots, t.numSlots);
+  kvc::cuda::decodeKiviTiles<G, D, kBits, KG, T, kThreads>(
+      a, t, h, split, begin, end, residualLength);
+}
+
+/// The path decodeAttentionKivi takes for a geometry.
+template <int G, int D, int kBits, int KG, kvc_dtype_t T>
+const char *pathName(Path path) {
+  if (path == Path::Tiles ||
+      (!kvc::cuda::KiviMma<G, D, kBits, KG, T, kThreads>::kApplies &&
+       kvc::cuda::KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies))
+    return "tiles";
+  return kvc::cuda::KiviMma<G, D, kBits, KG, T, kThreads>::kApplies
+             ? "mma"
+             : "row groups";
+}
+
 /// Code c of a packed row (kBits-bit codes, LSB-first).
 template <int kBits> void putCode(uint8_t *row, int c, uint32_t code) {
   const int bit = c * kBits;
@@ -50,7 +81,7 @@ template <int kBits> void putCode(uint8_t *row, int c, uint32_t code) {
 }
 
 template <int G, int D, int kBits, int KG, kvc_dtype_t T>
-void check(std::mt19937 &rng) {
+void check(std::mt19937 &rng, Path path = Path::Dispatch) {
   constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
   using Full = kvc::cuda::RowShape<D, S>;
   constexpr uint64_t kRowBytes = D * kBits / 8;
@@ -168,27 +199,29 @@ void check(std::mt19937 &rng) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const kvc::cuda::DecodeSplitArgs args =
       batch.args(tables, layout, q, scale);
-  kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
-      <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
+  if (path == Path::Tiles)
+    decodeKiviTilesOnly<G, D, kBits, KG, T, kThreads>
+        <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
+  else
+    kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
+        <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
 
-  char prefix[64];
-  std::snprintf(prefix, sizeof prefix, "KIVI int%d G=%d D=%d KG=%d %s", kBits,
-                G, D, KG, dtypeName(T));
+  char prefix[96];
+  std::snprintf(prefix, sizeof prefix, "KIVI int%d G=%d D=%d KG=%d %s (%s)",
+                kBits, G, D, KG, dtypeName(T),
+                pathName<G, D, kBits, KG, T>(path));
   batch.check(prefix, keys, values, scale);
-  std::printf("KIVI int%d G=%d D=%d KG=%d %s (%s): ok\n", kBits, G, D, KG,
-              dtypeName(T),
-              kvc::cuda::KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies
-                  ? "tiles"
-                  : "row groups");
+  std::printf("%s: ok\n", prefix);
 }
 
 } // namespace
 
 int main() {
   std::mt19937 rng(20261123);
-  // Tiles: the bundled policies' geometries (G 1, 3, 8) and G = 4, both
-  // code widths, every dtype, blocks of 32 and of 64 tokens.
+  // Tensor cores (G >= 2) and CUDA-core tiles (G = 1): the bundled
+  // policies' geometries (G 1, 3, 8) and G = 4, both code widths, every
+  // dtype, blocks of 32 and of 64 tokens.
   check<1, 128, 2, 32, KVC_DTYPE_F16>(rng);
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng);
   check<4, 128, 4, 32, KVC_DTYPE_BF16>(rng);
@@ -197,6 +230,9 @@ int main() {
   check<1, 64, 4, 32, KVC_DTYPE_F32>(rng);
   check<2, 64, 2, 64, KVC_DTYPE_F32>(rng);
   check<2, 32, 4, 32, KVC_DTYPE_F16>(rng);
+  // CUDA-core tiles where the tensor cores would go.
+  check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles);
+  check<8, 64, 4, 64, KVC_DTYPE_BF16>(rng, Path::Tiles);
   // Row groups: blocks of 16 tokens, and 16 query heads.
   check<4, 64, 2, 16, KVC_DTYPE_F16>(rng);
   check<1, 128, 4, 16, KVC_DTYPE_BF16>(rng);
