@@ -2379,6 +2379,82 @@ __device__ __forceinline__ void prefetchKiviTile(const DecodeSplitArgs &a,
   }
 }
 
+/// The walk of one warp over the KIVI tiles of a split (decodeKiviTiles,
+/// decodeKiviMma): tiles of 32 slots, 32-aligned (one key block, one page),
+/// warp w of kWarps taking those that meet [begin, end) from the w-th on,
+/// every kWarps-th. enter() takes the next tile and decodes the lane's
+/// slot there (into a Tile): whether it lies in the split and holds an
+/// entry, and its KIVI word (window key or value, residual row); a tile
+/// without a live slot gets the logit -inf for its slots in the split and
+/// nothing else. Each tile's page address is read with the tile before
+/// it, and prefetchNext() asks L2 for the lines of the tile after the
+/// current one.
+template <int G, typename Tiles> struct KiviTileWalk {
+  static constexpr int32_t kStride = Tiles::kWarps * kWarpSize;
+  /// The tile after the current one, and its page address (0: none).
+  int32_t ahead;
+  uint64_t aheadPage;
+  /// The current tile: its first slot, its page, the lane's slot and its
+  /// offset in the page, and what the slot holds.
+  struct Tile {
+    int32_t base, slot, row;
+    const uint8_t *page;
+    uint64_t offset;
+    bool inRange, live, keyFull, valueFull;
+  };
+
+  __device__ KiviTileWalk(const DecodeSplitArgs &a, const HeadTable &t,
+                          int32_t begin, int32_t end, int warp)
+      : ahead(begin / kWarpSize * kWarpSize + warp * kWarpSize),
+        aheadPage(ahead < end ? t.pages[a.layout.pages.page(ahead)] : 0) {}
+
+  /// Whether a tile is left.
+  __device__ __forceinline__ bool more(int32_t end) const {
+    return ahead < end;
+  }
+
+  /// Takes the next tile into x; false (the tile done) when no slot of it
+  /// is live.
+  __device__ __forceinline__ bool enter(const DecodeSplitArgs &a,
+                                        const HeadTable &t, int32_t h,
+                                        int32_t begin, int32_t end, int lane,
+                                        Tile &x) {
+    x.base = ahead;
+    x.slot = x.base + lane;
+    x.inRange = x.slot >= begin && x.slot < end;
+    x.live = x.inRange && t.positions[x.slot] != KVC_POSITION_NONE;
+    const uint64_t here = aheadPage;
+    ahead = x.base + kStride;
+    aheadPage = ahead < end ? t.pages[a.layout.pages.page(ahead)] : 0;
+    if (__ballot_sync(kFullMask, x.live) == 0) {
+      if (x.inRange)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + x.slot] =
+              kNegInf;
+      prefetchNext(a, t, lane);
+      return false;
+    }
+    // A tile with a live slot has its page (and a block's slots share it).
+    x.page = reinterpret_cast<const uint8_t *>(here);
+    x.offset = static_cast<uint64_t>(a.layout.pages.offset(x.base)) +
+               static_cast<uint64_t>(lane);
+    const int32_t word = x.live ? t.kiviRows[x.slot] : -1;
+    x.keyFull = word >= 0 && (word & kKiviKeyFull);
+    x.valueFull = word >= 0 && (word & kKiviValueFull);
+    x.row = word & kKiviRowMask;
+    return true;
+  }
+
+  __device__ __forceinline__ void prefetchNext(const DecodeSplitArgs &a,
+                                               const HeadTable &t,
+                                               int lane) const {
+    prefetchKiviTile<Tiles>(a, t, ahead,
+                            reinterpret_cast<const uint8_t *>(aheadPage),
+                            lane);
+  }
+};
+
 /// One lane's loads of a KIVI tile, issued together ahead of their use: its
 /// slot's key codes (where they are read: `keyCodes`), value codes (always:
 /// a free slot's are read from its page, which exists when the tile has a
@@ -2509,49 +2585,24 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       acc[g][e] = 0.0f;
   }
 
-  auto prefetchTile = [&](int32_t base, uint64_t page) {
-    prefetchKiviTile<Tiles>(a, t, base, reinterpret_cast<const uint8_t *>(page),
-                            lane);
-  };
-
   // Warp w takes the 32-aligned tiles w, w + kWarps, ... that meet
   // [begin, end); a lane's slot outside the split is masked.
-  constexpr int32_t kTileStride = kWarps * kWarpSize;
-  const int32_t first = begin / kWarpSize * kWarpSize + warp * kWarpSize;
-  // The page of the tile at `base` (read with the tile before it).
-  uint64_t nextPage = first < end ? t.pages[a.layout.pages.page(first)] : 0;
-  for (int32_t base = first; base < end; base += kTileStride) {
-    const int32_t slot = base + lane;
-    const bool inRange = slot >= begin && slot < end;
-    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
-    // The next tile's page, read now and used for its prefetch below.
-    const uint64_t pageAddress = nextPage;
-    const int32_t next = base + kTileStride;
-    nextPage = next < end ? t.pages[a.layout.pages.page(next)] : 0;
-    float l[G];
-    if (__ballot_sync(kFullMask, live) == 0) {
-      if (inRange)
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-          a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] =
-              kNegInf;
-      prefetchTile(next, nextPage);
+  KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp);
+  typename KiviTileWalk<G, Tiles>::Tile tile;
+  while (walk.more(end)) {
+    if (!walk.enter(a, t, h, begin, end, lane, tile))
       continue;
-    }
-    // A tile with a live slot has its page (and a block's slots share it).
-    const auto *page = reinterpret_cast<const uint8_t *>(pageAddress);
-    const uint64_t o = static_cast<uint64_t>(a.layout.pages.offset(base)) +
-                       static_cast<uint64_t>(lane);
-    const int32_t word = live ? t.kiviRows[slot] : -1;
-    const bool keyFull = word >= 0 && (word & kKiviKeyFull);
-    const bool valueFull = word >= 0 && (word & kKiviValueFull);
-    const int32_t row = word & kKiviRowMask;
+    const int32_t slot = tile.slot, row = tile.row;
+    const bool inRange = tile.inRange, live = tile.live,
+               keyFull = tile.keyFull, valueFull = tile.valueFull;
     const bool keyCodes = live && !keyFull;
+    float l[G];
 
     // Every load of the tile goes first.
     const bool fold = __ballot_sync(kFullMask, keyCodes) != 0;
     KiviTileLoads<Tiles> in;
-    in.load(a, page, o, lane, keyCodes, live && !valueFull, fold);
+    in.load(a, tile.page, tile.offset, lane, keyCodes, live && !valueFull,
+            fold);
 
     // The previous tile's lanes are done with the tile buffers: the slot's
     // value codes, factors and window row go to them (a value's factors:
@@ -2652,7 +2703,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     for (int g = 0; g < G; ++g)
       weights[warp][lane][g] = p[g];
     __syncwarp();
-    prefetchTile(next, nextPage);
+    walk.prefetchNext(a, t, lane);
 
     // Values: kSlotsPerStep slots per step, kVC channels per lane. A tile
     // without window values (all but the newest R entries) runs no test.
@@ -2929,42 +2980,22 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   const uint32_t valueBytes =
       static_cast<uint32_t>(g % 4) | static_cast<uint32_t>(4 + g % 4) << 8;
 
-  constexpr int32_t kTileStride = kWarps * kWarpSize;
-  const int32_t first = begin / kWarpSize * kWarpSize + warp * kWarpSize;
-  // The page of the tile at `base` (read with the tile before it).
-  uint64_t nextPage = first < end ? t.pages[a.layout.pages.page(first)] : 0;
-  for (int32_t base = first; base < end; base += kTileStride) {
-    const int32_t slot = base + lane;
-    const bool inRange = slot >= begin && slot < end;
-    const bool live = inRange && t.positions[slot] != KVC_POSITION_NONE;
-    const uint64_t pageAddress = nextPage;
-    const int32_t next = base + kTileStride;
-    nextPage = next < end ? t.pages[a.layout.pages.page(next)] : 0;
-    const uint32_t liveMask = __ballot_sync(kFullMask, live);
-    if (liveMask == 0) {
-      if (inRange)
-#pragma unroll
-        for (int q = 0; q < G; ++q)
-          a.logits[(static_cast<int64_t>(h) * G + q) * a.stride + slot] =
-              kNegInf;
-      prefetchKiviTile<Tiles>(a, t, next,
-                              reinterpret_cast<const uint8_t *>(nextPage),
-                              lane);
+  KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp);
+  typename KiviTileWalk<G, Tiles>::Tile tile;
+  while (walk.more(end)) {
+    if (!walk.enter(a, t, h, begin, end, lane, tile))
       continue;
-    }
-    const auto *page = reinterpret_cast<const uint8_t *>(pageAddress);
-    const uint64_t o0 = static_cast<uint64_t>(a.layout.pages.offset(base)) +
-                        static_cast<uint64_t>(lane);
-    const int32_t word = live ? t.kiviRows[slot] : -1;
-    const bool keyFull = word >= 0 && (word & kKiviKeyFull);
-    const bool valueFull = word >= 0 && (word & kKiviValueFull);
-    const int32_t row = word & kKiviRowMask;
+    const int32_t base = tile.base, row = tile.row;
+    const bool live = tile.live, keyFull = tile.keyFull,
+               valueFull = tile.valueFull;
+    const uint32_t liveMask = __ballot_sync(kFullMask, live);
     const bool keyCodes = live && !keyFull;
     const uint32_t codeKeys = __ballot_sync(kFullMask, keyCodes);
     const uint32_t windowKeys = __ballot_sync(kFullMask, live && keyFull);
     const uint32_t windowValues = __ballot_sync(kFullMask, live && valueFull);
     KiviTileLoads<Tiles> in;
-    in.load(a, page, o0, lane, keyCodes, live && !valueFull, codeKeys != 0);
+    in.load(a, tile.page, tile.offset, lane, keyCodes, live && !valueFull,
+            codeKeys != 0);
 
     // The previous tile is done with the buffers: stage this one's.
     __syncwarp();
@@ -3003,8 +3034,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         slotHeads[warp][lane][q] = l[q];
     }
     __syncwarp();
-    prefetchKiviTile<Tiles>(a, t, next,
-                            reinterpret_cast<const uint8_t *>(nextPage), lane);
+    walk.prefetchNext(a, t, lane);
 
     // S = Q' K^T and head g's bias sum_c q (min - s 2^b), over the lane's
     // channels, then over the four lanes of the head.

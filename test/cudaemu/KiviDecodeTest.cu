@@ -15,8 +15,9 @@
 // only, are read from the residual region (the slot's word: row and
 // kKiviKeyFull / kKiviValueFull). Three heads of different lengths over
 // pages of 192 slots (not a power of two), with free slots, a page hole, a
-// head whose keys are all in the window (no block to fold) and a split
-// size that is not a multiple of the tile. The reference dequantizes as
+// head whose keys are all in the window (no block to fold), a split size
+// that is not a multiple of the tile, and one split per head (each warp
+// walks many tiles). The reference dequantizes as
 // x = code * scale + min in double and reads window rows with the kernel's
 // Codec, and checks every slot's logit and the merged split records
 // (DecodeReference.h).
@@ -81,7 +82,8 @@ template <int kBits> void putCode(uint8_t *row, int c, uint32_t code) {
 }
 
 template <int G, int D, int kBits, int KG, kvc_dtype_t T>
-void check(std::mt19937 &rng, Path path = Path::Dispatch) {
+void check(std::mt19937 &rng, Path path = Path::Dispatch,
+           int32_t splitSlots = 100) {
   constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
   using Full = kvc::cuda::RowShape<D, S>;
   constexpr uint64_t kRowBytes = D * kBits / 8;
@@ -100,8 +102,10 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch) {
       alignUp(layout.valueParamOffset + kPageSize * kValueRecordBytes);
 
   const std::vector<int32_t> slots = {700, 45, 513};
-  // Splits of 100 slots: not a multiple of any tile.
-  DecodeBatch batch(G, D, slots, 100);
+  // Splits of 100 slots by default: not a multiple of any tile, and
+  // shorter than a block's tiles (one tile per warp and split); with one
+  // split per head, each warp walks many tiles, across pages.
+  DecodeBatch batch(G, D, slots, splitSlots);
   const int32_t heads = batch.heads, numSplits = batch.numSplits;
 
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -207,10 +211,11 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch) {
         <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
 
-  char prefix[96];
-  std::snprintf(prefix, sizeof prefix, "KIVI int%d G=%d D=%d KG=%d %s (%s)",
-                kBits, G, D, KG, dtypeName(T),
-                pathName<G, D, kBits, KG, T>(path));
+  char prefix[112];
+  std::snprintf(prefix, sizeof prefix,
+                "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d)", kBits, G,
+                D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
+                splitSlots);
   batch.check(prefix, keys, values, scale);
   std::printf("%s: ok\n", prefix);
 }
@@ -230,6 +235,12 @@ int main() {
   check<1, 64, 4, 32, KVC_DTYPE_F32>(rng);
   check<2, 64, 2, 64, KVC_DTYPE_F32>(rng);
   check<2, 32, 4, 32, KVC_DTYPE_F16>(rng);
+  // One split per head: a warp's tiles in turn (the page read a tile
+  // ahead, the running maximum across tiles), every path.
+  check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 704);
+  check<1, 64, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 704);
+  check<4, 64, 4, 32, KVC_DTYPE_F16>(rng, Path::Tiles, 704);
+  check<2, 64, 2, 16, KVC_DTYPE_F32>(rng, Path::Dispatch, 704);
   // CUDA-core tiles where the tensor cores would go.
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles);
   check<8, 64, 4, 64, KVC_DTYPE_BF16>(rng, Path::Tiles);
