@@ -531,6 +531,22 @@ __device__ __forceinline__ void prefetchL2(const void *address) {
 #endif
 }
 
+/// 2^x by the hardware's ex2.approx.ftz (relative error below 2^-22; a
+/// result under 2^-126 flushes to 0): the softmax weights of the
+/// tensor-core KIVI decode as e^(l - m) = 2^((l - m) log2 e), one multiply
+/// and one instruction where exp2f adds a subnormal range check and expf a
+/// range reduction.
+__device__ __forceinline__ float exp2Approx(float x) {
+#if defined(__CUDA_ARCH__) && !defined(KVC_CUDA_EMULATED)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  const float y = exp2f(x);
+  return y < 1.17549435e-38f ? 0.0f : y;
+#endif
+}
+
 /// Whether the row of `rowBytes` bytes at byte offset `offset` is the
 /// first to touch its 128-byte line (rows of one region, from a 128-byte
 /// aligned start), or `first` is set: the rows a prefetch names once.
@@ -2845,8 +2861,9 @@ struct Bf16Parts {
 /// goes through mma.sync m16n8k16 (bf16, float sums) twice:
 ///  - logits S = Q' K^T: rows 0..G-1 of A the query heads folded with the
 ///    block's record (q s 2^b in bf16 parts, Bf16Parts), rows 8..8+G-1
-///    the second parts, and a second A with the third parts (24
-///    significant bits: a logit sums D products); B the slots' key codes
+///    the second parts, and the third parts (24 significant bits: a
+///    logit sums D products) in rows 4..4+G-1 at G <= 4 (kPairedLanes),
+///    in a second A at G > 4; B the slots' key codes
 ///    as units (KiviBf16Units), four blocks of 8 slots, kKSteps steps of
 ///    16 channels. Step ks, lane
 ///    (g, t): the four codes of byte t of key word ks (int2; channels 16 ks
@@ -2878,6 +2895,10 @@ struct KiviMma {
   static constexpr int kQueryPitch = D + (kBits == 2 ? 16 : 8);
   static constexpr int kKSteps = D / 16;
   static constexpr int kKeyBlocks = kWarpSize / 8;
+  /// Whether rows 4..7 of A are free (G <= 4): there lanes g and g + 4
+  /// share head g's fold and row g + 4 carries its third parts, one mma
+  /// per key block and step instead of two.
+  static constexpr bool kPairedLanes = G <= 4;
   /// Value channel blocks (8 kCpb channels: a byte of every column's row),
   /// n-blocks of 8 channels, channel blocks per value group.
   static constexpr int kQBlocks = D / (8 * kCpb);
@@ -2893,6 +2914,14 @@ struct KiviMma {
   static constexpr bool kApplies =
       G >= 2 && G <= 8 && KG % kWarpSize == 0 && D % kWarpSize == 0 &&
       kThreads % kWarpSize == 0 && kSharedBytes <= 48 * 1024;
+  /// Blocks per SM that the kernel's registers must allow (launch bounds):
+  /// four blocks of 128 threads, 128 registers a thread. Left free, ptxas
+  /// takes 168 at G = 4, head dim 128 (three blocks); at 128 it keeps
+  /// head g's sum and group offsets (z, corr) in local memory, about five
+  /// to a dozen 4-byte loads and stores per lane and tile, against about
+  /// 1600 instructions a tile, for a third more warps to hide the latency
+  /// of shared memory, shuffles and mma.sync.
+  static constexpr int kMinBlocks = 4 * 128 / kThreads;
 
   /// Channel of A's k index {2t, 2t+1, 2t+8, 2t+9}[i] at key step ks.
   __device__ static int keyChannel(int ks, int t, int i) {
@@ -2980,6 +3009,9 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   const uint32_t valueBytes =
       static_cast<uint32_t>(g % 4) | static_cast<uint32_t>(4 + g % 4) << 8;
 
+  // Head g's row of logits (g < G).
+  float *const headLogits =
+      a.logits + (static_cast<int64_t>(h) * G + (g < G ? g : 0)) * a.stride;
   KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp);
   typename KiviTileWalk<G, Tiles>::Tile tile;
   while (walk.more(end)) {
@@ -3037,7 +3069,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     walk.prefetchNext(a, t, lane);
 
     // S = Q' K^T and head g's bias sum_c q (min - s 2^b), over the lane's
-    // channels, then over the four lanes of the head.
+    // channels, then over the lanes of the head.
     float s[P::kKeyBlocks][4];
 #pragma unroll
     for (int n = 0; n < P::kKeyBlocks; ++n)
@@ -3045,7 +3077,63 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       for (int x = 0; x < 4; ++x)
         s[n][x] = 0.0f;
     float bias = 0.0f;
-    if (codeKeys) {
+    // The slots' codes of key step ks as B (two registers per key block).
+    auto keyUnits = [&](int ks, int n, uint32_t &b0, uint32_t &b1) {
+      const uint32_t *codes = keyWords[warp][8 * n + g];
+      if constexpr (kBits == 2) {
+        const uint32_t x = bytePerm(codes[ks], 0u, keyByte);
+        b0 = U::pair(x, 0);
+        b1 = U::pair(x, 2);
+      } else {
+        b0 = U::pair(bytePerm(codes[2 * ks], 0u, keyByte), 0);
+        b1 = U::pair(bytePerm(codes[2 * ks + 1], 0u, keyByte), 0);
+      }
+    };
+    // A query row's channels keyChannel(ks, tq, i) and the next folded
+    // with the block's record (q s 2^b) into three bf16 parts, and their
+    // terms q (min - s 2^b) added to the bias.
+    auto foldPair = [&](const float *query, int ks, int i,
+                        uint32_t(&parts)[3]) {
+      const int c = P::keyChannel(ks, tq, i);
+      const float4 terms =
+          *reinterpret_cast<const float4 *>(&keyTerms[warp][c]);
+      const float2 q = *reinterpret_cast<const float2 *>(query + c);
+      bias = fmaf(q.x, terms.y, bias);
+      bias = fmaf(q.y, terms.w, bias);
+      splitParts(q.x * terms.x, q.y * terms.z, parts);
+    };
+    if (codeKeys && P::kPairedLanes) {
+      // G <= 4: lanes g and g + 4 (lane ^ 16) fold head g's channels of
+      // k 2t, 2t + 1 and of k 2t + 8, 2t + 9 respectively, each into
+      // three parts, and trade them: rows g and g + 8 of A take the first
+      // two parts, row g + 4 the third, so one mma per key block sums
+      // all three.
+      const bool low = g < 4;
+      const int side = low ? 0 : 2;
+      const float *query = queries[g % 4];
+#pragma unroll 1
+      for (int ks = 0; ks < P::kKSteps; ++ks) {
+        uint32_t parts[3];
+        foldPair(query, ks, side, parts);
+        const uint32_t first =
+            __shfl_xor_sync(kFullMask, low ? parts[2] : parts[0], 16);
+        const uint32_t second = __shfl_xor_sync(kFullMask, parts[1], 16);
+        const uint32_t qa[4] = {low ? parts[0] : first, low ? parts[1] : 0u,
+                                low ? first : parts[2], low ? second : 0u};
+#pragma unroll
+        for (int n = 0; n < P::kKeyBlocks; ++n) {
+          uint32_t b0, b1;
+          keyUnits(ks, n, b0, b1);
+          mmaK16<Storage::BF16>(s[n], qa, b0, b1);
+        }
+      }
+      // Row g + 4 (lane ^ 16) into rows g (the third parts).
+#pragma unroll
+      for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          s[n][e] += __shfl_xor_sync(kFullMask, s[n][e], 16);
+    } else if (codeKeys) {
       const float *query = queries[g];
 #pragma unroll 1
       for (int ks = 0; ks < P::kKSteps; ++ks) {
@@ -3054,59 +3142,74 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         uint32_t qa[4], qr[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int c = P::keyChannel(ks, tq, 2 * half);
-          const float4 terms =
-              *reinterpret_cast<const float4 *>(&keyTerms[warp][c]);
-          const float2 q = *reinterpret_cast<const float2 *>(query + c);
-          bias = fmaf(q.x, terms.y, bias);
-          bias = fmaf(q.y, terms.w, bias);
           uint32_t parts[3];
-          splitParts(q.x * terms.x, q.y * terms.z, parts);
+          foldPair(query, ks, 2 * half, parts);
           qa[2 * half] = parts[0];
           qa[2 * half + 1] = parts[1];
           qr[2 * half] = parts[2];
         }
 #pragma unroll
         for (int n = 0; n < P::kKeyBlocks; ++n) {
-          const uint32_t *codes = keyWords[warp][8 * n + g];
           uint32_t b0, b1;
-          if constexpr (kBits == 2) {
-            const uint32_t x = bytePerm(codes[ks], 0u, keyByte);
-            b0 = U::pair(x, 0);
-            b1 = U::pair(x, 2);
-          } else {
-            b0 = U::pair(bytePerm(codes[2 * ks], 0u, keyByte), 0);
-            b1 = U::pair(bytePerm(codes[2 * ks + 1], 0u, keyByte), 0);
-          }
+          keyUnits(ks, n, b0, b1);
           mmaK16<Storage::BF16>(s[n], qa, b0, b1);
           mmaK16<Storage::BF16>(s[n], qr, b0, b1);
         }
       }
     }
+    if (P::kPairedLanes)
+      bias += __shfl_xor_sync(kFullMask, bias, 16);
     bias += __shfl_xor_sync(kFullMask, bias, 1);
     bias += __shfl_xor_sync(kFullMask, bias, 2);
 
     // Head g's logits of slots 8n + 2t + e (rounded and remainder rows
-    // added), every one stored; the tile's maximum (finite: a slot is
-    // live), one rescale when it moves, the weights.
+    // added; a window key's from slotHeads, a free slot's -inf), every
+    // one of the split stored; the tile's maximum (finite: a slot is
+    // live), one rescale when it moves, the weights. A tile of live
+    // quantized keys inside the split (the common one) takes the plain
+    // loops, without a test per slot.
     float p[P::kKeyBlocks][2];
     float tileMax = kNegInf;
+    auto takeLogits = [&](auto mixed) {
 #pragma unroll
-    for (int n = 0; n < P::kKeyBlocks; ++n)
+      for (int n = 0; n < P::kKeyBlocks; ++n)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 8 * n + 2 * tq + e;
-        float l = s[n][e] + s[n][2 + e] + bias;
-        if (windowKeys >> r & 1u)
-          l = g < G ? slotHeads[warp][r][g] : 0.0f;
-        if (!(liveMask >> r & 1u))
-          l = kNegInf;
-        p[n][e] = l;
-        tileMax = fmaxf(tileMax, l);
-        const int32_t at = base + r;
-        if (g < G && at >= begin && at < end)
-          a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + at] = l;
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * n + 2 * tq + e;
+          float l = s[n][e] + s[n][2 + e] + bias;
+          if constexpr (decltype(mixed)::value) {
+            if (windowKeys >> r & 1u)
+              l = g < G ? slotHeads[warp][r][g] : 0.0f;
+            if (!(liveMask >> r & 1u))
+              l = kNegInf;
+          }
+          p[n][e] = l;
+          tileMax = fmaxf(tileMax, l);
+        }
+    };
+    if (windowKeys == 0 && liveMask == kFullMask)
+      takeLogits(std::false_type{});
+    else
+      takeLogits(std::true_type{});
+    if (g < G) {
+      float *row = headLogits + base + 2 * tq;
+      if (base >= begin && base + kWarpSize <= end) {
+#pragma unroll
+        for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            row[8 * n + e] = p[n][e];
+      } else {
+#pragma unroll
+        for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int32_t at = base + 8 * n + 2 * tq + e;
+            if (at >= begin && at < end)
+              row[8 * n + e] = p[n][e];
+          }
       }
+    }
     tileMax = fmaxf(tileMax, __shfl_xor_sync(kFullMask, tileMax, 1));
     tileMax = fmaxf(tileMax, __shfl_xor_sync(kFullMask, tileMax, 2));
     const float mNew = fmaxf(m, tileMax);
@@ -3123,13 +3226,12 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         for (int x = 0; x < 4; ++x)
           o[j][x] *= rescale;
     }
-    // e^(l - m) as 2^((l - m) log2 e): one multiply and the hardware's
-    // exp2 (within 2 ulp) instead of expf's range reduction.
+    // e^(l - m) as 2^((l - m) log2 e) (exp2Approx).
 #pragma unroll
     for (int n = 0; n < P::kKeyBlocks; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        p[n][e] = exp2f((p[n][e] - m) * 1.44269504088896341f);
+        p[n][e] = exp2Approx((p[n][e] - m) * 1.44269504088896341f);
         z += p[n][e];
       }
 
@@ -3264,7 +3366,10 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 /// take the tensor cores (decodeKiviMma) at 2 <= G <= 8 and
 /// decodeKiviTiles at G = 1; other geometries decodeKiviRows.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(
+    kThreads, KiviMma<G, D, kBits, KG, T, kThreads>::kApplies
+                  ? KiviMma<G, D, kBits, KG, T, kThreads>::kMinBlocks
+                  : 0)
     decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;

@@ -15,7 +15,8 @@
 // only, are read from the residual region (the slot's word: row and
 // kKiviKeyFull / kKiviValueFull). Three heads of different lengths over
 // pages of 192 slots (not a power of two), with free slots, a page hole, a
-// head whose keys are all in the window (no block to fold), a split size
+// head whose keys are all in the window (no block to fold), a head laid
+// out as a KIVI cache (every slot live, the window at its end), a split size
 // that is not a multiple of the tile, and one split per head (each warp
 // walks many tiles). The reference dequantizes as
 // x = code * scale + min in double and reads window rows with the kernel's
@@ -165,14 +166,20 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
           valueRecord[2 * x] = 0.02f + 0.2f * u(rng);
           valueRecord[2 * x + 1] = u(rng) - 0.8f;
         }
-        if (s >= n || rng() % 5 == 0)
+        // Head 2 as a KIVI cache holds it: every slot live, the window at
+        // the end (keys of the newest 72 entries, values of the newest
+        // 40), so that most of its tiles are whole blocks of quantized
+        // entries.
+        const bool dense = h == 2;
+        if (s >= n || (!dense && rng() % 5 == 0))
           continue; // past the head, or free
         positions[s] = s;
-        // Head 1's keys are all in the window; elsewhere one entry in 8 has
-        // its key and value there, one in 8 its value only.
+        // Head 1's keys are all in the window; on heads 0 and 1 one entry
+        // in 8 has its key and value there, one in 8 its value only.
         const uint32_t pick = rng() % 8;
-        const bool keyFull = h == 1 || pick == 0;
-        const bool valueFull = keyFull ? pick != 1 : pick == 1;
+        const bool keyFull = dense ? s >= n - 72 : h == 1 || pick == 0;
+        const bool valueFull =
+            dense ? s >= n - 40 : keyFull ? pick != 1 : pick == 1;
         const int32_t row = static_cast<int32_t>(rng() % kResidual);
         if (keyFull || valueFull)
           words[s] = row | (keyFull ? kvc::cuda::kKiviKeyFull : 0) |
