@@ -2483,25 +2483,25 @@ template <typename Tiles> struct KiviTileLoads {
   float2 valueRecord[Tiles::kGroups] = {};
   float2 keyRecord[Tiles::kHeadDim / kWarpSize] = {};
 
+  /// The packed row of slot `o` of the code region at `region`.
+  __device__ static __forceinline__ void
+  loadRow(const uint8_t *region, uint64_t o,
+          RowVector (&row)[Tiles::kRowVectors]) {
+    const auto *codes =
+        reinterpret_cast<const RowVector *>(region + o * Tiles::kRowBytes);
+#pragma unroll
+    for (int v = 0; v < Tiles::kRowVectors; ++v)
+      row[v] = __ldg(codes + v);
+  }
+
   /// `page`: the tile's page; `o`: the lane's slot offset in it.
   __device__ __forceinline__ void load(const DecodeSplitArgs &a,
                                        const uint8_t *page, uint64_t o,
                                        int lane, bool keyCodes,
                                        bool valueCodes, bool fold) {
-    if (keyCodes) {
-      const auto *codes = reinterpret_cast<const RowVector *>(
-          page + a.layout.keyOffset + o * Tiles::kRowBytes);
-#pragma unroll
-      for (int v = 0; v < Tiles::kRowVectors; ++v)
-        keyRow[v] = __ldg(codes + v);
-    }
-    {
-      const auto *codes = reinterpret_cast<const RowVector *>(
-          page + a.layout.valueOffset + o * Tiles::kRowBytes);
-#pragma unroll
-      for (int v = 0; v < Tiles::kRowVectors; ++v)
-        valueRow[v] = __ldg(codes + v);
-    }
+    if (keyCodes)
+      loadRow(page + a.layout.keyOffset, o, keyRow);
+    loadRow(page + a.layout.valueOffset, o, valueRow);
     if (valueCodes) {
       const float2 *record = reinterpret_cast<const float2 *>(
           page + a.layout.valueParamOffset + o * Tiles::kValueRecordBytes);
