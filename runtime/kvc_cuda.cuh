@@ -59,7 +59,51 @@
 #include <utility>
 #include <vector>
 
+// Build-time overrides of two kernel choices, for side-by-side
+// measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
+// generated libraries are built with the defaults, which are what kvc
+// ships. Define before including this header (a -D flag of the library's
+// compilation):
+//  - KVC_CUDA_TENSOR_CORES (default 1): 0 sends the decodes that take
+//    mma.sync (16-bit storage and KIVI at 2 <= G <= 8) to their CUDA-core
+//    paths (decodeStagedRows or the register path; decodeKiviTiles).
+//  - KVC_CUDA_KIVI_MMA_BLOCKS (default 4): blocks of 128 threads per SM
+//    that the launch bounds of the tensor-core KIVI decode ask for
+//    (KiviMma::kMinBlocks); 0 leaves its registers to ptxas.
+#ifndef KVC_CUDA_TENSOR_CORES
+#define KVC_CUDA_TENSOR_CORES 1
+#endif
+#ifndef KVC_CUDA_KIVI_MMA_BLOCKS
+#define KVC_CUDA_KIVI_MMA_BLOCKS 4
+#endif
+#if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
+#error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
+#endif
+#if KVC_CUDA_KIVI_MMA_BLOCKS < 0 || KVC_CUDA_KIVI_MMA_BLOCKS > 16
+#error "KVC_CUDA_KIVI_MMA_BLOCKS must be 0 to 16"
+#endif
+// A build with overrides puts every entity of kvc::cuda into an inline
+// namespace named after them, so that its kernels and block functions are
+// other symbols than the defaults' when both link into one program (a
+// benchmark timing both side by side): a kernel instantiation means one
+// body per program.
+#if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4
+#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks) overrides_tc##tc##_blocks##blocks
+#define KVC_CUDA_OVERRIDES_NAME(tc, blocks) KVC_CUDA_OVERRIDES_NAME2(tc, blocks)
+#define KVC_CUDA_OVERRIDES_BEGIN                                               \
+  inline namespace KVC_CUDA_OVERRIDES_NAME(KVC_CUDA_TENSOR_CORES,              \
+                                           KVC_CUDA_KIVI_MMA_BLOCKS) {
+#define KVC_CUDA_OVERRIDES_END }
+#else
+#define KVC_CUDA_OVERRIDES_BEGIN
+#define KVC_CUDA_OVERRIDES_END
+#endif
+
 namespace kvc::cuda {
+KVC_CUDA_OVERRIDES_BEGIN
+
+/// Whether the decodes may take tensor cores (KVC_CUDA_TENSOR_CORES).
+constexpr bool kTensorCores = KVC_CUDA_TENSOR_CORES != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -1580,8 +1624,8 @@ template <int G, int D, Storage S, int kThreads> struct MmaDecode {
   /// 16-bit storage (what tensor cores read as stored), a group that fits
   /// the eight rows of a fragment, and whole warps.
   static constexpr bool kApplies =
-      (S == Storage::F16 || S == Storage::BF16) && G >= 2 && G <= 8 &&
-      D % 32 == 0 && kThreads % kWarpSize == 0;
+      kTensorCores && (S == Storage::F16 || S == Storage::BF16) && G >= 2 &&
+      G <= 8 && D % 32 == 0 && kThreads % kWarpSize == 0;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kKeysPerWarp = 8;
   static constexpr int kTileRows = kWarps * kKeysPerWarp;
@@ -2912,16 +2956,18 @@ struct KiviMma {
   /// tile, whole value groups per channel block, the static shared memory
   /// limit; others go through decodeKiviTiles or decodeKiviRows.
   static constexpr bool kApplies =
-      G >= 2 && G <= 8 && KG % kWarpSize == 0 && D % kWarpSize == 0 &&
-      kThreads % kWarpSize == 0 && kSharedBytes <= 48 * 1024;
+      kTensorCores && G >= 2 && G <= 8 && KG % kWarpSize == 0 &&
+      D % kWarpSize == 0 && kThreads % kWarpSize == 0 &&
+      kSharedBytes <= 48 * 1024;
   /// Blocks per SM that the kernel's registers must allow (launch bounds):
   /// four blocks of 128 threads, 128 registers a thread. Left free, ptxas
   /// takes 168 at G = 4, head dim 128 (three blocks); at 128 it keeps
   /// head g's sum and group offsets (z, corr) in local memory, about five
   /// to a dozen 4-byte loads and stores per lane and tile, against about
   /// 1600 instructions a tile, for a third more warps to hide the latency
-  /// of shared memory, shuffles and mma.sync.
-  static constexpr int kMinBlocks = 4 * 128 / kThreads;
+  /// of shared memory, shuffles and mma.sync. KVC_CUDA_KIVI_MMA_BLOCKS
+  /// overrides the four (0: no bound).
+  static constexpr int kMinBlocks = KVC_CUDA_KIVI_MMA_BLOCKS * 128 / kThreads;
 
   /// Channel of A's k index {2t, 2t+1, 2t+8, 2t+9}[i] at key step ks.
   __device__ static int keyChannel(int ks, int t, int i) {
@@ -5728,6 +5774,7 @@ private:
   std::vector<KiviStage> stages_;
 };
 
+KVC_CUDA_OVERRIDES_END
 } // namespace kvc::cuda
 
 #endif // KVC_RUNTIME_KVC_CUDA_CUH

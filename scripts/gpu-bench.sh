@@ -26,7 +26,7 @@ if ! ninja -C "$build" -t query kvc-bench-gpu >/dev/null 2>&1; then
        "found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
   exit 1
 fi
-echo "gpu-bench: building kvc-bench-gpu (36 policy libraries)" >&2
+echo "gpu-bench: building kvc-bench-gpu (48 policy libraries: 36 + 12 kernel alternatives)" >&2
 ninja -C "$build" kvc-bench-gpu >&2
 
 mkdir -p "$(dirname "$out")"

@@ -23,3 +23,19 @@ set(gpu_bench_policy_kivi2 ${PROJECT_SOURCE_DIR}/policies/kivi2.mlir)
 set(gpu_bench_policy_kivi4 ${PROJECT_SOURCE_DIR}/policies/kivi4.mlir)
 set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 
+# Alternatives: the same policies built with a kernel choice overridden
+# (runtime/kvc_cuda.cuh, "Build-time overrides"), under their own names so
+# that they link beside the defaults and the benchmark times both in one
+# run. Compiled for the geometries that have a choice (G >= 2).
+#   plain_cc    plain's decode without tensor cores (KVC_CUDA_TENSOR_CORES=0:
+#               the shared-memory tiles of decodeStagedRows)
+#   kivi2_cc    kivi2's decode on CUDA cores (decodeKiviTiles)
+#   kivi2_free  kivi2's tensor-core decode without launch bounds
+#               (KVC_CUDA_KIVI_MMA_BLOCKS=0: registers left to ptxas)
+set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free)
+set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
+set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
+set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
+set(gpu_bench_alternative_defines_kivi2_cc KVC_CUDA_TENSOR_CORES=0)
+set(gpu_bench_alternative_policy_kivi2_free ${gpu_bench_policy_kivi2})
+set(gpu_bench_alternative_defines_kivi2_free KVC_CUDA_KIVI_MMA_BLOCKS=0)

@@ -92,11 +92,34 @@ struct BenchGeometry {
   ConfigureFn kiviConfigure[2];
   BatchBytesFn kiviBytes[2];
   DecodeFn kiviDecode[2];
+  /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
+  /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
+  /// on CUDA cores (kivi2_cc) and on tensor cores without launch bounds
+  /// (kivi2_free).
+  BatchBytesFn plainCcBytes = nullptr;
+  DecodeFn plainCcDecode = nullptr;
+  ConfigureFn kivi2AltConfigure[2] = {};
+  BatchBytesFn kivi2AltBytes[2] = {};
+  DecodeFn kivi2AltDecode[2] = {};
+  bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
 #define KVC_GB(v, d, g, suffix) kvc_gb_##v##_d##d##_g##g##_cuda_##suffix
 #define KVC_BENCH_GEOMETRY(d, g)                                               \
+  BenchGeometry { KVC_BENCH_GEOMETRY_FIELDS(d, g) }
+#define KVC_BENCH_GEOMETRY_WITH_ALTERNATIVES(d, g)                             \
   BenchGeometry {                                                              \
+    KVC_BENCH_GEOMETRY_FIELDS(d, g),                                           \
+        KVC_GB(plain_cc, d, g, decode_batch_workspace_bytes),                  \
+        KVC_GB(plain_cc, d, g, decode_batch),                                  \
+        {KVC_GB(kivi2_cc, d, g, configure),                                    \
+         KVC_GB(kivi2_free, d, g, configure)},                                 \
+        {KVC_GB(kivi2_cc, d, g, decode_batch_workspace_bytes),                 \
+         KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes)},              \
+        {KVC_GB(kivi2_cc, d, g, decode_batch),                                 \
+         KVC_GB(kivi2_free, d, g, decode_batch)}                               \
+  }
+#define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
         {KVC_GB(plain, d, g, configure), KVC_GB(fused, d, g, configure),       \
          KVC_GB(unfused, d, g, configure), KVC_GB(h2o, d, g, configure)},      \
@@ -116,8 +139,7 @@ struct BenchGeometry {
         {KVC_GB(kivi2, d, g, configure), KVC_GB(kivi4, d, g, configure)},      \
         {KVC_GB(kivi2, d, g, decode_batch_workspace_bytes),                    \
          KVC_GB(kivi4, d, g, decode_batch_workspace_bytes)},                   \
-        {KVC_GB(kivi2, d, g, decode_batch), KVC_GB(kivi4, d, g, decode_batch)} \
-  }
+        {KVC_GB(kivi2, d, g, decode_batch), KVC_GB(kivi4, d, g, decode_batch)}
 
 } // namespace
 
@@ -140,6 +162,8 @@ struct Options {
   std::vector<int> prefillContexts{1024, 4096, 16384};
   /// Contexts of the model-step table (every batch of `batches`).
   std::vector<int> modelContexts{4096, 16384};
+  /// Contexts of the alternatives table (every batch of `batches`).
+  std::vector<int> alternativeContexts{16384, 32768};
   std::vector<int> dims, groups; // empty: every compiled-in one
   double minMs = 100.0;
   int steps = 8;
@@ -795,75 +819,172 @@ double kiviCacheBytes(const Context &ctx, int batch) {
 /// device-resident slot tables (the eviction and the byte count read the
 /// runtime's bookkeeping, which settles them), so the timed steps run on
 /// tables kept on the device.
+/// One KIVI decode (a policy's configure, workspace size and batched
+/// decode) at `batch` sequences of `n` entries: microseconds and bytes read
+/// per step. Throws BenchError.
+struct KiviTiming {
+  double usPerStep, bytesPerStep;
+};
+
+KiviTiming timeKivi(ConfigureFn configure, BatchBytesFn workspaceBytes,
+                    DecodeFn decode, int dim, int qHeads, Buffers &buffers,
+                    int batch, int n, const Options &o, cudaStream_t stream) {
+  const int steps = o.steps;
+  EventTimer timer;
+  kvc_config_t kivi{};
+  configure(&kivi);
+  // Headroom: the untimed step's and the round's tokens, the open key
+  // block and the partly evicted oldest one.
+  Context ctx(configure, dim, buffers, batch, n,
+              steps + 2 + 2 * kivi.group_size, o.pageSize);
+  fillRandomHalf(buffers.pool.ptr, ctx.poolBytes, buffers.seed++);
+  // Slots after an append plus one page, as the generated code checks.
+  const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+  buffers.workspace.reserve(workspaceBytes(batch, stride));
+  Batch in(buffers, batch, qHeads, dim);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  int32_t position = n;
+  auto prime = [&] {
+    KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q, in.k,
+                     in.v, in.at(position++), in.out, buffers.workspace.ptr,
+                     buffers.workspace.bytes, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+  auto round = [&] {
+    for (int i = 0; i < steps; ++i, ++position)
+      KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q,
+                       in.k, in.v, in.at(position), in.out,
+                       buffers.workspace.ptr, buffers.workspace.bytes,
+                       stream));
+  };
+  // Warm-up round (first launches, host allocations).
+  if (o.warmUp) {
+    prime();
+    timer.time(stream, round);
+    ctx.restoreOldest(batch, n);
+  }
+  double ms = 0.0, bytes = 0.0;
+  int rounds = 0;
+  while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
+    // Timed step i reads the cache after its append, the (i + 2)th since
+    // `first` (the untimed step's is the first): interpolate between the
+    // state before the untimed step and after the round.
+    const double first = kiviCacheBytes(ctx, batch);
+    prime();
+    ms += timer.time(stream, round);
+    const double last = kiviCacheBytes(ctx, batch);
+    bytes += first + (last - first) * (steps + 3) / (2.0 * (steps + 1));
+    ++rounds;
+    ctx.restoreOldest(batch, n);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  return {1e3 * ms / (double(rounds) * steps), bytes / rounds};
+}
+
 KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
                      const Options &o, cudaStream_t stream) {
   KiviResult r;
-  const int qHeads = kKvHeads * g.group;
-  const int steps = o.steps;
-  EventTimer timer;
   for (int variant = 0; variant < kNumKivi; ++variant) {
     if (!o.variants[kNumVariants + variant]) {
       r.error[variant] = "not selected (--variants)";
       continue;
     }
     try {
-      kvc_config_t kivi{};
-      g.kiviConfigure[variant](&kivi);
-      // Headroom: the untimed step's and the round's tokens, the open key
-      // block and the partly evicted oldest one.
-      Context ctx(g.kiviConfigure[variant], g.dim, buffers, batch, n,
-                  steps + 2 + 2 * kivi.group_size, o.pageSize);
-      fillRandomHalf(buffers.pool.ptr, ctx.poolBytes, buffers.seed++);
-      // Slots after an append plus one page, as the generated code checks.
-      const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
-      buffers.workspace.reserve(g.kiviBytes[variant](batch, stride));
-      Batch in(buffers, batch, qHeads, g.dim);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const DecodeFn decode = g.kiviDecode[variant];
-      int32_t position = n;
-      auto prime = [&] {
-        KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q,
-                         in.k, in.v, in.at(position++), in.out,
-                         buffers.workspace.ptr, buffers.workspace.bytes,
-                         stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-      };
-      auto round = [&] {
-        for (int i = 0; i < steps; ++i, ++position)
-          KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q,
-                           in.k, in.v, in.at(position), in.out,
-                           buffers.workspace.ptr, buffers.workspace.bytes,
-                           stream));
-      };
-      // Warm-up round (first launches, host allocations).
-      if (o.warmUp) {
-        prime();
-        timer.time(stream, round);
-        ctx.restoreOldest(batch, n);
-      }
-      double ms = 0.0, bytes = 0.0;
-      int rounds = 0;
-      while ((ms < o.minMs || rounds < o.minRounds) && rounds < 10000) {
-        // Timed step i reads the cache after its append, the (i + 2)th
-        // since `first` (the untimed step's is the first): interpolate
-        // between the state before the untimed step and after the round.
-        const double first = kiviCacheBytes(ctx, batch);
-        prime();
-        ms += timer.time(stream, round);
-        const double last = kiviCacheBytes(ctx, batch);
-        bytes += first + (last - first) * (steps + 3) / (2.0 * (steps + 1));
-        ++rounds;
-        ctx.restoreOldest(batch, n);
-      }
-      CUDA_CHECK(cudaGetLastError());
-      r.usPerStep[variant] = 1e3 * ms / (double(rounds) * steps);
-      r.bytesPerStep[variant] = bytes / rounds;
+      const KiviTiming t = timeKivi(
+          g.kiviConfigure[variant], g.kiviBytes[variant], g.kiviDecode[variant],
+          g.dim, kKvHeads * g.group, buffers, batch, n, o, stream);
+      r.usPerStep[variant] = t.usPerStep;
+      r.bytesPerStep[variant] = t.bytesPerStep;
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
       ++gCellErrors;
       cudaStreamSynchronize(stream);
       cudaGetLastError();
+    }
+  }
+  return r;
+}
+
+//===--- Kernel alternatives ------------------------------------------------===//
+
+/// The decodes of the alternatives table: plain's (tensor cores at these
+/// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
+/// blocks per SM), kivi2_cc's and kivi2_free's (GpuBenchPolicies.cmake).
+enum Alternative {
+  kAltPlain = 0,
+  kAltPlainCc = 1,
+  kAltInt2 = 2,
+  kAltInt2Cc = 3,
+  kAltInt2Free = 4,
+  kNumAlternatives = 5
+};
+const char *kAlternativeNames[] = {"plain", "plain_cc", "int2", "int2_cc",
+                                   "int2_free"};
+
+struct AlternativesResult {
+  bool ok[kNumAlternatives] = {};
+  double usPerStep[kNumAlternatives] = {};
+  std::string error[kNumAlternatives];
+};
+
+/// Times the five decodes at one (geometry, batch, context), one after the
+/// other: the 16-bit pair over one f16 context as benchDecode, the KIVI
+/// ones as benchKivi.
+AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
+                                     int batch, int n, const Options &o,
+                                     cudaStream_t stream) {
+  AlternativesResult r;
+  const int qHeads = kKvHeads * g.group;
+  auto fail = [&](int alt, const BenchError &e) {
+    r.error[alt] = e.what();
+    ++gCellErrors;
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+  };
+  {
+    Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
+                o.pageSize);
+    const int pagesPerHead =
+        (n + o.steps + 2 + o.pageSize - 1) / o.pageSize + 1;
+    const int32_t stride = pagesPerHead * o.pageSize + o.pageSize;
+    buffers.workspace.reserve(
+        std::max(g.plainBytes(batch, stride), g.plainCcBytes(batch, stride)));
+    Batch in(buffers, batch, qHeads, g.dim);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EventTimer timer;
+    for (int alt : {kAltPlain, kAltPlainCc}) {
+      const DecodeFn decode = alt == kAltPlain ? g.plainDecode : g.plainCcDecode;
+      try {
+        r.usPerStep[alt] = timeSteps(
+            timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
+              KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0,
+                               in.q, in.k, in.v, in.at(position), in.out,
+                               buffers.workspace.ptr, buffers.workspace.bytes,
+                               stream));
+            });
+        r.ok[alt] = true;
+      } catch (const BenchError &e) {
+        fail(alt, e);
+      }
+    }
+  }
+  for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free}) {
+    const int i = alt - kAltInt2Cc;
+    try {
+      r.usPerStep[alt] =
+          alt == kAltInt2
+              ? timeKivi(g.kiviConfigure[kInt2], g.kiviBytes[kInt2],
+                         g.kiviDecode[kInt2], g.dim, qHeads, buffers, batch, n,
+                         o, stream)
+                    .usPerStep
+              : timeKivi(g.kivi2AltConfigure[i], g.kivi2AltBytes[i],
+                         g.kivi2AltDecode[i], g.dim, qHeads, buffers, batch, n,
+                         o, stream)
+                    .usPerStep;
+      r.ok[alt] = true;
+    } catch (const BenchError &e) {
+      fail(alt, e);
     }
   }
   return r;
@@ -934,6 +1055,8 @@ void usage(const char *argv0) {
       "(default 1k,4k,16k; 'none' skips it)\n"
       "  --model-context=LIST    contexts of the model-step table (default "
       "4k,16k; 'none' skips it)\n"
+      "  --alt-context=LIST      contexts of the kernel alternatives table "
+      "(default 16k,32k; 'none' skips it)\n"
       "  --dim=LIST, --group=LIST  restrict to these head dims / GQA groups\n"
       "  --min-ms=X              timed milliseconds per measurement (default "
       "100)\n"
@@ -980,6 +1103,7 @@ int parseOptions(int argc, char **argv, Options &o) {
       o.contexts = {1024};
       o.prefillContexts = {1024};
       o.modelContexts = {1024};
+      o.alternativeContexts = {1024};
       o.minMs = 20.0;
       if (key == "--check") {
         o.minMs = 1e-3;
@@ -996,6 +1120,8 @@ int parseOptions(int argc, char **argv, Options &o) {
       good = takeValue() && parseList(value.c_str(), o.prefillContexts);
     } else if (key == "--model-context") {
       good = takeValue() && parseList(value.c_str(), o.modelContexts);
+    } else if (key == "--alt-context") {
+      good = takeValue() && parseList(value.c_str(), o.alternativeContexts);
     } else if (key == "--dim") {
       good = takeValue() && parseList(value.c_str(), o.dims);
     } else if (key == "--group") {
@@ -1095,6 +1221,18 @@ void printList(const Options &o) {
               "pipelined against synchronized after each layer; contexts "
               "%s\n",
               joinList(o.modelContexts).c_str());
+  bool alternatives = false;
+  for (const BenchGeometry &g : kBenchGeometries)
+    alternatives = alternatives || g.hasAlternatives();
+  if (alternatives)
+    std::printf("kernel alternatives (geometries with G >= 2): plain_cc "
+                "(plain's decode, KVC_CUDA_TENSOR_CORES=0), kivi2_cc (kivi2, "
+                "KVC_CUDA_TENSOR_CORES=0), kivi2_free (kivi2, "
+                "KVC_CUDA_KIVI_MMA_BLOCKS=0); contexts %s\n",
+                joinList(o.alternativeContexts).c_str());
+  else
+    std::printf("kernel alternatives: none compiled in (kvc-bench-gpu has "
+                "them)\n");
 }
 
 } // namespace
@@ -1158,7 +1296,8 @@ int main(int argc, char **argv) {
     // (plain) time, that format's time, its GB/s; prefill rows:
     // milliseconds per call of plain, snapkv, h2o; model rows:
     // microseconds per token (every layer) of the fused policy pipelined,
-    // then synchronized, then of the plain decode pipelined.
+    // then synchronized, then of the plain decode pipelined; alt_<name>
+    // rows (kernel alternatives): that decode's microseconds per step.
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
@@ -1404,6 +1543,77 @@ int main(int argc, char **argv) {
             }
             std::fflush(stdout);
           });
+    }
+
+    bool alternatives = false;
+    for (const BenchGeometry &g : kBenchGeometries)
+      alternatives = alternatives || (g.hasAlternatives() &&
+                                      selected(o.dims, g.dim) &&
+                                      selected(o.groups, g.group));
+    if (alternatives && !o.alternativeContexts.empty()) {
+      std::printf(
+          "\nKernel alternatives: the shipped decode kernels against the "
+          "same policies built with a kernel choice overridden "
+          "(runtime/kvc_cuda.cuh, bench/gpu/GpuBenchPolicies.cmake), timed "
+          "one after the other in each cell as the tables above (16-bit: as "
+          "plain; int2: as the KIVI table).\n"
+          "16b tc = plain's decode (tensor cores, decodeMmaRows); 16b cc = "
+          "plain_cc (KVC_CUDA_TENSOR_CORES=0: decodeStagedRows); int2 tc = "
+          "kivi2 (tensor cores, launch bounds for 4 blocks of 128 threads "
+          "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
+          "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
+          "left to ptxas).\n"
+          "cc/tc, cc/int2, free/int2 = the alternative's time / the shipped "
+          "one's (> 1: the shipped kernel is faster).\n\n");
+      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s | %9s %9s %6s %9s %6s\n",
+                  "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
+                  "cc/tc", "int2 us", "int2cc us", "cc/i2", "free us",
+                  "fr/i2");
+      for (const BenchGeometry &g : kBenchGeometries) {
+        if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
+            !selected(o.groups, g.group))
+          continue;
+        for (int batch : o.batches)
+          for (int n : o.alternativeContexts) {
+            AlternativesResult r;
+            try {
+              r = benchAlternatives(g, buffers, batch, n, o, stream);
+            } catch (const BenchError &e) {
+              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                          kKvHeads * g.group, batch, n, e.what());
+              cudaGetLastError();
+              ++gCellErrors;
+              continue;
+            }
+            auto us = [&](int a) {
+              return cell(r.ok[a], "%.1f", r.usPerStep[a]);
+            };
+            auto ratio = [&](int a, int b) {
+              return cell(r.ok[a] && r.ok[b], "%.2f",
+                          r.ok[a] && r.ok[b]
+                              ? r.usPerStep[a] / r.usPerStep[b]
+                              : 0.0);
+            };
+            std::printf(
+                "%4d %3d %4d %3d %7d | %9s %9s %6s | %9s %9s %6s %9s %6s\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n,
+                us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
+                ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltInt2).c_str(),
+                us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
+                us(kAltInt2Free).c_str(),
+                ratio(kAltInt2Free, kAltInt2).c_str());
+            for (int a = 0; a < kNumAlternatives; ++a) {
+              if (!r.ok[a])
+                std::printf("     %s: %s\n", kAlternativeNames[a],
+                            r.error[a].c_str());
+              else
+                csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n",
+                    kAlternativeNames[a], g.dim, g.group, kKvHeads * g.group,
+                    batch, n, r.usPerStep[a], copy.best());
+            }
+            std::fflush(stdout);
+          }
+      }
     }
 
     if (!o.prefillContexts.empty()) {

@@ -1,0 +1,29 @@
+//===- OverridesFacts.cu - Kernel choices as one translation unit sees them -===//
+//
+// Defines defaultFacts() or, compiled with KVC_TEST_OVERRIDDEN and the
+// build-time overrides of runtime/kvc_cuda.cuh, overriddenFacts().
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/kvc_cuda.cuh"
+#include "test/cudaemu/OverridesFacts.h"
+
+namespace kvc::test {
+
+#ifdef KVC_TEST_OVERRIDDEN
+KernelFacts overriddenFacts() {
+#else
+KernelFacts defaultFacts() {
+#endif
+  using namespace kvc::cuda;
+  constexpr int kThreads = 128;
+  using Kivi = KiviMma<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>;
+  return {MmaDecode<4, 128, Storage::F16, kThreads>::kApplies, Kivi::kApplies,
+          Kivi::kMinBlocks,
+          reinterpret_cast<const void *>(
+              &decodeAttentionSplit<4, 128, Storage::F16, kThreads>),
+          reinterpret_cast<const void *>(
+              &decodeAttentionKivi<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>)};
+}
+
+} // namespace kvc::test

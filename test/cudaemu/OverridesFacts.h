@@ -1,0 +1,30 @@
+//===- OverridesFacts.h - Kernel choices as one translation unit sees them -===//
+//
+// OverridesFacts.cu reports, through these functions, which decode paths
+// runtime/kvc_cuda.cuh selects and where two of its kernel instantiations
+// live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
+// and with both build-time overrides, and OverridesTest.cu links the two.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_TEST_CUDAEMU_OVERRIDESFACTS_H
+#define KVC_TEST_CUDAEMU_OVERRIDESFACTS_H
+
+namespace kvc::test {
+
+struct KernelFacts {
+  /// MmaDecode::kApplies and KiviMma::kApplies at G = 4, head dim 128
+  /// (f16; int2 in key blocks of 32), KiviMma::kMinBlocks there.
+  bool tensorCoreDecode, tensorCoreKivi;
+  int kiviMinBlocks;
+  /// The addresses of decodeAttentionSplit and decodeAttentionKivi of that
+  /// geometry in this translation unit.
+  const void *splitKernel, *kiviKernel;
+};
+
+KernelFacts defaultFacts();
+KernelFacts overriddenFacts();
+
+} // namespace kvc::test
+
+#endif // KVC_TEST_CUDAEMU_OVERRIDESFACTS_H
