@@ -3657,38 +3657,77 @@ constexpr int kPrefillQueryTile = kPrefillQueriesPerWarp * kPrefillWarps;
 /// Keys per shared-memory tile: one per lane.
 constexpr int kKeyTile = kWarpSize;
 
+/// dot[r] = rows[r] . key for kRows rows of D floats in shared memory,
+/// stored one after the other and 16-byte aligned (the same rows for every
+/// lane: four channels of a row are one broadcast read), and the lane's key
+/// row (each channel read once for all the rows). The sums run in channel
+/// order, as a one-row loop's would.
+template <int kRows, int D>
+__device__ __forceinline__ void dotSharedRows(const float *rows,
+                                              const float *key,
+                                              float (&dot)[kRows]) {
+  static_assert(D % 4 == 0, "rows are read four channels at a time");
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    dot[r] = 0.0f;
+#pragma unroll 2
+  for (int c = 0; c < D; c += 4) {
+    float kc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      kc[i] = key[c + i];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4 qc = *reinterpret_cast<const float4 *>(rows + r * D + c);
+      dot[r] += qc.x * kc[0];
+      dot[r] += qc.y * kc[1];
+      dot[r] += qc.z * kc[2];
+      dot[r] += qc.w * kc[3];
+    }
+  }
+}
+
 /// Causal attention of one query head over the prompt, one block per tile
 /// of kPrefillQueryTile queries (grid: query tiles x q_heads). Keys and
 /// values pass through shared memory 32 at a time; lane j scores key j of
-/// the tile, the warp then accumulates the 32 values. Writes the output
-/// rows (when `out` is given) and the log-sum-exp of every query, which the
-/// statistics pass needs to form exact probabilities.
+/// the tile for the warp's kPrefillQueriesPerWarp rows at once (each key
+/// channel read once for all of them, the rows' channels four at a time),
+/// then the warp accumulates the 32 values into every row (each value read
+/// once for all of them). The sums run in channel and key order, as one row
+/// at a time would. Writes the output rows (when `out` is given) and the
+/// log-sum-exp of every query, which the statistics pass needs to form
+/// exact probabilities.
 template <int G, int D>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefillAttention(int32_t n, const float *q, const float *k, const float *v,
                      float scale, float *out, float *lse) {
   static_assert(D % kWarpSize == 0, "head_dim must be a multiple of 32");
   constexpr int kPerLane = D / kWarpSize;
+  constexpr int kRows = kPrefillQueriesPerWarp;
+  static_assert(kRows % 4 == 0, "a warp's rows are read as float4");
   const int32_t qHead = blockIdx.y, kvHead = qHead / G;
   const int64_t qStride = static_cast<int64_t>(gridDim.y) * D;
   const int64_t kvStride = static_cast<int64_t>(gridDim.y / G) * D;
   const int32_t tile = blockIdx.x * kPrefillQueryTile;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  // The warp's first row and its query.
+  const int row0 = warp * kRows;
+  const int32_t t0 = tile + row0;
 
   __shared__ float keys[kKeyTile][D + 1], values[kKeyTile][D + 1];
-  __shared__ float queries[kPrefillQueryTile][D];
-  // A row's weights of the key tile, one per lane, which every lane of the
-  // warp then reads in turn (broadcast reads, no bank conflicts).
-  __shared__ float tileProbs[kPrefillWarps][kKeyTile];
+  __shared__ __align__(16) float queries[kPrefillQueryTile][D];
+  // The weights of the key tile for the warp's rows: key j's in
+  // tileProbs[warp][j], which every lane reads in turn (broadcast reads).
+  __shared__ __align__(16) float tileProbs[kPrefillWarps][kKeyTile][kRows];
   for (int i = threadIdx.x; i < kPrefillQueryTile * D; i += kPrefillThreads) {
     const int r = i / D, c = i % D;
     const int32_t t = tile + r;
     queries[r][c] = t < n ? q[t * qStride + qHead * D + c] : 0.0f;
   }
-  float m[kPrefillQueriesPerWarp], z[kPrefillQueriesPerWarp];
-  float acc[kPrefillQueriesPerWarp][kPerLane];
+  float m[kRows], z[kRows];
+  float acc[kRows][kPerLane];
 #pragma unroll
-  for (int r = 0; r < kPrefillQueriesPerWarp; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     m[r] = kNegInf;
     z[r] = 0.0f;
 #pragma unroll
@@ -3705,40 +3744,56 @@ __global__ void __launch_bounds__(kPrefillThreads)
       values[r][c] = j < n ? v[j * kvStride + kvHead * D + c] : 0.0f;
     }
     __syncthreads();
+    // No row of the warp sees a key of the tile (uniform over the warp).
+    if (t0 >= n || k0 > t0 + kRows - 1)
+      continue;
+    float dot[kRows];
+    dotSharedRows<kRows, D>(&queries[row0][0], &keys[lane][0], dot);
+    // The online softmax of each row that sees the tile (uniform over the
+    // warp); a row that does not gets weights 0.
 #pragma unroll
-    for (int r = 0; r < kPrefillQueriesPerWarp; ++r) {
-      const int row = warp * kPrefillQueriesPerWarp + r;
-      const int32_t t = tile + row;
-      if (t >= n || k0 > t) // Uniform over the warp.
-        continue;
-      float dot = 0.0f;
-#pragma unroll 8
-      for (int c = 0; c < D; ++c)
-        dot += queries[row][c] * keys[lane][c];
-      const float l = k0 + lane <= t ? dot * scale : kNegInf;
-      const float mNew = fmaxf(m[r], warpMax(l));
-      const float p = expf(l - mNew);
-      const float rescale = expf(m[r] - mNew);
-      z[r] = z[r] * rescale + warpSum(p);
-      m[r] = mNew;
-#pragma unroll
-      for (int x = 0; x < kPerLane; ++x)
-        acc[r][x] *= rescale;
-      tileProbs[warp][lane] = p;
-      __syncwarp();
-      for (int j = 0; j < kKeyTile; ++j) {
-        const float pj = tileProbs[warp][j];
+    for (int r = 0; r < kRows; ++r) {
+      const int32_t t = t0 + r;
+      float p = 0.0f;
+      if (t < n && k0 <= t) {
+        const float l = k0 + lane <= t ? dot[r] * scale : kNegInf;
+        const float mNew = fmaxf(m[r], warpMax(l));
+        p = expf(l - mNew);
+        const float rescale = expf(m[r] - mNew);
+        z[r] = z[r] * rescale + warpSum(p);
+        m[r] = mNew;
 #pragma unroll
         for (int x = 0; x < kPerLane; ++x)
-          acc[r][x] += pj * values[j][lane + x * kWarpSize];
+          acc[r][x] *= rescale;
       }
-      // Every lane has read the weights before the next row writes them.
-      __syncwarp();
+      tileProbs[warp][lane][r] = p;
     }
+    __syncwarp();
+    for (int j = 0; j < kKeyTile; ++j) {
+      float pj[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; r += 4) {
+        const float4 p4 =
+            *reinterpret_cast<const float4 *>(&tileProbs[warp][j][r]);
+        pj[r] = p4.x;
+        pj[r + 1] = p4.y;
+        pj[r + 2] = p4.z;
+        pj[r + 3] = p4.w;
+      }
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x) {
+        const float vj = values[j][lane + x * kWarpSize];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          acc[r][x] += pj[r] * vj;
+      }
+    }
+    // Every lane has read the weights before the next tile writes them.
+    __syncwarp();
   }
 #pragma unroll
-  for (int r = 0; r < kPrefillQueriesPerWarp; ++r) {
-    const int32_t t = tile + warp * kPrefillQueriesPerWarp + r;
+  for (int r = 0; r < kRows; ++r) {
+    const int32_t t = t0 + r;
     if (t >= n)
       continue;
     if (out)
@@ -3774,7 +3829,8 @@ struct PersistenceBits {
 ///  - `persistence.bits` (when given): see PersistenceBits.
 /// Buffers are per kv-head, G rows of n (importance bits: one row of n).
 /// Warps split the queries; their sums are added (their bits or-ed) in warp
-/// order, so the result is deterministic.
+/// order, so the result is deterministic. A warp scores a query for up to
+/// four heads of the group at once (each key channel read once for all).
 template <int G, int D>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
@@ -3787,8 +3843,11 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int32_t w = min(window, n);
+  // Heads of the group whose query rows a warp stages and scores at once:
+  // each key channel is read once for all of them.
+  constexpr int kHeads = G % 4 == 0 ? 4 : G % 3 == 0 ? 3 : G % 2 == 0 ? 2 : 1;
   __shared__ float keys[kKeyTile][D + 1];
-  __shared__ float queries[kPrefillWarps][D];
+  __shared__ __align__(16) float queries[kPrefillWarps][kHeads][D];
   __shared__ float sums[kPrefillWarps][2][G][kWarpSize];
   __shared__ uint64_t importance[kPrefillWarps][kWarpSize];
   for (int i = threadIdx.x; i < kKeyTile * D; i += kPrefillThreads) {
@@ -3812,28 +3871,33 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const bool persists = persistence.bits && n - 1 - t < persistence.history;
     float reduced = persistence.reduce == Reduce::Max ? kNegInf : 0.0f;
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int32_t qHead = h * G + g;
+    for (int g0 = 0; g0 < G; g0 += kHeads) {
+      // Query t's rows of heads g0 .. g0 + kHeads - 1 (adjacent in q).
       __syncwarp();
-      for (int c = lane; c < D; c += kWarpSize)
-        queries[warp][c] = q[t * qStride + qHead * D + c];
+      const float *rows = q + t * qStride + static_cast<int64_t>(h * G + g0) * D;
+      for (int i = lane; i < kHeads * D; i += kWarpSize)
+        queries[warp][i / D][i % D] = rows[i];
       __syncwarp();
-      float dot = 0.0f;
-#pragma unroll 8
-      for (int c = 0; c < D; ++c)
-        dot += queries[warp][c] * keys[lane][c];
-      const float p =
-          col <= t && col < n
-              ? expf(dot * scale - lse[static_cast<int64_t>(qHead) * n + t])
-              : 0.0f;
-      totalSum[g] += p * age;
-      if (t >= n - w)
-        windowSum[g] += p;
-      if (t == n - 1)
-        lastP[g] = p;
-      if (persists)
-        reduced = persistence.reduce == Reduce::Max ? fmaxf(reduced, p)
-                                                    : reduced + p;
+      float dot[kHeads];
+      dotSharedRows<kHeads, D>(&queries[warp][0][0], &keys[lane][0], dot);
+#pragma unroll
+      for (int x = 0; x < kHeads; ++x) {
+        const int g = g0 + x;
+        const int32_t qHead = h * G + g;
+        const float p =
+            col <= t && col < n
+                ? expf(dot[x] * scale -
+                       lse[static_cast<int64_t>(qHead) * n + t])
+                : 0.0f;
+        totalSum[g] += p * age;
+        if (t >= n - w)
+          windowSum[g] += p;
+        if (t == n - 1)
+          lastP[g] = p;
+        if (persists)
+          reduced = persistence.reduce == Reduce::Max ? fmaxf(reduced, p)
+                                                      : reduced + p;
+      }
     }
     if (persists && col <= t && col < n &&
         (persistence.reduce == Reduce::Mean ? reduced / G : reduced) >
