@@ -8,6 +8,9 @@
 #        --batch=8 --context=4k,16k; see build/bin/kvc-bench-gpu --help)
 # Output: ${KVC_GPU_BENCH_OUT:-build/gpu-bench.txt}, and the kvc rows as CSV
 #         next to it (.csv).
+# Environment: KVC_BUILD_DIR, KVC_GPU_BIN (a folder of prebuilt executables,
+#         scripts/gpu-pack.sh: nothing is built), KVC_GPU_BENCH_NSYS=0 (no
+#         Nsight Systems breakdown).
 # Exit status: that of kvc-bench-gpu; 77 when no CUDA device is usable
 # (the table is then not produced).
 set -euo pipefail
@@ -16,25 +19,34 @@ build=${KVC_BUILD_DIR:-$root/build}
 out=${KVC_GPU_BENCH_OUT:-$build/gpu-bench.txt}
 csv=${out%.txt}.csv
 
-if [ ! -f "$build/build.ninja" ]; then
-  # A fresh machine: the packages, then the build the rest of kvc uses.
-  "$root/scripts/setup.sh" >&2
-  "$root/scripts/build.sh" >&2
+if [ -n "${KVC_GPU_BIN:-}" ]; then
+  bench=$KVC_GPU_BIN/kvc-bench-gpu
+  if [ ! -x "$bench" ]; then
+    echo "gpu-bench: $bench is missing (scripts/gpu-pack.sh gathers it)." >&2
+    exit 1
+  fi
+else
+  if [ ! -f "$build/build.ninja" ]; then
+    # A fresh machine: the packages, then the build the rest of kvc uses.
+    "$root/scripts/setup.sh" >&2
+    "$root/scripts/build.sh" >&2
+  fi
+  if ! ninja -C "$build" -t query kvc-bench-gpu >/dev/null 2>&1; then
+    echo "gpu-bench: the build in $build has no kvc-bench-gpu target: CMake" \
+         "found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
+    exit 1
+  fi
+  echo "gpu-bench: building kvc-bench-gpu (48 policy libraries: 36 + 12 kernel alternatives)" >&2
+  ninja -C "$build" kvc-bench-gpu >&2
+  bench=$build/bin/kvc-bench-gpu
 fi
-if ! ninja -C "$build" -t query kvc-bench-gpu >/dev/null 2>&1; then
-  echo "gpu-bench: the build in $build has no kvc-bench-gpu target: CMake" \
-       "found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
-  exit 1
-fi
-echo "gpu-bench: building kvc-bench-gpu (48 policy libraries: 36 + 12 kernel alternatives)" >&2
-ninja -C "$build" kvc-bench-gpu >&2
 
 mkdir -p "$(dirname "$out")"
 {
   echo "# kvc GPU benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname)"
   echo "# commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
        "$(git -C "$root" diff --quiet 2>/dev/null || echo '(with local changes)')"
-  echo "# command: build/bin/kvc-bench-gpu --csv=$csv $*"
+  echo "# command: $bench --csv=$csv $*"
   if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=name,driver_version,clocks.max.memory,power.limit \
       --format=csv,noheader 2>/dev/null | sed 's/^/# nvidia-smi: /' || true
@@ -42,7 +54,7 @@ mkdir -p "$(dirname "$out")"
 } > "$out"
 
 set +e
-"$build/bin/kvc-bench-gpu" --csv="$csv" "$@" | tee -a "$out"
+"$bench" --csv="$csv" "$@" | tee -a "$out"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -eq 77 ]; then
@@ -66,7 +78,7 @@ if [ "${KVC_GPU_BENCH_NSYS:-1}" != 0 ]; then
       echo "== nsys: per-kernel GPU time, $variant decode, batch 8, context 16k," \
            "head dim 128, group 4 (kernels only; the table's times include the host side) ==" | tee -a "$out"
       if "$nsys" profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite=true \
-           -o "$prof/$variant" "$build/bin/kvc-bench-gpu" --batch=8 --context=16k \
+           -o "$prof/$variant" "$bench" --batch=8 --context=16k \
            --dim=128 --group=4 --prefill-context=none --variants=$variant \
            --min-ms=50 >/dev/null 2>&1; then
         "$nsys" stats --report cuda_gpu_kern_sum --format table "$prof/$variant.nsys-rep" 2>/dev/null |

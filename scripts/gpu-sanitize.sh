@@ -20,7 +20,8 @@
 # The test executables take the policy list from KVC_GPU_TEST_POLICIES.
 #
 # Usage: scripts/gpu-sanitize.sh
-# Environment: KVC_BUILD_DIR, KVC_SANITIZE_TOOLS (default "memcheck
+# Environment: KVC_BUILD_DIR, KVC_GPU_BIN (a folder of prebuilt executables,
+# scripts/gpu-pack.sh: nothing is built), KVC_SANITIZE_TOOLS (default "memcheck
 # racecheck"; synccheck and initcheck also work, with the memcheck subset),
 # KVC_SANITIZE_POLICIES, KVC_SANITIZE_RACE_POLICIES ("all": every policy),
 # KVC_SANITIZE_TIMEOUT (seconds per run, default 3600).
@@ -49,13 +50,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
   exit 77
 fi
 
-set -e
-if [ ! -f "$build/build.ninja" ]; then
-  "$root/scripts/setup.sh" >&2
-  "$root/scripts/build.sh" >&2
-fi
-ninja -C "$build" kvc-gpu-tests-g1 kvc-gpu-tests-g8 kvc-bench-gpu-smoke >&2
-set +e
+# shellcheck source=gpu-lib.sh
+. "$root/scripts/gpu-lib.sh"
+gpu_executables kvc-gpu-tests-g1 kvc-gpu-tests-g8 kvc-bench-gpu-smoke || exit 1
 
 bench_args=(--batch=2 --context=1k --prefill-context=1k --min-ms=1 --steps=2)
 failures=0
@@ -85,20 +82,13 @@ run() {
 
 for tool in $tools; do
   if [ "$tool" = racecheck ]; then
-    run "$tool" "$race_policies" "$build/bin/kvc-gpu-tests-g1"
-    run "$tool" "$race_policies" "$build/bin/kvc-gpu-tests-g8"
+    run "$tool" "$race_policies" "$bin/kvc-gpu-tests-g1"
+    run "$tool" "$race_policies" "$bin/kvc-gpu-tests-g8"
     continue
   fi
-  run "$tool" "$policies" "$build/bin/kvc-gpu-tests-g1"
-  run "$tool" "$policies" "$build/bin/kvc-gpu-tests-g8"
-  run "$tool" - "$build/bin/kvc-bench-gpu-smoke" "${bench_args[@]}"
+  run "$tool" "$policies" "$bin/kvc-gpu-tests-g1"
+  run "$tool" "$policies" "$bin/kvc-gpu-tests-g8"
+  run "$tool" - "$bin/kvc-bench-gpu-smoke" "${bench_args[@]}"
 done
 
-echo "gpu-sanitize: $ran clean, $skipped skipped, $failures failed"
-if [ "$failures" -gt 0 ]; then
-  exit 1
-fi
-if [ "$ran" -eq 0 ]; then
-  exit 77
-fi
-exit 0
+gpu_finish gpu-sanitize clean "$ran" "$skipped" "$failures"

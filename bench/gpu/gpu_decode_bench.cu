@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -1264,6 +1265,7 @@ int main(int argc, char **argv) {
     }
   }
 
+  const auto start = std::chrono::steady_clock::now();
   try {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -1674,6 +1676,11 @@ int main(int argc, char **argv) {
   }
   if (gCsv)
     std::fclose(gCsv);
+  // The whole run's wall time, for planning time on a GPU machine.
+  std::printf("\nkvc-bench-gpu: done in %.0f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                            start)
+                  .count());
   if (gCellErrors) {
     std::fprintf(stderr, "kvc-bench-gpu: %d measurement(s) failed\n",
                  gCellErrors);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the GPU executables here and gathers them into one folder that a
+# machine with a GPU but without kvc's build tools (no LLVM, no MLIR) can
+# run from a copy of this repository:
+#   DIR/bin: kvc-gpu-tests-g1, -g3, -g8 (the GPU suite, check-kvc-gpu),
+#            kvc-bench-gpu (the sweep, 48 policy libraries) and
+#            kvc-bench-gpu-smoke;
+#   DIR/lib: the CUDA runtime they were linked against (libcudart.so.*);
+#   DIR/MANIFEST: the commit, the toolkit and each file's SHA-256.
+# On the GPU machine, from the repository root:
+#   export KVC_GPU_BIN=$PWD/DIR/bin LD_LIBRARY_PATH=$PWD/DIR/lib
+#   scripts/gpu-test.sh && scripts/gpu-sanitize.sh && scripts/gpu-bench.sh
+# (each takes its executables from KVC_GPU_BIN and builds nothing).
+#
+# Usage: scripts/gpu-pack.sh [DIR]   (default: .gpu under the repository
+#        root, which .gitignore leaves out of git)
+# Environment: KVC_BUILD_DIR (default build), KVC_GPU_PACK_SMOKE_ONLY=1
+#        leaves out the full kvc-bench-gpu (its 48 libraries take the
+#        longest to compile).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVC_BUILD_DIR:-$root/build}
+dir=$(realpath -m "${1:-$root/.gpu}")
+export CCACHE_BASEDIR=$root
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvc-ccache}
+
+if [ ! -f "$build/build.ninja" ]; then
+  "$root/scripts/setup.sh" >&2
+  "$root/scripts/build.sh" >&2
+fi
+targets=(kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8 kvc-bench-gpu-smoke)
+[ "${KVC_GPU_PACK_SMOKE_ONLY:-0}" = 1 ] || targets+=(kvc-bench-gpu)
+for t in "${targets[@]}"; do
+  if ! ninja -C "$build" -t query "$t" >/dev/null 2>&1; then
+    echo "gpu-pack: the build in $build has no $t target: CMake found no" \
+         "CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
+    exit 1
+  fi
+done
+echo "gpu-pack: building ${targets[*]}" >&2
+ninja -C "$build" "${targets[@]}" >&2
+
+rm -rf "$dir/bin" "$dir/lib"
+mkdir -p "$dir/bin" "$dir/lib"
+for t in "${targets[@]}"; do
+  cp "$build/bin/$t" "$dir/bin/"
+done
+# The CUDA runtime the executables load (shared unless CMake linked it
+# statically): the GPU machine's driver may come without the toolkit's.
+cudart=$(ldd "$build/bin/kvc-gpu-tests-g1" | awk '/libcudart\.so/ {print $3; exit}')
+if [ -n "$cudart" ]; then
+  cp -L "$cudart" "$dir/lib/$(basename "$cudart")"
+fi
+
+{
+  echo "kvc GPU pack, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+       "$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo '(with local changes)')"
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  echo "nvcc: $("$nvcc" --version 2>/dev/null | tail -1 || echo unknown)"
+  (cd "$dir" && sha256sum bin/* lib/* 2>/dev/null)
+} > "$dir/MANIFEST"
+echo "gpu-pack: $(du -sh "$dir" | cut -f1) in $dir (MANIFEST lists the files)" >&2
+# Where the folder is inside the repository, the GPU machine's copy has it
+# at the same place under its root.
+case $dir in
+  "$root"/*) there="\$PWD/${dir#"$root"/}" ;;
+  *) there=$dir ;;
+esac
+echo "gpu-pack: on the GPU machine: export KVC_GPU_BIN=$there/bin" \
+     "LD_LIBRARY_PATH=$there/lib" >&2
