@@ -11,7 +11,8 @@
 #    (one of each kind of kernel: streaming, accumulated attention, window
 #    statistics, last-query, merging, KIVI pages, two page classes), and
 #    kvc-bench-gpu-smoke (f16, head dim 128, G=4; batch 2, context 1k,
-#    prefill 1k);
+#    prefill 1k, and the kernel alternatives at 1k: the decodes on CUDA
+#    cores that the tensor-core paths replaced);
 #  - racecheck: kvc-gpu-tests-g1 and kvc-gpu-tests-g8 on
 #    KVC_SANITIZE_RACE_POLICIES (H2O: its prefill and decode kernels use
 #    every shared-memory tile and reduction of the backend; g8's decode
@@ -54,7 +55,7 @@ fi
 . "$root/scripts/gpu-lib.sh"
 gpu_executables kvc-gpu-tests-g1 kvc-gpu-tests-g8 kvc-bench-gpu-smoke || exit 1
 
-bench_args=(--batch=2 --context=1k --prefill-context=1k --min-ms=1 --steps=2)
+bench_args=(--batch=2 --context=1k --prefill-context=1k --alt-context=1k --min-ms=1 --steps=2)
 failures=0
 ran=0
 skipped=0
