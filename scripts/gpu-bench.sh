@@ -19,26 +19,14 @@ build=${KVC_BUILD_DIR:-$root/build}
 out=${KVC_GPU_BENCH_OUT:-$build/gpu-bench.txt}
 csv=${out%.txt}.csv
 
-if [ -n "${KVC_GPU_BIN:-}" ]; then
-  bench=$KVC_GPU_BIN/kvc-bench-gpu
-  if [ ! -x "$bench" ]; then
-    echo "gpu-bench: $bench is missing (scripts/gpu-pack.sh gathers it)." >&2
-    exit 1
-  fi
-else
-  if [ ! -f "$build/build.ninja" ]; then
-    # A fresh machine: the packages, then the build the rest of kvc uses.
-    "$root/scripts/setup.sh" >&2
-    "$root/scripts/build.sh" >&2
-  fi
-  if ! ninja -C "$build" -t query kvc-bench-gpu >/dev/null 2>&1; then
-    echo "gpu-bench: the build in $build has no kvc-bench-gpu target: CMake" \
-         "found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
-    exit 1
-  fi
-  echo "gpu-bench: building kvc-bench-gpu (48 policy libraries: 36 + 12 kernel alternatives)" >&2
-  ninja -C "$build" kvc-bench-gpu >&2
-  bench=$build/bin/kvc-bench-gpu
+# shellcheck source=gpu-lib.sh
+. "$root/scripts/gpu-lib.sh"
+# The sweep's 48 policy libraries: 36, and 12 kernel alternatives.
+gpu_executables kvc-bench-gpu || exit 1
+bench=$bin/kvc-bench-gpu
+if [ ! -x "$bench" ]; then
+  echo "gpu-bench: $bench is missing (scripts/gpu-pack.sh gathers it)." >&2
+  exit 1
 fi
 
 mkdir -p "$(dirname "$out")"

@@ -1,10 +1,11 @@
-# Functions of the GPU scripts (gpu-test.sh, gpu-sanitize.sh), sourced after
-# they set `root` and `build`.
+# Functions of the GPU scripts (gpu-test.sh, gpu-sanitize.sh, gpu-bench.sh,
+# gpu-pack.sh), sourced after they set `root` and `build`.
 
 # gpu_executables TARGET...: sets `bin` to the folder of the GPU
 # executables: KVC_GPU_BIN when it is set (prebuilt, scripts/gpu-pack.sh;
 # nothing is built), else $build/bin after building TARGETs (configuring
-# and building kvc first on a fresh checkout). Returns 1 when a build fails.
+# and building kvc first on a fresh checkout). Returns 1 when a target is
+# missing (no CUDA compiler at configuration) or a build fails.
 gpu_executables() {
   if [ -n "${KVC_GPU_BIN:-}" ]; then
     bin=$KVC_GPU_BIN
@@ -14,6 +15,15 @@ gpu_executables() {
     "$root/scripts/setup.sh" >&2 || return 1
     "$root/scripts/build.sh" >&2 || return 1
   fi
+  local target
+  for target in "$@"; do
+    if ! ninja -C "$build" -t query "$target" >/dev/null 2>&1; then
+      echo "$(basename "$0"): the build in $build has no $target target:" \
+           "CMake found no CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
+      return 1
+    fi
+  done
+  echo "$(basename "$0"): building $*" >&2
   ninja -C "$build" "$@" >&2 || return 1
   bin=$build/bin
 }

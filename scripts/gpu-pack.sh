@@ -24,30 +24,21 @@ dir=$(realpath -m "${1:-$root/.gpu}")
 export CCACHE_BASEDIR=$root
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvc-ccache}
 
-if [ ! -f "$build/build.ninja" ]; then
-  "$root/scripts/setup.sh" >&2
-  "$root/scripts/build.sh" >&2
-fi
 targets=(kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8 kvc-bench-gpu-smoke)
 [ "${KVC_GPU_PACK_SMOKE_ONLY:-0}" = 1 ] || targets+=(kvc-bench-gpu)
-for t in "${targets[@]}"; do
-  if ! ninja -C "$build" -t query "$t" >/dev/null 2>&1; then
-    echo "gpu-pack: the build in $build has no $t target: CMake found no" \
-         "CUDA compiler (nvcc in /usr/local/cuda/bin or on PATH)." >&2
-    exit 1
-  fi
-done
-echo "gpu-pack: building ${targets[*]}" >&2
-ninja -C "$build" "${targets[@]}" >&2
+# shellcheck source=gpu-lib.sh
+. "$root/scripts/gpu-lib.sh"
+# Always from this build, whatever KVC_GPU_BIN says.
+KVC_GPU_BIN= gpu_executables "${targets[@]}"
 
 rm -rf "$dir/bin" "$dir/lib"
 mkdir -p "$dir/bin" "$dir/lib"
 for t in "${targets[@]}"; do
-  cp "$build/bin/$t" "$dir/bin/"
+  cp "$bin/$t" "$dir/bin/"
 done
 # The CUDA runtime the executables load (shared unless CMake linked it
 # statically): the GPU machine's driver may come without the toolkit's.
-cudart=$(ldd "$build/bin/kvc-gpu-tests-g1" | awk '/libcudart\.so/ {print $3; exit}')
+cudart=$(ldd "$bin/kvc-gpu-tests-g1" | awk '/libcudart\.so/ {print $3; exit}')
 if [ -n "$cudart" ]; then
   cp -L "$cudart" "$dir/lib/$(basename "$cudart")"
 fi

@@ -555,8 +555,7 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
               o.pageSize);
   // Decode workspace: slots after the append plus one page, as the
   // generated code checks, for the whole batch.
-  const int pagesPerHead = (n + steps + 2 + o.pageSize - 1) / o.pageSize + 1;
-  const int32_t stride = pagesPerHead * o.pageSize + o.pageSize;
+  const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
   const uint64_t wsBytes = std::max(
       {g.plainBytes(batch, stride), g.fusedBytes(batch, stride),
        g.unfusedBytes(batch, stride), g.scoringBytes(batch, stride)});
@@ -946,9 +945,8 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
   {
     Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
                 o.pageSize);
-    const int pagesPerHead =
-        (n + o.steps + 2 + o.pageSize - 1) / o.pageSize + 1;
-    const int32_t stride = pagesPerHead * o.pageSize + o.pageSize;
+    // Slots after an append plus one page, as benchDecode.
+    const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
     buffers.workspace.reserve(
         std::max(g.plainBytes(batch, stride), g.plainCcBytes(batch, stride)));
     Batch in(buffers, batch, qHeads, g.dim);
@@ -971,18 +969,16 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
     }
   }
   for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free}) {
+    // kivi2 itself, or alternative i of kivi2 (0: _cc, 1: _free).
     const int i = alt - kAltInt2Cc;
+    const bool shipped = alt == kAltInt2;
     try {
       r.usPerStep[alt] =
-          alt == kAltInt2
-              ? timeKivi(g.kiviConfigure[kInt2], g.kiviBytes[kInt2],
-                         g.kiviDecode[kInt2], g.dim, qHeads, buffers, batch, n,
-                         o, stream)
-                    .usPerStep
-              : timeKivi(g.kivi2AltConfigure[i], g.kivi2AltBytes[i],
-                         g.kivi2AltDecode[i], g.dim, qHeads, buffers, batch, n,
-                         o, stream)
-                    .usPerStep;
+          timeKivi(shipped ? g.kiviConfigure[kInt2] : g.kivi2AltConfigure[i],
+                   shipped ? g.kiviBytes[kInt2] : g.kivi2AltBytes[i],
+                   shipped ? g.kiviDecode[kInt2] : g.kivi2AltDecode[i], g.dim,
+                   qHeads, buffers, batch, n, o, stream)
+              .usPerStep;
       r.ok[alt] = true;
     } catch (const BenchError &e) {
       fail(alt, e);
