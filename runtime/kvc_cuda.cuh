@@ -59,7 +59,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of two kernel choices, for side-by-side
+// Build-time overrides of three kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -70,11 +70,18 @@
 //  - KVC_CUDA_KIVI_MMA_BLOCKS (default 4): blocks of 128 threads per SM
 //    that the launch bounds of the tensor-core KIVI decode ask for
 //    (KiviMma::kMinBlocks); 0 leaves its registers to ptxas.
+//  - KVC_CUDA_PREFILL_MMA (default 0): 1 runs prefill attention and the
+//    prefill statistics on tensor cores (prefillAttentionMma,
+//    prefillColumnStatsMma: float operands split into two bf16 parts)
+//    instead of CUDA cores (prefillAttentionTiles, prefillColumnStatsTiles).
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
 #ifndef KVC_CUDA_KIVI_MMA_BLOCKS
 #define KVC_CUDA_KIVI_MMA_BLOCKS 4
+#endif
+#ifndef KVC_CUDA_PREFILL_MMA
+#define KVC_CUDA_PREFILL_MMA 0
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -82,17 +89,24 @@
 #if KVC_CUDA_KIVI_MMA_BLOCKS < 0 || KVC_CUDA_KIVI_MMA_BLOCKS > 16
 #error "KVC_CUDA_KIVI_MMA_BLOCKS must be 0 to 16"
 #endif
+#if KVC_CUDA_PREFILL_MMA != 0 && KVC_CUDA_PREFILL_MMA != 1
+#error "KVC_CUDA_PREFILL_MMA must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
 // benchmark timing both side by side): a kernel instantiation means one
 // body per program.
-#if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4
-#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks) overrides_tc##tc##_blocks##blocks
-#define KVC_CUDA_OVERRIDES_NAME(tc, blocks) KVC_CUDA_OVERRIDES_NAME2(tc, blocks)
+#if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
+    KVC_CUDA_PREFILL_MMA != 0
+#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill)                          \
+  overrides_tc##tc##_blocks##blocks##_prefill##prefill
+#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill)                           \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(KVC_CUDA_TENSOR_CORES,              \
-                                           KVC_CUDA_KIVI_MMA_BLOCKS) {
+                                           KVC_CUDA_KIVI_MMA_BLOCKS,           \
+                                           KVC_CUDA_PREFILL_MMA) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -104,6 +118,8 @@ KVC_CUDA_OVERRIDES_BEGIN
 
 /// Whether the decodes may take tensor cores (KVC_CUDA_TENSOR_CORES).
 constexpr bool kTensorCores = KVC_CUDA_TENSOR_CORES != 0;
+/// Whether prefill attention takes tensor cores (KVC_CUDA_PREFILL_MMA).
+constexpr bool kPrefillTensorCores = KVC_CUDA_PREFILL_MMA != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -3649,11 +3665,18 @@ __device__ inline int32_t countRecentBits(uint64_t bits, int32_t history) {
 // Prefill attention and window statistics
 //===----------------------------------------------------------------------===//
 
-/// Queries of one prefill attention block (4 warps x 4 queries).
+/// Queries of one block of prefillAttentionTiles (4 warps x 4 queries).
 constexpr int kPrefillQueriesPerWarp = 4;
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * kWarpSize;
-constexpr int kPrefillQueryTile = kPrefillQueriesPerWarp * kPrefillWarps;
+constexpr int kPrefillTilesQueryTile = kPrefillQueriesPerWarp * kPrefillWarps;
+/// Queries of one block of prefillAttentionMma: 16 per warp, the rows of
+/// an mma.sync tile.
+constexpr int kPrefillMmaQueryTile = 16 * kPrefillWarps;
+/// Queries of one block of prefillAttention, whichever body it runs: the
+/// launch covers the prompt with blocks of this many (grid.x).
+constexpr int kPrefillQueryTile =
+    kPrefillTensorCores ? kPrefillMmaQueryTile : kPrefillTilesQueryTile;
 /// Keys per shared-memory tile: one per lane.
 constexpr int kKeyTile = kWarpSize;
 
@@ -3687,8 +3710,9 @@ __device__ __forceinline__ void dotSharedRows(const float *rows,
   }
 }
 
-/// Causal attention of one query head over the prompt, one block per tile
-/// of kPrefillQueryTile queries (grid: query tiles x q_heads). Keys and
+/// Causal attention of one query head over the prompt on CUDA cores, one
+/// block per tile of kPrefillTilesQueryTile queries (grid: query tiles x
+/// q_heads). Keys and
 /// values pass through shared memory 32 at a time; lane j scores key j of
 /// the tile for the warp's kPrefillQueriesPerWarp rows at once (each key
 /// channel read once for all of them, the rows' channels four at a time),
@@ -3698,9 +3722,9 @@ __device__ __forceinline__ void dotSharedRows(const float *rows,
 /// log-sum-exp of every query, which the statistics pass needs to form
 /// exact probabilities.
 template <int G, int D>
-__global__ void __launch_bounds__(kPrefillThreads)
-    prefillAttention(int32_t n, const float *q, const float *k, const float *v,
-                     float scale, float *out, float *lse) {
+__device__ void prefillAttentionTiles(int32_t n, const float *q,
+                                      const float *k, const float *v,
+                                      float scale, float *out, float *lse) {
   static_assert(D % kWarpSize == 0, "head_dim must be a multiple of 32");
   constexpr int kPerLane = D / kWarpSize;
   constexpr int kRows = kPrefillQueriesPerWarp;
@@ -3708,18 +3732,19 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int32_t qHead = blockIdx.y, kvHead = qHead / G;
   const int64_t qStride = static_cast<int64_t>(gridDim.y) * D;
   const int64_t kvStride = static_cast<int64_t>(gridDim.y / G) * D;
-  const int32_t tile = blockIdx.x * kPrefillQueryTile;
+  const int32_t tile = blockIdx.x * kPrefillTilesQueryTile;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   // The warp's first row and its query.
   const int row0 = warp * kRows;
   const int32_t t0 = tile + row0;
 
   __shared__ float keys[kKeyTile][D + 1], values[kKeyTile][D + 1];
-  __shared__ __align__(16) float queries[kPrefillQueryTile][D];
+  __shared__ __align__(16) float queries[kPrefillTilesQueryTile][D];
   // The weights of the key tile for the warp's rows: key j's in
   // tileProbs[warp][j], which every lane reads in turn (broadcast reads).
   __shared__ __align__(16) float tileProbs[kPrefillWarps][kKeyTile][kRows];
-  for (int i = threadIdx.x; i < kPrefillQueryTile * D; i += kPrefillThreads) {
+  for (int i = threadIdx.x; i < kPrefillTilesQueryTile * D;
+       i += kPrefillThreads) {
     const int r = i / D, c = i % D;
     const int32_t t = tile + r;
     queries[r][c] = t < n ? q[t * qStride + qHead * D + c] : 0.0f;
@@ -3734,7 +3759,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int x = 0; x < kPerLane; ++x)
       acc[r][x] = 0.0f;
   }
-  const int32_t last = min(tile + kPrefillQueryTile, n) - 1;
+  const int32_t last = min(tile + kPrefillTilesQueryTile, n) - 1;
   for (int32_t k0 = 0; k0 <= last; k0 += kKeyTile) {
     __syncthreads();
     for (int i = threadIdx.x; i < kKeyTile * D; i += kPrefillThreads) {
@@ -3805,6 +3830,308 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
+/// A float as two bf16 parts, hi = bf16(x) and lo = bf16(x - hi) (the
+/// difference is exact), packed as mma.sync operands: the pair (a, b) in
+/// `hi` and `lo`, a in the low halves. hi + lo is x to about 2^-17
+/// relative, and a product of two split numbers less its lo * lo term is
+/// the float product to about 2^-16 relative.
+__device__ __forceinline__ void splitPair(float a, float b, uint32_t &hi,
+                                          uint32_t &lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 back = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - back.x, b - back.y);
+  hi = reinterpret_cast<const uint32_t &>(h);
+  lo = reinterpret_cast<const uint32_t &>(l);
+}
+
+/// Whether a float array can be read as float4 (16-byte aligned); rows of
+/// the prefill inputs start at multiples of 4 floats past it.
+__device__ __forceinline__ bool vectorRows(const float *p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+/// Stages rows first .. first + kRows - 1 of a float matrix (row t at
+/// base + t * stride, D channels) in shared memory as bf16 hi and lo parts
+/// (splitPair), rows of kPitch elements; rows at or past `limit` are
+/// zeros. A thread keeps four channels and steps rows, one float4 read per
+/// row where `vector` (vectorRows), one 8-byte write per part. The whole
+/// block (kThreads threads) calls it.
+template <int kRows, int D, int kPitch, int kThreads>
+__device__ __forceinline__ void stageSplitRows(const float *base,
+                                               int64_t stride, int32_t first,
+                                               int32_t limit, bool vector,
+                                               uint16_t (*hi)[kPitch],
+                                               uint16_t (*lo)[kPitch]) {
+  constexpr int kQuads = D / 4, kRowsPerPass = kThreads / kQuads;
+  static_assert(D % 4 == 0 && kPitch % 4 == 0, "rows are staged as quads");
+  static_assert(kThreads % kQuads == 0 && kRows % kRowsPerPass == 0,
+                "whole rows in whole passes");
+  const int c = 4 * (threadIdx.x % kQuads), r0 = threadIdx.x / kQuads;
+#pragma unroll
+  for (int r = r0; r < kRows; r += kRowsPerPass) {
+    const int32_t t = first + r;
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < limit) {
+      const float *row = base + t * stride + c;
+      if (vector)
+        x = *reinterpret_cast<const float4 *>(row);
+      else
+        x = make_float4(row[0], row[1], row[2], row[3]);
+    }
+    uint2 h, l;
+    splitPair(x.x, x.y, h.x, l.x);
+    splitPair(x.z, x.w, h.y, l.y);
+    *reinterpret_cast<uint2 *>(&hi[r][c]) = h;
+    *reinterpret_cast<uint2 *>(&lo[r][c]) = l;
+  }
+}
+
+/// The A fragments (mmaK16) of rows first .. first + 15 of a float matrix
+/// (row t at base + t * stride, D channels; rows at or past `limit` are
+/// zeros) as bf16 hi and lo parts (splitPair): step s holds channels
+/// 16s .. 16s + 15 of rows g and g + 8 for lane (g, t). The whole warp
+/// calls it.
+template <int D>
+__device__ __forceinline__ void loadSplitFragments(const float *base,
+                                                   int64_t stride,
+                                                   int32_t first,
+                                                   int32_t limit,
+                                                   uint32_t (&hi)[D / 16][4],
+                                                   uint32_t (&lo)[D / 16][4]) {
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int32_t row = first + g + 8 * (i % 2);
+      const int c = 16 * s + 8 * (i / 2) + 2 * t;
+      const float *x = base + (row < limit ? row : 0) * stride + c;
+      splitPair(row < limit ? x[0] : 0.0f, row < limit ? x[1] : 0.0f,
+                hi[s][i], lo[s][i]);
+    }
+}
+
+/// c += A B for one 16 x 8 tile over D channels with split operands, three
+/// products per pair (lo * hi, hi * lo, hi * hi): A as loadSplitFragments
+/// gives it, B's column g (lane (g, t)) a row of channels staged as parts
+/// in shared memory, `hi` and `lo` pointing at its channel 2t. The whole
+/// warp calls it.
+template <int D>
+__device__ __forceinline__ void mmaSplit(float (&c)[4],
+                                         const uint32_t (&aHi)[D / 16][4],
+                                         const uint32_t (&aLo)[D / 16][4],
+                                         const uint16_t *hi,
+                                         const uint16_t *lo) {
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const uint32_t bh0 = *reinterpret_cast<const uint32_t *>(hi + 16 * s);
+    const uint32_t bh1 = *reinterpret_cast<const uint32_t *>(hi + 16 * s + 8);
+    const uint32_t bl0 = *reinterpret_cast<const uint32_t *>(lo + 16 * s);
+    const uint32_t bl1 = *reinterpret_cast<const uint32_t *>(lo + 16 * s + 8);
+    mmaK16<Storage::BF16>(c, aLo[s], bh0, bh1);
+    mmaK16<Storage::BF16>(c, aHi[s], bl0, bl1);
+    mmaK16<Storage::BF16>(c, aHi[s], bh0, bh1);
+  }
+}
+
+/// Geometry of prefillAttentionMma: each warp takes 16 query rows (the rows
+/// of an mma.sync tile) and every key tile of kKeys keys, whose rows are
+/// staged as bf16 hi and lo parts in shared-memory rows of kPitch elements
+/// (16 bytes more than a row, so that the eight rows of a fragment load
+/// fall into different banks).
+template <int D> struct PrefillMma {
+  static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
+  static constexpr int kKeys = 32;
+  static constexpr int kPitch = D + 8;
+  /// Channel steps of a key product (k = 16) and channel tiles of the
+  /// output (n = 8).
+  static constexpr int kSteps = D / 16;
+  static constexpr int kChannelTiles = D / 8;
+};
+
+/// Causal attention of one query head over the prompt on tensor cores, one
+/// block per tile of kPrefillMmaQueryTile queries (grid: query tiles x
+/// q_heads), with the results of prefillAttentionTiles: the output rows
+/// (when `out` is given) and the log-sum-exp of every query.
+///
+/// The float queries, keys, values and weights are split into bf16 hi and
+/// lo parts (splitPair), and each product is three mma.sync products with
+/// float sums: lo * hi, hi * lo, then hi * hi. A warp keeps its rows' query
+/// parts in registers as A fragments; per tile of 32 keys it forms the
+/// 16 x 32 logits (S = Q K^T: B is a key row's channel pairs, read straight
+/// from shared memory), the online softmax of its two rows per lane (row g
+/// and g + 8 of the tile; the maximum over the four lanes of a row, the sum
+/// kept per lane and added once at the end), and the output O += P V, where
+/// the weights' C fragments are the A fragments of the next product and V
+/// comes transposed through ldmatrix (loadTransposed). Logits and sums are
+/// float, as on CUDA cores; the operands carry about 2^-16 of relative
+/// error, far inside test/gpu's output tolerance.
+template <int G, int D>
+__device__ void prefillAttentionMma(int32_t n, const float *q, const float *k,
+                                    const float *v, float scale, float *out,
+                                    float *lse) {
+  using P = PrefillMma<D>;
+  constexpr Storage kBf16 = Storage::BF16;
+  const int32_t qHead = blockIdx.y, kvHead = qHead / G;
+  const int64_t qStride = static_cast<int64_t>(gridDim.y) * D;
+  const int64_t kvStride = static_cast<int64_t>(gridDim.y / G) * D;
+  const int32_t tile = blockIdx.x * kPrefillMmaQueryTile;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  // The warp's first row; the lane's rows are r0 + g and r0 + g + 8.
+  const int32_t r0 = tile + 16 * warp;
+
+  // [part][key][channel]: part 0 = hi, 1 = lo.
+  __shared__ __align__(16) uint16_t keyParts[2][P::kKeys][P::kPitch];
+  __shared__ __align__(16) uint16_t valueParts[2][P::kKeys][P::kPitch];
+
+  // The warp's query rows as split A fragments.
+  uint32_t qHi[P::kSteps][4], qLo[P::kSteps][4];
+  loadSplitFragments<D>(q + qHead * D, qStride, r0, n, qHi, qLo);
+  // Per row h (0: g, 1: g + 8): running maximum, the lane's part of the
+  // sum; output channels 8j + 2t, +1 of the row in o[j][2h], o[j][2h + 1].
+  float m[2] = {kNegInf, kNegInf}, z[2] = {0.0f, 0.0f};
+  float o[P::kChannelTiles][4];
+#pragma unroll
+  for (int j = 0; j < P::kChannelTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      o[j][i] = 0.0f;
+
+  const bool vector = vectorRows(k) && vectorRows(v);
+  const int32_t last = min(tile + kPrefillMmaQueryTile, n) - 1;
+  for (int32_t k0 = 0; k0 <= last; k0 += P::kKeys) {
+    __syncthreads();
+    stageSplitRows<P::kKeys, D, P::kPitch, kPrefillThreads>(k + kvHead * D, kvStride, k0, n,
+                                           vector, keyParts[0], keyParts[1]);
+    stageSplitRows<P::kKeys, D, P::kPitch, kPrefillThreads>(v + kvHead * D, kvStride, k0, n,
+                                           vector, valueParts[0],
+                                           valueParts[1]);
+    __syncthreads();
+    // No row of the warp sees a key of the tile (uniform over the warp).
+    if (r0 >= n || k0 > r0 + 15)
+      continue;
+    // Logits of keys k0 + 8x + 2t, +1 for the lane's rows: s[x][2h + e].
+    float s[4][4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        s[x][i] = 0.0f;
+      mmaSplit<D>(s[x], qHi, qLo, &keyParts[0][8 * x + g][2 * t],
+                  &keyParts[1][8 * x + g][2 * t]);
+    }
+    // The online softmax of the lane's two rows; masked logits (a later
+    // key, a row past the prompt) are -infinity and get weight 0.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int32_t row = r0 + g + 8 * h;
+      float mx = kNegInf;
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int32_t key = k0 + 8 * x + 2 * t + e;
+          const float l =
+              row < n && key <= row ? s[x][2 * h + e] * scale : kNegInf;
+          s[x][2 * h + e] = l;
+          mx = fmaxf(mx, l);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float mNew = fmaxf(m[h], mx);
+      // A row past the prompt sees no key: its weights stay 0, not NaN.
+      const float ref = mNew == kNegInf ? 0.0f : mNew;
+      const float rescale = expf(m[h] - ref);
+      m[h] = mNew;
+      z[h] *= rescale;
+#pragma unroll
+      for (int j = 0; j < P::kChannelTiles; ++j) {
+        o[j][2 * h] *= rescale;
+        o[j][2 * h + 1] *= rescale;
+      }
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = expf(s[x][2 * h + e] - ref);
+          s[x][2 * h + e] = p;
+          z[h] += p;
+        }
+    }
+    // O += P V, 16 keys at a time: the weights of key tiles 2c and 2c + 1
+    // are the A fragment of keys 16c .. 16c + 15.
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      uint32_t aHi[4], aLo[4];
+      splitPair(s[2 * c][0], s[2 * c][1], aHi[0], aLo[0]);
+      splitPair(s[2 * c][2], s[2 * c][3], aHi[1], aLo[1]);
+      splitPair(s[2 * c + 1][0], s[2 * c + 1][1], aHi[2], aLo[2]);
+      splitPair(s[2 * c + 1][2], s[2 * c + 1][3], aHi[3], aLo[3]);
+#pragma unroll
+      for (int cb = 0; cb < D / 32; ++cb) {
+        // B of keys 16c .. +7 (b0) and 16c + 8 .. +15 (b1), channels
+        // 32cb + 8i .. +7 in element i.
+        uint32_t vh0[4], vh1[4], vl0[4], vl1[4];
+        constexpr int kPitchBytes = 2 * P::kPitch;
+        loadTransposed(reinterpret_cast<const uint8_t *>(
+                           &valueParts[0][16 * c][0]),
+                       kPitchBytes, 32 * cb, vh0);
+        loadTransposed(reinterpret_cast<const uint8_t *>(
+                           &valueParts[0][16 * c + 8][0]),
+                       kPitchBytes, 32 * cb, vh1);
+        loadTransposed(reinterpret_cast<const uint8_t *>(
+                           &valueParts[1][16 * c][0]),
+                       kPitchBytes, 32 * cb, vl0);
+        loadTransposed(reinterpret_cast<const uint8_t *>(
+                           &valueParts[1][16 * c + 8][0]),
+                       kPitchBytes, 32 * cb, vl1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float(&acc)[4] = o[4 * cb + i];
+          mmaK16<kBf16>(acc, aLo, vh0[i], vh1[i]);
+          mmaK16<kBf16>(acc, aHi, vl0[i], vl1[i]);
+          mmaK16<kBf16>(acc, aHi, vh0[i], vh1[i]);
+        }
+      }
+    }
+  }
+  // The rows' sums over their four lanes, in lane order.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float z01 = z[h] + __shfl_xor_sync(kFullMask, z[h], 1);
+    const float sum = z01 + __shfl_xor_sync(kFullMask, z01, 2);
+    const int32_t row = r0 + g + 8 * h;
+    if (row >= n)
+      continue;
+    if (out)
+#pragma unroll
+      for (int j = 0; j < P::kChannelTiles; ++j) {
+        float *y = out + row * qStride + qHead * D + 8 * j + 2 * t;
+        y[0] = o[j][2 * h] / sum;
+        y[1] = o[j][2 * h + 1] / sum;
+      }
+    if (t == 0)
+      lse[static_cast<int64_t>(qHead) * n + row] = m[h] + logf(sum);
+  }
+}
+
+/// Causal attention of one query head over the prompt (grid: tiles of
+/// kPrefillQueryTile queries x q_heads, kPrefillThreads threads): the
+/// output rows (when `out` is given) and the log-sum-exp of every query,
+/// which the statistics pass needs to form exact probabilities. Runs
+/// prefillAttentionTiles, or prefillAttentionMma where
+/// KVC_CUDA_PREFILL_MMA=1.
+template <int G, int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefillAttention(int32_t n, const float *q, const float *k, const float *v,
+                     float scale, float *out, float *lse) {
+  if constexpr (kPrefillTensorCores)
+    prefillAttentionMma<G, D>(n, q, k, v, scale, out, lse);
+  else
+    prefillAttentionTiles<G, D>(n, q, k, v, scale, out, lse);
+}
+
 /// Importance bits of the prompt (kvc.attn_persistence), as kvc_cpu.h's
 /// PersistenceBits: bit a of bits[h * n + i] is set when query n - 1 - a
 /// (one of the last `history` <= 64) gave entry i a group-reduced (`reduce`)
@@ -3828,16 +4155,18 @@ struct PersistenceBits {
 ///    decay^(n-1-t) * p, the state s <- decay * s + p after the last query.
 ///  - `persistence.bits` (when given): see PersistenceBits.
 /// Buffers are per kv-head, G rows of n (importance bits: one row of n).
-/// Warps split the queries; their sums are added (their bits or-ed) in warp
-/// order, so the result is deterministic. A warp scores a query for up to
-/// four heads of the group at once (each key channel read once for all).
+/// prefillColumnStatsTiles computes them on CUDA cores: warps split the
+/// queries; their sums are added (their bits or-ed) in warp order, so the
+/// result is deterministic. A warp scores a query for up to four heads of
+/// the group at once (each key channel read once for all).
 template <int G, int D>
-__global__ void __launch_bounds__(kPrefillThreads)
-    prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
-                       const float *k, float scale, const float *lse,
-                       int32_t window, float *windowProbs, float *lastProbs,
-                       float *accumulated, float decay,
-                       PersistenceBits persistence) {
+__device__ void prefillColumnStatsTiles(int32_t n, int32_t kvHeads,
+                                        const float *q, const float *k,
+                                        float scale, const float *lse,
+                                        int32_t window, float *windowProbs,
+                                        float *lastProbs, float *accumulated,
+                                        float decay,
+                                        PersistenceBits persistence) {
   const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
   const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
   const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
@@ -3938,6 +4267,217 @@ __global__ void __launch_bounds__(kPrefillThreads)
       all |= importance[x][lane];
     persistence.bits[static_cast<int64_t>(h) * n + col] = all;
   }
+}
+
+/// prefillColumnStatsTiles's results on tensor cores (KVC_CUDA_PREFILL_MMA),
+/// with its grid: a block per 32 keys of one kv-head. Warp (pair, half)
+/// keeps keys col0 + 16 half .. +15 in registers as the bf16 hi and lo
+/// parts of A fragments (splitPair, as prefillAttentionMma) and, per step
+/// of 32 queries of one query head staged in shared memory, scores queries
+/// 16 pair .. +15 of the step: the transposed logits K Q^T, rows keys and
+/// columns queries, three mma.sync products per operand pair. The heads
+/// of the group run one after the other. A lane sums the weights of its
+/// two keys over its query columns in step order, then the four lanes of a
+/// row add theirs in lane order and pair 0 adds pair 1's: deterministic,
+/// in another order than the CUDA-core body. The persistence history keeps
+/// the group-reduced weight of each of its queries and keys in shared
+/// memory (every element owned by one lane) until the last head, then one
+/// thread per key turns them into bits.
+template <int G, int D>
+__device__ void prefillColumnStatsMma(int32_t n, int32_t kvHeads,
+                                      const float *q, const float *k,
+                                      float scale, const float *lse,
+                                      int32_t window, float *windowProbs,
+                                      float *lastProbs, float *accumulated,
+                                      float decay,
+                                      PersistenceBits persistence) {
+  using P = PrefillMma<D>;
+  // Queries staged per step: 16 for each pair of warps.
+  constexpr int kQueries = 32;
+  constexpr int kMaxHistory = 64;
+  const int32_t h = blockIdx.y, col0 = blockIdx.x * kKeyTile;
+  const int64_t qStride = static_cast<int64_t>(kvHeads) * G * D;
+  const int64_t kvStride = static_cast<int64_t>(kvHeads) * D;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  // Fragment coordinates: the lane's rows (keys) row and row + 8, its
+  // columns (queries) 8x + 2 col + e.
+  const int row = lane / 4, col = lane % 4;
+  const int half = warp % 2, pair = warp / 2;
+  const int32_t w = min(window, n);
+  const int32_t span = max(lastProbs ? max(w, 1) : w,
+                           persistence.bits ? persistence.history : 0);
+  const int32_t first = accumulated ? col0 : max(col0, n - span);
+  const int32_t history =
+      persistence.bits ? min(min(persistence.history, kMaxHistory), n) : 0;
+  // The lane's keys: keys[r] for rows row + 8r of the warp's 16.
+  const int32_t keys[2] = {col0 + 16 * half + row, col0 + 16 * half + row + 8};
+
+  // Logits and log-sum-exps in base 2.
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scaleLog2 = scale * kLog2e;
+  __shared__ __align__(16) uint16_t queryParts[2][kQueries][P::kPitch];
+  // The step's log-sum-exps (base 2) and decay factors.
+  __shared__ float stepLse[kQueries], stepAge[kQueries];
+  // Pair 1's sums of a head (window, accumulated, last), which pair 0 adds.
+  __shared__ float pairSums[3][kKeyTile];
+  // reduced[a][i]: the group-reduced weight of query n - 1 - a for key
+  // col0 + i.
+  __shared__ float reduced[kMaxHistory][kKeyTile];
+
+  const bool vector = vectorRows(q);
+  // The warp's 16 keys as split A fragments.
+  uint32_t kHi[P::kSteps][4], kLo[P::kSteps][4];
+  loadSplitFragments<D>(k + h * D, kvStride, keys[0] - row, n, kHi, kLo);
+
+  for (int g = 0; g < G; ++g) {
+    const int32_t qHead = h * G + g;
+    // Per key r of the lane: window sum, decayed sum, last query's weight.
+    float windowSum[2] = {0.0f, 0.0f}, totalSum[2] = {0.0f, 0.0f},
+          lastP[2] = {0.0f, 0.0f};
+    for (int32_t t0 = first; t0 < n; t0 += kQueries) {
+      __syncthreads();
+      stageSplitRows<kQueries, D, P::kPitch, kPrefillThreads>(q + qHead * D, qStride, t0, n,
+                                             vector, queryParts[0],
+                                             queryParts[1]);
+      if (threadIdx.x < kQueries) {
+        const int32_t t = t0 + threadIdx.x;
+        stepLse[threadIdx.x] =
+            t < n ? lse[static_cast<int64_t>(qHead) * n + t] * kLog2e : 0.0f;
+        stepAge[threadIdx.x] =
+            decay == 1.0f ? 1.0f : powf(decay, float(n - 1 - t));
+      }
+      __syncthreads();
+      // None of the warp's queries sees one of its keys (uniform).
+      const int32_t tw = t0 + 16 * pair;
+      if (tw >= n || tw + 15 < keys[0] - row)
+        continue;
+      float sc[2][4];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          sc[x][i] = 0.0f;
+        mmaSplit<D>(sc[x], kHi, kLo,
+                    &queryParts[0][16 * pair + 8 * x + row][2 * col],
+                    &queryParts[1][16 * pair + 8 * x + row][2 * col]);
+      }
+      // p = 2^(logit * log2(e) - lse * log2(e)). Most steps of an
+      // accumulated sum (uniform): every query after the warp's keys and
+      // inside the prompt, none in the window, the last query or the
+      // history; they only add to the decayed sum.
+      const bool tail = t0 + kQueries > n - span;
+      const bool masked = tw < keys[0] - row + 15 || tw + 15 >= n;
+      if (!tail && !masked) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 16 * pair + 8 * x + 2 * col + e;
+            const float l = stepLse[i], age = stepAge[i];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              totalSum[r] += exp2f(fmaf(sc[x][2 * r + e], scaleLog2, -l)) * age;
+          }
+        continue;
+      }
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 16 * pair + 8 * x + 2 * col + e;
+          const int32_t t = t0 + i;
+          const float l = stepLse[i], age = stepAge[i];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float p =
+                t < n && keys[r] <= t
+                    ? exp2f(fmaf(sc[x][2 * r + e], scaleLog2, -l))
+                    : 0.0f;
+            totalSum[r] += p * age;
+            if (t >= n - w)
+              windowSum[r] += p;
+            if (t == n - 1)
+              lastP[r] += p;
+            const int32_t a = n - 1 - t;
+            if (t < n && a < history) {
+              float &red = reduced[a][16 * half + row + 8 * r];
+              red = g == 0 ? p
+                    : persistence.reduce == Reduce::Max ? fmaxf(red, p)
+                                                        : red + p;
+            }
+          }
+        }
+    }
+    // The row's four lanes, then the two pairs.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float *sums[3] = {&windowSum[r], &totalSum[r], &lastP[r]};
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const float v = *sums[j] + __shfl_xor_sync(kFullMask, *sums[j], 1);
+        *sums[j] = v + __shfl_xor_sync(kFullMask, v, 2);
+      }
+      if (pair == 1 && col == 0) {
+        pairSums[0][16 * half + row + 8 * r] = windowSum[r];
+        pairSums[1][16 * half + row + 8 * r] = totalSum[r];
+        pairSums[2][16 * half + row + 8 * r] = lastP[r];
+      }
+    }
+    __syncthreads();
+    if (pair == 0 && col == 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int32_t key = keys[r];
+        if (key >= n)
+          continue;
+        const int i = 16 * half + row + 8 * r;
+        const int64_t at = static_cast<int64_t>(qHead) * n + key;
+        if (windowProbs)
+          windowProbs[at] =
+              key < n - w ? (windowSum[r] + pairSums[0][i]) / w : 0.0f;
+        if (accumulated)
+          accumulated[at] = totalSum[r] + pairSums[1][i];
+        if (lastProbs)
+          lastProbs[at] = lastP[r] + pairSums[2][i];
+      }
+    // Pair 1 writes the next head's sums only after pair 0 read these.
+    __syncthreads();
+  }
+  if (persistence.bits && threadIdx.x < kKeyTile) {
+    const int32_t key = col0 + threadIdx.x;
+    if (key >= n)
+      return;
+    uint64_t bits = 0;
+    // Query n - 1 - a sees the key while key <= n - 1 - a.
+    for (int32_t a = 0; a < history && key <= n - 1 - a; ++a) {
+      const float x = reduced[a][threadIdx.x];
+      if ((persistence.reduce == Reduce::Mean ? x / G : x) >
+          persistence.threshold)
+        bits |= uint64_t{1} << a;
+    }
+    persistence.bits[static_cast<int64_t>(h) * n + key] = bits;
+  }
+}
+
+/// Column statistics of the prompt's attention (see
+/// prefillColumnStatsTiles; grid: key tiles of kKeyTile x kv_heads,
+/// kPrefillThreads threads): prefillColumnStatsTiles, or
+/// prefillColumnStatsMma where KVC_CUDA_PREFILL_MMA=1.
+template <int G, int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefillColumnStats(int32_t n, int32_t kvHeads, const float *q,
+                       const float *k, float scale, const float *lse,
+                       int32_t window, float *windowProbs, float *lastProbs,
+                       float *accumulated, float decay,
+                       PersistenceBits persistence) {
+  if constexpr (kPrefillTensorCores)
+    prefillColumnStatsMma<G, D>(n, kvHeads, q, k, scale, lse, window,
+                                windowProbs, lastProbs, accumulated, decay,
+                                persistence);
+  else
+    prefillColumnStatsTiles<G, D>(n, kvHeads, q, k, scale, lse, window,
+                                  windowProbs, lastProbs, accumulated, decay,
+                                  persistence);
 }
 
 //===----------------------------------------------------------------------===//

@@ -15,7 +15,7 @@
 # Usage: scripts/gpu-pack.sh [DIR]   (default: .gpu under the repository
 #        root, which .gitignore leaves out of git)
 # Environment: KVC_BUILD_DIR (default build), KVC_GPU_PACK_SMOKE_ONLY=1
-#        leaves out the full kvc-bench-gpu (its 48 libraries take the
+#        leaves out the full kvc-bench-gpu (its 56 libraries take the
 #        longest to compile).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -96,12 +96,18 @@ struct BenchGeometry {
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc) and on tensor cores without launch bounds
-  /// (kivi2_free).
+  /// (kivi2_free); the plain prefill with tensor-core attention
+  /// (prefill_tc) and H2O's prefill with tensor-core attention and
+  /// statistics (h2o_tc).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
   BatchBytesFn kivi2AltBytes[2] = {};
   DecodeFn kivi2AltDecode[2] = {};
+  BytesFn prefillTcBytes = nullptr;
+  PrefillFn prefillTc = nullptr;
+  BytesFn h2oTcBytes = nullptr;
+  PrefillFn h2oTc = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -118,7 +124,11 @@ struct BenchGeometry {
         {KVC_GB(kivi2_cc, d, g, decode_batch_workspace_bytes),                 \
          KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes)},              \
         {KVC_GB(kivi2_cc, d, g, decode_batch),                                 \
-         KVC_GB(kivi2_free, d, g, decode_batch)}                               \
+         KVC_GB(kivi2_free, d, g, decode_batch)},                              \
+        KVC_GB(prefill_tc, d, g, prefill_workspace_bytes),                     \
+        KVC_GB(prefill_tc, d, g, prefill),                                     \
+        KVC_GB(h2o_tc, d, g, prefill_workspace_bytes),                         \
+        KVC_GB(h2o_tc, d, g, prefill)                                          \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -686,8 +696,18 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
 
 //===--- Prefill ------------------------------------------------------------===//
 
-enum PrefillVariant { kPrefillPlain = 0, kPrefillSnapKV, kPrefillH2O, kNumPrefill };
-const char *kPrefillNames[] = {"plain", "snapkv", "h2o"};
+/// plain_tc, h2o_tc: the plain and H2O prefills on tensor cores
+/// (prefill_tc, h2o_tc), where compiled in.
+enum PrefillVariant {
+  kPrefillPlain = 0,
+  kPrefillSnapKV,
+  kPrefillH2O,
+  kPrefillPlainTc,
+  kPrefillH2OTc,
+  kNumPrefill
+};
+const char *kPrefillNames[] = {"plain", "snapkv", "h2o", "plain_tc",
+                               "h2o_tc"};
 
 struct PrefillResult {
   bool ok[kNumPrefill] = {};
@@ -701,7 +721,9 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
   const int qHeads = kKvHeads * g.group;
   Context ctx(g.configure[kFused], g.dim, buffers, 1, 0, n, o.pageSize);
   const uint64_t wsBytes = std::max(
-      {g.plainPrefillBytes(n), g.snapkvPrefillBytes(n), g.h2oPrefillBytes(n)});
+      {g.plainPrefillBytes(n), g.snapkvPrefillBytes(n), g.h2oPrefillBytes(n),
+       g.prefillTcBytes ? g.prefillTcBytes(n) : uint64_t{0},
+       g.h2oTcBytes ? g.h2oTcBytes(n) : uint64_t{0}});
   buffers.workspace.reserve(wsBytes);
   const size_t qFloats = size_t(n) * qHeads * g.dim;
   const size_t kvFloats = size_t(n) * kKvHeads * g.dim;
@@ -717,7 +739,11 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
   for (int variant = 0; variant < kNumPrefill; ++variant) {
     PrefillFn fn = variant == kPrefillPlain    ? g.plainPrefill
                    : variant == kPrefillSnapKV ? g.snapkvPrefill
-                                               : g.h2oPrefill;
+                   : variant == kPrefillH2O    ? g.h2oPrefill
+                   : variant == kPrefillPlainTc ? g.prefillTc
+                                                : g.h2oTc;
+    if (!fn)
+      continue; // not compiled in: r.ok stays false, no error
     try {
       auto once = [&] {
         KVC_CHECK(fn(ctx.context, 0, 0, n, q, k, v, positions.data(), out,
@@ -1225,7 +1251,9 @@ void printList(const Options &o) {
     std::printf("kernel alternatives (geometries with G >= 2): plain_cc "
                 "(plain's decode, KVC_CUDA_TENSOR_CORES=0), kivi2_cc (kivi2, "
                 "KVC_CUDA_TENSOR_CORES=0), kivi2_free (kivi2, "
-                "KVC_CUDA_KIVI_MMA_BLOCKS=0); contexts %s\n",
+                "KVC_CUDA_KIVI_MMA_BLOCKS=0), contexts %s; prefill_tc and "
+                "h2o_tc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=1) "
+                "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
   else
     std::printf("kernel alternatives: none compiled in (kvc-bench-gpu has "
@@ -1295,7 +1323,9 @@ int main(int argc, char **argv) {
     // milliseconds per call of plain, snapkv, h2o; model rows:
     // microseconds per token (every layer) of the fused policy pipelined,
     // then synchronized, then of the plain decode pipelined; alt_<name>
-    // rows (kernel alternatives): that decode's microseconds per step.
+    // rows (kernel alternatives): that decode's microseconds per step;
+    // alt_prefill_tc rows: milliseconds per call of the plain and the H2O
+    // prefill on tensor cores.
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
@@ -1622,11 +1652,17 @@ int main(int argc, char **argv) {
           "the last 64 queries, pooling, top-1024); h2o = policies/h2o.mlir "
           "(accumulated attention over every query, top-1024). frac = "
           "(policy - plain) / plain, the compression's share on top of plain "
-          "prefill. cudaEvent time per call, >= %g ms and >= 3 calls.\n\n",
+          "prefill. Tensor cores (KVC_CUDA_PREFILL_MMA=1, geometries with "
+          "G >= 2): tc = the plain prefill with prefillAttentionMma "
+          "(prefill_tc), tc/plain its time over plain's; h2o tc = H2O's "
+          "prefill with prefillAttentionMma and prefillColumnStatsMma "
+          "(h2o_tc), frac its share on top of tc. cudaEvent time per call, "
+          ">= %g ms and >= 3 calls.\n\n",
           o.minMs);
-      std::printf("%4s %3s %4s %7s | %9s | %9s %8s | %9s %8s\n", "dim", "G",
-                  "qh", "prompt", "plain ms", "snapkv ms", "frac", "h2o ms",
-                  "frac");
+      std::printf("%4s %3s %4s %7s | %9s | %9s %8s | %9s %8s | %9s %8s | "
+                  "%9s %8s\n",
+                  "dim", "G", "qh", "prompt", "plain ms", "snapkv ms", "frac",
+                  "h2o ms", "frac", "tc ms", "tc/plain", "h2o tc ms", "frac");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
           continue;
@@ -1647,17 +1683,43 @@ int main(int argc, char **argv) {
                                 100 * (r.ms[v] / r.ms[kPrefillPlain] - 1))
                        : std::string("error");
           };
-          std::printf("%4d %3d %4d %7d | %9s | %9s %8s | %9s %8s\n", g.dim,
-                      g.group, kKvHeads * g.group, n,
+          // The tensor-core columns: "-" where not compiled in.
+          const bool tc = g.prefillTc != nullptr && g.h2oTc != nullptr;
+          auto tcCell = [&](int v) {
+            return tc ? cell(r.ok[v], "%.3f", r.ms[v]) : std::string("-");
+          };
+          auto tcRatio = [&](int v, int base, const char *fmt, double scale,
+                             double shift) {
+            return !tc ? std::string("-")
+                   : r.ok[v] && r.ok[base]
+                       ? format(fmt, scale * (r.ms[v] / r.ms[base] - shift))
+                       : std::string("error");
+          };
+          std::printf("%4d %3d %4d %7d | %9s | %9s %8s | %9s %8s | %9s %8s | "
+                      "%9s %8s\n",
+                      g.dim, g.group, kKvHeads * g.group, n,
                       cell(r.ok[0], "%.3f", r.ms[0]).c_str(),
                       cell(r.ok[1], "%.3f", r.ms[1]).c_str(), frac(1).c_str(),
-                      cell(r.ok[2], "%.3f", r.ms[2]).c_str(), frac(2).c_str());
+                      cell(r.ok[2], "%.3f", r.ms[2]).c_str(), frac(2).c_str(),
+                      tcCell(kPrefillPlainTc).c_str(),
+                      tcRatio(kPrefillPlainTc, kPrefillPlain, "%.2fx", 1, 0)
+                          .c_str(),
+                      tcCell(kPrefillH2OTc).c_str(),
+                      tcRatio(kPrefillH2OTc, kPrefillPlainTc, "%+.1f%%", 100, 1)
+                          .c_str());
           for (int v = 0; v < kNumPrefill; ++v)
-            if (!r.ok[v])
+            if (!r.ok[v] && !r.error[v].empty())
               std::printf("     %s: %s\n", kPrefillNames[v], r.error[v].c_str());
           csv("prefill,%d,%d,%d,1,%d,,ms,%.4f,%.4f,%.4f,,\n", g.dim, g.group,
               kKvHeads * g.group, n, r.ok[0] ? r.ms[0] : NAN,
               r.ok[1] ? r.ms[1] : NAN, r.ok[2] ? r.ms[2] : NAN);
+          // Tensor cores: t_plain is prefill_tc's time, t_unfused_or_h2o
+          // h2o_tc's.
+          if (r.ok[kPrefillPlainTc] || r.ok[kPrefillH2OTc])
+            csv("alt_prefill_tc,%d,%d,%d,1,%d,,ms,%.4f,,%.4f,,\n", g.dim,
+                g.group, kKvHeads * g.group, n,
+                r.ok[kPrefillPlainTc] ? r.ms[kPrefillPlainTc] : NAN,
+                r.ok[kPrefillH2OTc] ? r.ms[kPrefillH2OTc] : NAN);
           std::fflush(stdout);
         }
       }

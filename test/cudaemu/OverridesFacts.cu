@@ -23,7 +23,9 @@ KernelFacts defaultFacts() {
           reinterpret_cast<const void *>(
               &decodeAttentionSplit<4, 128, Storage::F16, kThreads>),
           reinterpret_cast<const void *>(
-              &decodeAttentionKivi<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>)};
+              &decodeAttentionKivi<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>),
+          kPrefillTensorCores, kPrefillQueryTile,
+          reinterpret_cast<const void *>(&prefillAttention<4, 128>)};
 }
 
 } // namespace kvc::test

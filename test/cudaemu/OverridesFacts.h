@@ -1,9 +1,10 @@
 //===- OverridesFacts.h - Kernel choices as one translation unit sees them -===//
 //
 // OverridesFacts.cu reports, through these functions, which decode paths
-// runtime/kvc_cuda.cuh selects and where two of its kernel instantiations
+// runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with both build-time overrides, and OverridesTest.cu links the two.
+// and with the three build-time overrides, and OverridesTest.cu links the
+// two.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +21,11 @@ struct KernelFacts {
   /// The addresses of decodeAttentionSplit and decodeAttentionKivi of that
   /// geometry in this translation unit.
   const void *splitKernel, *kiviKernel;
+  /// kPrefillTensorCores, kPrefillQueryTile and the address of
+  /// prefillAttention at G = 4, head dim 128.
+  bool tensorCorePrefill;
+  int prefillQueryTile;
+  const void *prefillKernel;
 };
 
 KernelFacts defaultFacts();
