@@ -4343,8 +4343,11 @@ __device__ void prefillColumnStatsMma(int32_t n, int32_t kvHeads,
         const int32_t t = t0 + threadIdx.x;
         stepLse[threadIdx.x] =
             t < n ? lse[static_cast<int64_t>(qHead) * n + t] * kLog2e : 0.0f;
-        stepAge[threadIdx.x] =
-            decay == 1.0f ? 1.0f : powf(decay, float(n - 1 - t));
+        // Queries past the prompt get 0 (their weights are 0; a factor of
+        // decay^-k could be infinite).
+        stepAge[threadIdx.x] = t >= n        ? 0.0f
+                               : decay == 1.0f ? 1.0f
+                                               : powf(decay, float(n - 1 - t));
       }
       __syncthreads();
       // None of the warp's queries sees one of its keys (uniform).

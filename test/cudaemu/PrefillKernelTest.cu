@@ -32,7 +32,8 @@
 // log-sum-exps, against statistics computed in double: SnapKV-style window
 // means with the last query's weights, H2O-style decayed sums, Scissorhands-
 // style importance bits under each group reduction, a window longer than
-// the prompt, a history longer than it, and a prompt of many query steps.
+// the prompt, a history longer than it, a prompt of many query steps, and
+// a decay of 0.
 // Means, weights and sums must be within kStatsTilesTolerance (1e-5;
 // measured at most 1.5e-6) or kStatsMmaTolerance (1e-4; measured at most
 // 1.9e-5) relative to max(|want|, 1e-3); bits must be equal except where
@@ -422,6 +423,8 @@ int main() {
                                   0.1f});
   checkStatsBoth<2, 64>(rng, 100,
                         {16, true, true, 1.0f, 10, Reduce::Mean, 0.02f}, 1);
+  // Decay 0: the decayed sum is the last query's weights.
+  checkStatsBoth<1, 32>(rng, 45, {0, true, true, 0.0f, 0, Reduce::Mean, 0});
   std::printf("prefill kernel: ok\n");
   return 0;
 }
