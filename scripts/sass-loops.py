@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Static instruction counts of the decode kernels' loops, without a GPU.
+"""Static instruction counts of the decode and prefill kernels' loops, without a GPU.
 
-Compiles explicit instantiations of the decode kernels of
+Compiles explicit instantiations of the kernels of
 runtime/kvc_cuda.cuh for sm_90a (nvcc -cubin), prints ptxas's registers and
 spills per kernel, disassembles the cubin (cuobjdump -sass) and, for each
 kernel, every loop of 30 or more instructions (a backward branch to an
@@ -10,10 +10,16 @@ opcodes. A loop's length counts every instruction of its body, the branches
 not taken included; it is a static measure of the code a tile runs, not a
 timing.
 
-Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [INST ...]
-  INST: an instantiation, e.g. 'decodeAttentionSplit<4,128,Storage::F16,128>'
-        or 'decodeAttentionKivi<4,128,2,32,KVC_DTYPE_F16,128>'; without
-        any, the ones docs/performance.md quotes.
+Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [-DNAME=VALUE ...]
+                             [INST ...]
+  INST: an instantiation, e.g. 'decodeAttentionSplit<4,128,Storage::F16,128>',
+        'decodeAttentionKivi<4,128,2,32,KVC_DTYPE_F16,128>',
+        'prefillAttention<8,128>' or 'prefillColumnStats<8,128>'; without
+        any, the decode kernels docs/performance.md quotes.
+  -D: a build-time override of runtime/kvc_cuda.cuh, e.g.
+        -DKVC_CUDA_PREFILL_MMA=1 with --filter=prefill and the two prefill
+        kernels for the tensor-core prefill counts of docs/codegen-cuda.md
+        (their main loop includes both staging paths, float4 and float).
 Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
 $CUOBJDUMP). The CUDA toolkit of the build machine has no cuobjdump; the
 PyPI wheel nvidia-cuda-cuobjdump carries one (nvidia/cu13/bin/cuobjdump).
@@ -50,6 +56,13 @@ def tool(name, env):
 
 
 def signature(inst):
+    if inst.startswith("prefillAttention"):
+        return ("(int32_t, const float *, const float *, const float *, "
+                "float, float *, float *)")
+    if inst.startswith("prefillColumnStats"):
+        return ("(int32_t, int32_t, const float *, const float *, float, "
+                "const float *, int32_t, float *, float *, float *, float, "
+                "kvc::cuda::PersistenceBits)")
     return ("(kvc::cuda::DecodeSplitArgs, int32_t)" if "Kivi" in inst
             else "(kvc::cuda::DecodeSplitArgs)")
 
@@ -83,9 +96,11 @@ def loops(sass, pattern):
 
 
 def main(argv):
-    arch, pattern, insts = "sm_90a", r"decode", []
+    arch, pattern, insts, defines = "sm_90a", r"decode", [], []
     for arg in argv:
-        if arg.startswith("--arch="):
+        if arg.startswith("-D"):
+            defines.append(arg)
+        elif arg.startswith("--arch="):
             arch = arg.split("=", 1)[1]
         elif arg.startswith("--filter="):
             pattern = arg.split("=", 1)[1]
@@ -106,8 +121,8 @@ def main(argv):
                         f"{signature(inst)};\n")
         cubin = os.path.join(tmp, "inst.cubin")
         ptxas = subprocess.run(
-            [nvcc, "-std=c++17", f"-arch={arch}", "-I" + ROOT, "-cubin",
-             "-o", cubin, source, "-Xptxas", "-v"],
+            [nvcc, "-std=c++17", f"-arch={arch}", "-I" + ROOT, *defines,
+             "-cubin", "-o", cubin, source, "-Xptxas", "-v"],
             capture_output=True, text=True)
         if ptxas.returncode != 0:
             sys.stderr.write(ptxas.stderr)
