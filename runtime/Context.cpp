@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -87,6 +88,12 @@ struct HeadState {
   /// it have been handed out.
   int32_t openBlock = -1;
   int32_t openFill = 0;
+  /// Bit i set: page-table entry i may hold a free unit. Every mapped page
+  /// with a free unit has its bit set (kvc_pool_check verifies it), so an
+  /// append searches the set bits only, lowest first. Set by whatever
+  /// frees a slot or maps a page; cleared by the appends that find the page
+  /// without one (the bits are a cache of that search, not state).
+  mutable std::vector<uint64_t> openPages;
   KiviWork work;
 };
 
@@ -536,10 +543,18 @@ bool unitHasLive(const kvc_context *ctx, const HeadState &h, int32_t first) {
   return false;
 }
 
+/// Marks page-table entry `page` of `h` as one that may hold a free unit.
+void markOpen(const HeadState &h, size_t page) {
+  h.openPages[page / 64] |= uint64_t{1} << (page % 64);
+}
+
 /// Grows the per-slot metadata of `h` to `tableSize` pages. Callers reserve
 /// first, so this never throws after the commit point.
 void resizeTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
   size_t slots = tableSize * static_cast<size_t>(ctx->config.page_size);
+  // New entries are holes (a mapping marks them); bits of entries past the
+  // end may stay set, which costs a look, never a missed unit.
+  h.openPages.resize((tableSize + 63) / 64, 0);
   h.pages.resize(tableSize, -1);
   h.pageLive.resize(tableSize, 0);
   h.position.resize(slots, KVC_POSITION_NONE);
@@ -565,6 +580,7 @@ void copySlotMetadata(const HeadState &src, int32_t from, HeadState &dst,
 
 void reserveTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
   size_t slots = tableSize * static_cast<size_t>(ctx->config.page_size);
+  h.openPages.reserve((tableSize + 63) / 64);
   h.pages.reserve(tableSize);
   h.pageLive.reserve(tableSize);
   h.position.reserve(slots);
@@ -688,7 +704,10 @@ struct Scratch {
   std::vector<uint8_t> packed;  // G x key row
   std::vector<int32_t> members; // G
 
-  explicit Scratch(const kvc_context *ctx) {
+  /// Sized for the data paths of `ctx`, or empty where `needed` is false.
+  Scratch(const kvc_context *ctx, bool needed) {
+    if (!needed)
+      return;
     size_t g = ctx->isKivi() ? static_cast<size_t>(ctx->config.group_size) : 1;
     size_t d = static_cast<size_t>(ctx->config.head_dim);
     floats.resize(g * d);
@@ -885,6 +904,7 @@ void freeSlot(kvc_context *ctx, HeadState &h, int32_t slot) {
   h.appendIndex[slot] = -1;
   --h.live;
   int32_t page = slot / p;
+  markOpen(h, static_cast<size_t>(page));
   if (--h.pageLive[page] == 0 &&
       !(h.openBlock >= 0 && h.openBlock / p == page)) {
     ctx->releasePage(h.pages[page]);
@@ -920,16 +940,30 @@ void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
     for (int32_t s = h.openBlock + h.openFill;
          s < h.openBlock + u && need() > 0; ++s)
       plan.slots.push_back(s);
-  // 2. Free units of mapped pages, lowest first (slot reuse).
-  for (size_t page = 0; page < h.pages.size() && need() > 0; ++page) {
-    if (h.pages[page] < 0 || h.pageLive[page] == p ||
-        ctx->isLowPage(h.pages[page]) != low)
-      continue;
-    for (int32_t first = static_cast<int32_t>(page) * p;
-         first < static_cast<int32_t>(page + 1) * p && need() > 0; first += u)
-      if (unitIsFree(ctx, h, first))
-        takeUnit(first);
-  }
+  // 2. Free units of mapped pages, lowest first (slot reuse): the pages
+  // whose bit in openPages is set; a page found without a free unit loses
+  // its bit.
+  for (size_t w = 0; w < h.openPages.size() && need() > 0; ++w)
+    for (uint64_t bits = h.openPages[w]; bits != 0 && need() > 0;
+         bits &= bits - 1) {
+      const size_t page = 64 * w + static_cast<size_t>(__builtin_ctzll(bits));
+      bool freeUnit = false;
+      if (page < h.pages.size() && h.pages[page] >= 0 &&
+          h.pageLive[page] < p) {
+        const bool classMatches = ctx->isLowPage(h.pages[page]) == low;
+        for (int32_t first = static_cast<int32_t>(page) * p;
+             first < static_cast<int32_t>(page + 1) * p && need() > 0;
+             first += u)
+          if (unitIsFree(ctx, h, first)) {
+            freeUnit = true;
+            if (!classMatches)
+              break;
+            takeUnit(first);
+          }
+      }
+      if (!freeUnit)
+        h.openPages[w] &= ~(uint64_t{1} << (page % 64));
+    }
   // 3. Holes, then new page-table entries.
   for (size_t page = 0; need() > 0; ++page) {
     if (page < h.pages.size() && h.pages[page] >= 0)
@@ -1209,9 +1243,11 @@ kvc_status_t appendEntries(const char *name, kvc_context_t *ctx,
                   "%s: %zu new %spages needed, %lld free", name,
                   plan.newPages.size(), low ? "low " : "",
                   static_cast<long long>(ctx->pagesAvailable(low)));
-    reserveTable(ctx, h, plan.tableSize);
-    Scratch scratch(ctx);
-    KiviWork work;
+    if (plan.tableSize != h.pages.size())
+      reserveTable(ctx, h, plan.tableSize);
+    // Device pools of full-precision entries write no data here.
+    Scratch scratch(ctx, ctx->isHost() || ctx->isKivi());
+    std::optional<KiviWork> work;
     if (ctx->isKivi()) {
       // Bounds: one value per entry; the keys flushed in this call are at
       // most the R - 1 unflushed ones plus the new entries, (count + R) / G
@@ -1219,21 +1255,25 @@ kvc_status_t appendEntries(const char *name, kvc_context_t *ctx,
       const size_t r = static_cast<size_t>(ctx->config.residual_length);
       const size_t g = static_cast<size_t>(ctx->config.group_size);
       const size_t n = static_cast<size_t>(count);
-      work.values.reserve(n);
-      work.members.reserve(n + r);
-      work.blockBegin.reserve((n + r) / g + 2);
-      work.stages.reserve(std::min(n, r));
+      work.emplace();
+      work->values.reserve(n);
+      work->members.reserve(n + r);
+      work->blockBegin.reserve((n + r) / g + 2);
+      work->stages.reserve(std::min(n, r));
     }
 
     // Commit: nothing below can fail.
-    resizeTable(ctx, h, plan.tableSize);
-    for (int32_t page : plan.newPages)
+    if (plan.tableSize != h.pages.size())
+      resizeTable(ctx, h, plan.tableSize);
+    for (int32_t page : plan.newPages) {
       h.pages[page] = ctx->takePage(low);
+      markOpen(h, static_cast<size_t>(page));
+    }
     const kvc_config_t &c = ctx->config;
     const int32_t p = c.page_size;
     const int64_t firstAppended = h.appended;
     if (ctx->isKivi())
-      h.work = std::move(work);
+      h.work = std::move(*work);
     for (int32_t i = 0; i < count; ++i) {
       int32_t slot = plan.slots[i];
       h.position[slot] = positions[i];
@@ -1347,13 +1387,18 @@ extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,
                   name);
     for (int32_t i = 0; i < count; ++i)
       KVC_CHECK(checkLiveSlot(name, ctx, h, slots[i]));
-    std::vector<int32_t> sorted(slots, slots + count);
-    std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: slots contain duplicates",
-                  name);
-    for (int32_t slot : sorted)
-      freeSlot(ctx, h, slot);
+    if (count == 1) {
+      // A decode step's victim: nothing to order or deduplicate.
+      freeSlot(ctx, h, slots[0]);
+    } else {
+      std::vector<int32_t> sorted(slots, slots + count);
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+        return fail(KVC_STATUS_INVALID_ARGUMENT,
+                    "%s: slots contain duplicates", name);
+      for (int32_t slot : sorted)
+        freeSlot(ctx, h, slot);
+    }
     trimTable(ctx, h);
     h.work.clear();
     return KVC_STATUS_OK;
@@ -1513,6 +1558,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
       if (to < 0)
         continue;
       packed.pages[to] = h.pages[page];
+      markOpen(packed, static_cast<size_t>(to));
       packed.pageLive[to] = h.pageLive[page];
       for (int32_t k = 0; k < p; ++k) {
         int32_t from = page * p + k, dst = to * p + k;
@@ -1807,7 +1853,7 @@ extern "C" kvc_status_t kvc_write_entry(kvc_context_t *ctx, uint64_t sequence,
         KVC_CHECK(checkFinite(name, "value", value, dim));
     }
     KVC_CHECK(checkLiveSlot(name, ctx, *ref.head, slot));
-    Scratch scratch(ctx);
+    Scratch scratch(ctx, true);
     writeEntry(ctx, *ref.sequence, ref.headIndex, *ref.head, slot, key, value,
                scratch);
     return KVC_STATUS_OK;
@@ -1924,6 +1970,19 @@ extern "C" kvc_status_t kvc_pool_check(const kvc_context_t *ctx) {
                         "%s: live count of page %zu of head %zu is %d, "
                         "recorded %d",
                         name, page, hi, pageLive, h.pageLive[page]);
+          // Appends search for free units in the pages marked open only.
+          const bool open =
+              page / 64 < h.openPages.size() &&
+              (h.openPages[page / 64] >> (page % 64) & 1) != 0;
+          if (!open)
+            for (int32_t first = static_cast<int32_t>(page) * p;
+                 first < static_cast<int32_t>(page + 1) * p;
+                 first += ctx->unit)
+              if (unitIsFree(ctx, h, first))
+                return fail(KVC_STATUS_INTERNAL,
+                            "%s: page %zu of head %zu has a free unit but "
+                            "is not marked open",
+                            name, page, hi);
           live += pageLive;
         }
         if (live != h.live)

@@ -5920,7 +5920,9 @@ private:
   kvc_status_t refresh(int32_t b, int32_t position, const int32_t *newSlots,
                        bool sameEntries, std::vector<TableWord> &words) {
     const uint64_t sequence = sequences_[b];
-    std::vector<int32_t> numPages(heads_);
+    // Working lists reused across the batch's sequences and heads.
+    std::vector<int32_t> &numPages = numPages_;
+    numPages.assign(heads_, 0);
     int32_t maxPages = 0;
     for (int32_t h = 0; h < heads_; ++h) {
       KVC_CUDA_TRY(
@@ -5946,7 +5948,8 @@ private:
       // The entries to compare: those the page table gained, the appended
       // slot's page (a hole the append may have mapped again) and the
       // pages the last evictions touched; each once.
-      std::vector<int32_t> check;
+      std::vector<int32_t> &check = check_;
+      check.clear();
       for (int32_t p = static_cast<int32_t>(before); p < numPages[h]; ++p)
         check.push_back(p);
       if (newSlots)
@@ -6128,6 +6131,8 @@ private:
   cudaStream_t stream_ = nullptr;
   std::vector<TableMirror *> mirrors_;
   std::vector<char> image_;
+  /// refresh's page counts of a sequence and page-table entries of a head.
+  std::vector<int32_t> numPages_, check_;
 };
 
 /// The StoreEntry of slot `slot` of a head whose page addresses `pages`

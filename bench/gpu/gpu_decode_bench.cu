@@ -23,7 +23,11 @@
 //    calls it (no host synchronization inside a call) against the same
 //    calls each followed by a stream synchronization;
 //  - prefill compression (SnapKV, H2O) as a fraction of a plain prefill
-//    (attention, every entry stored) over the same prompt, batch 1.
+//    (attention, every entry stored) over the same prompt, batch 1;
+//  - the host side of a decode call: the CPU time of one _decode_batch
+//    call after the stream drained (the runtime's slot allocation, the
+//    device tables' words, the launches and copies it queues), per call
+//    and per kv-head, for the plain and the fused decode.
 // Batch B is B sequences of one context stepped by one
 // kvc_<p>_cuda_decode_batch call per step (one launch per kernel for the
 // batch). Exits 77 without a CUDA device.
@@ -175,6 +179,8 @@ struct Options {
   std::vector<int> modelContexts{4096, 16384};
   /// Contexts of the alternatives table (every batch of `batches`).
   std::vector<int> alternativeContexts{16384, 32768};
+  /// Contexts of the host-side table (every batch of `batches`).
+  std::vector<int> hostContexts{4096, 32768};
   std::vector<int> dims, groups; // empty: every compiled-in one
   double minMs = 100.0;
   int steps = 8;
@@ -619,6 +625,142 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
   // Step i of a round sees n + i + 2 entries (the untimed step's token and
   // the new one included).
   r.meanEntries = n + 1 + (steps + 1) / 2.0;
+  return r;
+}
+
+//===--- Host side of a decode call --------------------------------------===//
+
+/// What the CUDA emulator counted so far (test/cudaemu); zeros on a device,
+/// where kernels do not run inside the call and nothing is counted.
+struct RuntimeCounts {
+  double kernelSeconds = 0.0;
+  double launches = 0, copies = 0, eventRecords = 0, waits = 0,
+         allocations = 0;
+};
+
+RuntimeCounts runtimeCounts() {
+  RuntimeCounts c;
+#if defined(KVC_CUDA_EMULATED)
+  const kvc::emu::Counters &e = kvc::emu::counters();
+  c.kernelSeconds = e.kernelSeconds;
+  c.launches = double(e.launches);
+  c.copies = double(e.asyncCopies + e.syncCopies + e.memsets);
+  c.eventRecords = double(e.eventRecords);
+  c.waits = double(e.waits + e.syncCopies);
+  c.allocations = double(e.allocations);
+#endif
+  return c;
+}
+
+/// Whether runtimeCounts() counts (the emulator).
+constexpr bool kCountsRuntimeCalls =
+#if defined(KVC_CUDA_EMULATED)
+    true;
+#else
+    false;
+#endif
+
+enum HostVariant { kHostPlain = 0, kHostFused = 1, kNumHost = 2 };
+
+struct HostResult {
+  bool ok[kNumHost] = {};
+  std::string error[kNumHost];
+  /// Median CPU microseconds per call.
+  double us[kNumHost] = {};
+  /// Per call, mean over the timed calls (the emulator only): kernel
+  /// launches, copies and memsets, event records, waits (synchronizations
+  /// and synchronous copies), allocations (memory and events).
+  RuntimeCounts perCall[kNumHost];
+  int calls[kNumHost] = {};
+};
+
+/// The host side of the plain and the fused decode at one (geometry, batch,
+/// context): each timed call is issued after cudaStreamSynchronize, so it
+/// waits for nothing, and its CPU time (steady_clock around the call, less
+/// the time the emulator spent running kernels inside it) is the work the
+/// host does per step: the runtime's appends and evictions, the device
+/// tables' words and the CUDA runtime calls that queue copies and launches.
+/// Rounds of o.steps calls as in timeSteps (an untimed call at `context`
+/// entries first, the round's entries evicted after it), >= o.minRounds
+/// rounds and until o.minMs of wall time.
+HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
+                     int n, const Options &o, cudaStream_t stream) {
+  HostResult r;
+  const int qHeads = kKvHeads * g.group;
+  Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
+              o.pageSize);
+  const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+  buffers.workspace.reserve(
+      std::max(g.plainBytes(batch, stride), g.fusedBytes(batch, stride)));
+  Batch in(buffers, batch, qHeads, g.dim);
+  void *ws = buffers.workspace.ptr;
+  const uint64_t wsSize = buffers.workspace.bytes;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  for (int v = 0; v < kNumHost; ++v) {
+    const DecodeFn decode = v == kHostPlain ? g.plainDecode : g.fusedDecode;
+    auto call = [&](int32_t position) {
+      KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q, in.k,
+                       in.v, in.at(position), in.out, ws, wsSize, stream));
+    };
+    std::vector<double> samples;
+    RuntimeCounts total;
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      int rounds = 0;
+      for (int round = -(o.warmUp ? 1 : 0);; ++round) {
+        const double wallMs = std::chrono::duration<double, std::milli>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+        if (round >= 0 && rounds >= o.minRounds &&
+            (wallMs >= o.minMs || rounds >= 10))
+          break;
+        call(n);
+        for (int i = 0; i < o.steps; ++i) {
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          const RuntimeCounts before = runtimeCounts();
+          const auto t0 = std::chrono::steady_clock::now();
+          call(n + 1 + i);
+          const auto t1 = std::chrono::steady_clock::now();
+          const RuntimeCounts after = runtimeCounts();
+          if (round < 0)
+            continue;
+          samples.push_back(
+              std::chrono::duration<double, std::micro>(t1 - t0).count() -
+              1e6 * (after.kernelSeconds - before.kernelSeconds));
+          total.launches += after.launches - before.launches;
+          total.copies += after.copies - before.copies;
+          total.eventRecords += after.eventRecords - before.eventRecords;
+          total.waits += after.waits - before.waits;
+          total.allocations += after.allocations - before.allocations;
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        ctx.restore(batch, n);
+        if (round >= 0)
+          ++rounds;
+      }
+      CUDA_CHECK(cudaGetLastError());
+    } catch (const BenchError &e) {
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+      try {
+        ctx.restore(batch, n);
+      } catch (const BenchError &) {
+      }
+      r.error[v] = e.what();
+      ++gCellErrors;
+      continue;
+    }
+    std::sort(samples.begin(), samples.end());
+    const size_t m = samples.size();
+    r.us[v] = m % 2 ? samples[m / 2] : (samples[m / 2 - 1] + samples[m / 2]) / 2;
+    r.calls[v] = int(m);
+    r.perCall[v].launches = total.launches / double(m);
+    r.perCall[v].copies = total.copies / double(m);
+    r.perCall[v].eventRecords = total.eventRecords / double(m);
+    r.perCall[v].waits = total.waits / double(m);
+    r.perCall[v].allocations = total.allocations / double(m);
+    r.ok[v] = true;
+  }
   return r;
 }
 
@@ -1080,6 +1222,8 @@ void usage(const char *argv0) {
       "4k,16k; 'none' skips it)\n"
       "  --alt-context=LIST      contexts of the kernel alternatives table "
       "(default 16k,32k; 'none' skips it)\n"
+      "  --host-context=LIST     contexts of the host-side table (default "
+      "4k,32k; 'none' skips it)\n"
       "  --dim=LIST, --group=LIST  restrict to these head dims / GQA groups\n"
       "  --min-ms=X              timed milliseconds per measurement (default "
       "100)\n"
@@ -1127,6 +1271,7 @@ int parseOptions(int argc, char **argv, Options &o) {
       o.prefillContexts = {1024};
       o.modelContexts = {1024};
       o.alternativeContexts = {1024};
+      o.hostContexts = {1024};
       o.minMs = 20.0;
       if (key == "--check") {
         o.minMs = 1e-3;
@@ -1143,6 +1288,8 @@ int parseOptions(int argc, char **argv, Options &o) {
       good = takeValue() && parseList(value.c_str(), o.prefillContexts);
     } else if (key == "--model-context") {
       good = takeValue() && parseList(value.c_str(), o.modelContexts);
+    } else if (key == "--host-context") {
+      good = takeValue() && parseList(value.c_str(), o.hostContexts);
     } else if (key == "--alt-context") {
       good = takeValue() && parseList(value.c_str(), o.alternativeContexts);
     } else if (key == "--dim") {
@@ -1240,6 +1387,8 @@ void printList(const Options &o) {
               o.pageSize);
   std::printf("KIVI decode variants: int2 (policies/kivi2.mlir), int4 "
               "(policies/kivi4.mlir), against plain (16-bit)\n");
+  std::printf("host side of a decode call: plain and fused, contexts %s\n",
+              joinList(o.hostContexts).c_str());
   std::printf("model step: every layer of the fused policy per token, "
               "pipelined against synchronized after each layer; contexts "
               "%s\n",
@@ -1325,7 +1474,8 @@ int main(int argc, char **argv) {
     // then synchronized, then of the plain decode pipelined; alt_<name>
     // rows (kernel alternatives): that decode's microseconds per step;
     // alt_prefill_tc rows: milliseconds per call of the plain and the H2O
-    // prefill on tensor cores.
+    // prefill on tensor cores; host rows: CPU microseconds per call of the
+    // plain and the fused decode (the host side, kernels excluded).
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
@@ -1723,6 +1873,72 @@ int main(int argc, char **argv) {
           std::fflush(stdout);
         }
       }
+    }
+    if ((o.variants[kPlain] || o.variants[kFused]) && !o.hostContexts.empty()) {
+      std::printf(
+          "\nHost side of a decode call: CPU time of one _decode_batch call "
+          "issued after cudaStreamSynchronize (so it waits for nothing), "
+          "median over >= %d rounds of %d calls: the runtime's appends and "
+          "evictions, the device tables' words and the CUDA runtime calls "
+          "that queue the step's copies and launches%s. A pipelined decode "
+          "leaves the GPU idle whenever this exceeds the step's kernel time. "
+          "plain = the plain decode, fused = H2O's; ns/head = per kv-head of "
+          "the batch.%s\n\n",
+          o.minRounds, o.steps,
+          kCountsRuntimeCalls ? " (on the emulator: less the time spent "
+                                "running the emulated kernels inside the call)"
+                              : "",
+          kCountsRuntimeCalls
+              ? " Per fused call (emulator counts): launch = kernel launches, "
+                "copy = copies and memsets, event = event records, wait = "
+                "synchronizations and synchronous copies, alloc = memory and "
+                "event allocations."
+              : "");
+      std::printf("%4s %3s %4s %3s %7s | %9s %8s | %9s %8s", "dim", "G", "qh",
+                  "B", "context", "plain us", "ns/head", "fused us",
+                  "ns/head");
+      if (kCountsRuntimeCalls)
+        std::printf(" | %6s %5s %5s %5s %5s", "launch", "copy", "event",
+                    "wait", "alloc");
+      std::printf("\n");
+      sweepCells(
+          o, o.hostContexts,
+          [&](const BenchGeometry &g, int batch, int n) {
+            return benchHost(g, buffers, batch, n, o, stream);
+          },
+          [&](const BenchGeometry &g, int batch, int n, const HostResult &r) {
+            const double heads = double(batch) * kKvHeads;
+            std::printf(
+                "%4d %3d %4d %3d %7d | %9s %8s | %9s %8s", g.dim, g.group,
+                kKvHeads * g.group, batch, n,
+                cell(r.ok[kHostPlain], "%.1f", r.us[kHostPlain]).c_str(),
+                cell(r.ok[kHostPlain], "%.0f", 1e3 * r.us[kHostPlain] / heads)
+                    .c_str(),
+                cell(r.ok[kHostFused], "%.1f", r.us[kHostFused]).c_str(),
+                cell(r.ok[kHostFused], "%.0f", 1e3 * r.us[kHostFused] / heads)
+                    .c_str());
+            if (kCountsRuntimeCalls) {
+              const RuntimeCounts &c = r.perCall[kHostFused];
+              const bool ok = r.ok[kHostFused];
+              std::printf(" | %6s %5s %5s %5s %5s",
+                          cell(ok, "%.1f", c.launches).c_str(),
+                          cell(ok, "%.1f", c.copies).c_str(),
+                          cell(ok, "%.1f", c.eventRecords).c_str(),
+                          cell(ok, "%.1f", c.waits).c_str(),
+                          cell(ok, "%.1f", c.allocations).c_str());
+            }
+            std::printf("\n");
+            const char *kHostNames[] = {"plain", "fused"};
+            for (int v = 0; v < kNumHost; ++v)
+              if (!r.ok[v])
+                std::printf("     %s: %s\n", kHostNames[v],
+                            r.error[v].c_str());
+            csv("host,%d,%d,%d,%d,%d,,us,%.3f,%.3f,,,\n", g.dim, g.group,
+                kKvHeads * g.group, batch, n,
+                r.ok[kHostPlain] ? r.us[kHostPlain] : NAN,
+                r.ok[kHostFused] ? r.us[kHostFused] : NAN);
+            std::fflush(stdout);
+          });
     }
     buffers.releaseAll();
     cudaStreamDestroy(stream);

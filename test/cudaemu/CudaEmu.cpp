@@ -18,6 +18,11 @@
 #include <new>
 #include <vector>
 
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define KVC_EMU_CALLGRIND 1
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -60,6 +65,8 @@ namespace kvc::emu {
 
 uint3 threadIndex;
 uint3 blockIndex;
+Counters counterValues;
+const Counters &counters() { return counterValues; }
 dim3 blockDimension;
 dim3 gridDimension;
 
@@ -388,6 +395,15 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   }
   if (active)
     fatal("kernel launched from inside a kernel");
+#if defined(KVC_EMU_CALLGRIND)
+  static const bool hostOnly = [] {
+    const char *v = std::getenv("KVC_EMU_CALLGRIND_HOST_ONLY");
+    return v && v[0] == '1' && RUNNING_ON_VALGRIND;
+  }();
+  if (hostOnly)
+    CALLGRIND_TOGGLE_COLLECT;
+#endif
+  const auto start = std::chrono::steady_clock::now();
   BlockRun run;
   run.file = file;
   run.line = line;
@@ -413,6 +429,14 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
         runBlock(run);
       }
   active = nullptr;
+  ++counterValues.launches;
+  counterValues.kernelSeconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+#if defined(KVC_EMU_CALLGRIND)
+  if (hostOnly)
+    CALLGRIND_TOGGLE_COLLECT;
+#endif
 }
 
 } // namespace kvc::emu
@@ -427,6 +451,7 @@ struct CUevent_st {
 };
 
 using kvc::emu::lastError;
+using kvc::emu::counterValues;
 
 namespace {
 // The emulated device reports 4 GiB, half of it free, so that programs
@@ -530,6 +555,7 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
 }
 
 cudaError_t cudaMalloc(void **pointer, size_t bytes) {
+  ++counterValues.allocations;
   // Device allocations are 256-byte aligned. The block is exactly `bytes`
   // long, so that AddressSanitizer reports an access past it.
   *pointer = nullptr;
@@ -540,6 +566,7 @@ cudaError_t cudaMalloc(void **pointer, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void *pointer) {
+  ++counterValues.allocations;
   std::free(pointer);
   return cudaSuccess;
 }
@@ -548,20 +575,28 @@ cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
 }
 cudaError_t cudaFreeHost(void *pointer) { return cudaFree(pointer); }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
-                       cudaMemcpyKind) {
+namespace {
+cudaError_t copyBytes(void *dst, const void *src, size_t bytes) {
   if (bytes && (!dst || !src))
     return fail(cudaErrorInvalidValue);
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
+} // namespace
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
+                       cudaMemcpyKind) {
+  ++counterValues.syncCopies;
+  return copyBytes(dst, src, bytes);
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
-                            cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+                            cudaMemcpyKind, cudaStream_t) {
+  ++counterValues.asyncCopies;
+  return copyBytes(dst, src, bytes);
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
                               size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind, cudaStream_t) {
+  ++counterValues.asyncCopies;
   if (width > dpitch || width > spitch)
     return fail(cudaErrorInvalidPitchValue);
   for (size_t r = 0; r < height; ++r)
@@ -570,12 +605,15 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *pointer, int value, size_t bytes) {
+  ++counterValues.memsets;
   std::memset(pointer, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *pointer, int value, size_t bytes,
                             cudaStream_t) {
-  return cudaMemset(pointer, value, bytes);
+  ++counterValues.memsets;
+  std::memset(pointer, value, bytes);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *stream) {
@@ -586,26 +624,39 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++counterValues.waits;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  ++counterValues.waits;
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t *event) {
+  ++counterValues.allocations;
   *event = new CUevent_st{};
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int) {
+  ++counterValues.allocations;
   *event = new CUevent_st{};
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  ++counterValues.allocations;
   delete event;
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  ++counterValues.eventRecords;
   event->recorded = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  ++counterValues.waits;
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
                                  cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->recorded -

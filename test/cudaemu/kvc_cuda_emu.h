@@ -89,9 +89,30 @@ int lanes();
 /// The lane of the calling thread within its warp.
 int laneId();
 
+/// What the emulated runtime did since the program started. A program
+/// times the host side of a call as its wall time less the kernelSeconds
+/// it added (kvc-bench-gpu's host table), and counts what the call queued
+/// on a device: the CUDA runtime calls the same code makes there.
+struct Counters {
+  /// Kernel launches (run) and the host time spent running them.
+  uint64_t launches = 0;
+  double kernelSeconds = 0.0;
+  /// cudaMemcpyAsync and cudaMemcpy2DAsync; cudaMemcpy (which waits);
+  /// cudaMemsetAsync and cudaMemset; cudaEventRecord.
+  uint64_t asyncCopies = 0, syncCopies = 0, memsets = 0, eventRecords = 0;
+  /// cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize.
+  uint64_t waits = 0;
+  /// Resources made or released: cudaMalloc, cudaMallocHost, cudaFree,
+  /// cudaFreeHost, cudaEventCreate(WithFlags), cudaEventDestroy.
+  uint64_t allocations = 0;
+};
+const Counters &counters();
+
 /// Runs `body` for every thread of every block of `grid` x `block`; records
 /// cudaErrorInvalidConfiguration instead when the configuration is outside
-/// the device limits.
+/// the device limits. Under callgrind with KVC_EMU_CALLGRIND_HOST_ONLY=1 in
+/// the environment, the kernel's run is left out of the collected costs, so
+/// that a profile holds the host code alone.
 void run(const char *file, int line, const char *kernel, dim3 grid,
          dim3 block, const std::function<void()> &body);
 
