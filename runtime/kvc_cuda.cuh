@@ -511,6 +511,11 @@ struct HeadTable {
   /// KIVI storage: the head's residual region, R key rows then R value
   /// rows of dtype elements.
   const uint8_t *kiviResidual;
+  /// Decode on device-resident tables of a policy that selects: the pinned
+  /// host row that receives the victim count and the first kInlineVictims
+  /// victims of `victims` (copyVictimRows; pinned host memory is mapped,
+  /// so the device writes it through the host's address). Null otherwise.
+  int32_t *hostVictims;
 };
 
 /// One row pair that storeEntries writes: source row `row` of the float
@@ -5343,6 +5348,26 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<uint32_t *>(w.address) = static_cast<uint32_t>(w.value);
 }
 
+/// Threads per block of copyVictimRows.
+constexpr int kCopyVictimThreads = 256;
+
+/// The victim download of a decode step, one launch for the batch: word w
+/// of head i's row (its victim count, then its first kInlineVictims
+/// victims) goes from the device list HeadTable::victims to the pinned
+/// host row HeadTable::hostVictims, one thread per word. The host reads
+/// the rows after the step's event (applyVictims).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    copyVictimRows(const HeadTable *tables, int32_t heads) {
+  constexpr int kRow = 1 + kInlineVictims;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (w >= static_cast<int64_t>(heads) * kRow)
+    return;
+  const HeadTable &t = tables[w / kRow];
+  if (t.victims && t.hostVictims)
+    t.hostVictims[w % kRow] = t.victims[w % kRow];
+}
+
 /// A row of a KIVI head's residual window as decode reads it: the slot of
 /// the entry it holds (-1: none) and that slot's word (HeadTable::kiviRows).
 struct KiviWindowRow {
@@ -5799,6 +5824,9 @@ public:
           t.numSlots = t.numPages * pageSize_;
           t.queryPosition = queryPositions[b];
           t.victims = m.victimsOf(h, m.next);
+          t.hostVictims = m.withVictims ? m.hostVictimsOf(m.next) +
+                                              h * (1 + kInlineVictims)
+                                        : nullptr;
           t.kiviRows = m.kiviRowsOf(h);
           t.kiviResidual = m.withKivi ? m.residual[h] : nullptr;
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
@@ -5846,6 +5874,7 @@ public:
       done += n;
     } while (done < words.size());
     *out = reinterpret_cast<const HeadTable *>(region);
+    deviceTables_ = *out;
     return KVC_STATUS_OK;
   }
 
@@ -5864,19 +5893,28 @@ public:
                                ": victims kept in tables without a victim "
                                "list")
                                   .c_str());
-    const size_t row = sizeof(int32_t) * (1 + kInlineVictims);
-    KVC_CUDA_CHECK(name_, cudaMemcpy2DAsync(m.hostVictimsOf(m.next), row,
-                                            m.victimsOf(0, m.next),
-                                            m.headBytes, row, m.heads,
-                                            cudaMemcpyDeviceToHost, stream_));
     m.pending[m.next] = true;
+    downloadVictims_ = true;
     return KVC_STATUS_OK;
   }
 
   /// Attaches the mirrors to the context again, after the step's last
   /// kernel was queued on `stream`; the next step uses the other victim
-  /// buffer.
+  /// buffer. When a sequence kept its victims, one copyVictimRows launch
+  /// first downloads the victim rows of every head of the batch (those of
+  /// the sequences that did not keep theirs are never read).
   kvc_status_t checkIn() {
+    if (downloadVictims_) {
+      const int64_t words =
+          static_cast<int64_t>(batch_) * heads_ * (1 + kInlineVictims);
+      copyVictimRows<kCopyVictimThreads>
+          <<<static_cast<unsigned>((words + kCopyVictimThreads - 1) /
+                                   kCopyVictimThreads),
+             kCopyVictimThreads, 0, stream_>>>(deviceTables_,
+                                               batch_ * heads_);
+      KVC_CUDA_CHECK(name_, cudaGetLastError());
+      downloadVictims_ = false;
+    }
     for (int32_t b = 0; b < batch_; ++b) {
       TableMirror *m = mirrors_[b];
       KVC_CUDA_CHECK(name_, cudaEventRecord(m->done[m->next], stream_));
@@ -6131,6 +6169,10 @@ private:
   cudaStream_t stream_ = nullptr;
   std::vector<TableMirror *> mirrors_;
   std::vector<char> image_;
+  /// The step's HeadTables on the device (upload), and whether a sequence
+  /// kept its victims (keepVictims) so that checkIn downloads them.
+  const HeadTable *deviceTables_ = nullptr;
+  bool downloadVictims_ = false;
   /// refresh's page counts of a sequence and page-table entries of a head.
   std::vector<int32_t> numPages_, check_;
 };
