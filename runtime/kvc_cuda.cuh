@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -5410,6 +5411,23 @@ inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
   return KVC_STATUS_OK;
 }
 
+/// A CUDA event that the mirrors of a decode step's batch share: the step
+/// records it once, after its last launch (DeviceTables::checkIn). The last
+/// mirror to let go of it destroys it.
+struct StepEvent {
+  cudaEvent_t event = nullptr;
+  /// The recorded work is known to be done (a wait returned), so the
+  /// batch's other mirrors do not wait again.
+  bool complete = false;
+  StepEvent() = default;
+  StepEvent(const StepEvent &) = delete;
+  StepEvent &operator=(const StepEvent &) = delete;
+  ~StepEvent() {
+    if (event)
+      cudaEventDestroy(event);
+  }
+};
+
 /// The device-resident copy of one (sequence, layer)'s slot tables: per
 /// kv-head the page addresses (with kLowPageTag), the position of every
 /// slot and, as the policy needs them, the score state, the importance
@@ -5443,8 +5461,9 @@ struct TableMirror {
   /// first kInlineVictims victim slots (withVictims).
   int32_t *hostVictims = nullptr;
   /// Per buffer: recorded on the stream after the kernels and copies of the
-  /// last step that used it.
-  cudaEvent_t done[kVictimBuffers] = {};
+  /// last step that used it, one event for every mirror of that step's
+  /// batch (StepEvent; null before the first step).
+  std::shared_ptr<StepEvent> done[kVictimBuffers];
   /// Per head: the page-table entries the device holds, as many as the
   /// runtime's page table has.
   std::vector<std::vector<uint64_t>> pages;
@@ -5548,6 +5567,16 @@ struct TableMirror {
   }
 };
 
+/// Waits for the work recorded in `event` (none: nothing to wait for), once
+/// per record for all the mirrors that share it.
+inline kvc_status_t waitFor(StepEvent *event, const char *name) {
+  if (!event || event->complete)
+    return KVC_STATUS_OK;
+  KVC_CUDA_CHECK(name, cudaEventSynchronize(event->event));
+  event->complete = true;
+  return KVC_STATUS_OK;
+}
+
 /// Evicts through the runtime the victims that the steps using the mirror
 /// left on the device (TableMirror::pending), oldest first, once each step
 /// is done, except those of the `keep` most recent steps: so the runtime's
@@ -5566,7 +5595,7 @@ inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
     if (!m.pending[buffer])
       continue;
     m.pending[buffer] = false;
-    KVC_CUDA_CHECK(name, cudaEventSynchronize(m.done[buffer]));
+    KVC_CUDA_TRY(waitFor(m.done[buffer].get(), name));
     for (int32_t h = 0; h < m.heads; ++h) {
       const int32_t *row =
           m.hostVictimsOf(buffer) + h * (1 + kInlineVictims);
@@ -5597,9 +5626,6 @@ inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
 /// kvc_attachment_t::release of a TableMirror.
 inline void releaseMirror(void *data) {
   TableMirror *m = static_cast<TableMirror *>(data);
-  for (cudaEvent_t event : m->done)
-    if (event)
-      cudaEventDestroy(event);
   if (m->hostVictims)
     cudaFreeHost(m->hostVictims);
   if (m->device)
@@ -5618,9 +5644,7 @@ inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
   KVC_CUDA_TRY(applyVictims(m, context, sequence, layer));
   if (!m.loaded || (!m.withState && !m.withHistory))
     return KVC_STATUS_OK;
-  const cudaEvent_t last = m.done[m.bufferOf(0)];
-  if (last)
-    KVC_CUDA_CHECK(name, cudaEventSynchronize(last));
+  KVC_CUDA_TRY(waitFor(m.done[m.bufferOf(0)].get(), name));
   for (int32_t h = 0; h < m.heads; ++h) {
     kvc_metadata_t meta;
     KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta));
@@ -5915,9 +5939,36 @@ public:
       KVC_CUDA_CHECK(name_, cudaGetLastError());
       downloadVictims_ = false;
     }
+    // One event for the batch, recorded once. The event that the first
+    // mirror's buffer holds from its earlier step is recorded again when
+    // every mirror holding it is in this batch (the usual case: the same
+    // sequences step together), since all of them now take this step's;
+    // otherwise a new one.
+    std::shared_ptr<StepEvent> event;
+    const std::shared_ptr<StepEvent> &first =
+        mirrors_[0]->done[mirrors_[0]->next];
+    if (first) {
+      long holders = 0;
+      for (int32_t b = 0; b < batch_; ++b)
+        holders += mirrors_[b]->done[mirrors_[b]->next] == first;
+      if (holders == first.use_count())
+        event = first;
+    }
+    if (!event) {
+      try {
+        event = std::make_shared<StepEvent>();
+      } catch (const std::bad_alloc &) {
+        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                "kvc cuda: host event allocation failed");
+      }
+      KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&event->event,
+                                                     cudaEventDisableTiming));
+    }
+    KVC_CUDA_CHECK(name_, cudaEventRecord(event->event, stream_));
+    event->complete = false;
     for (int32_t b = 0; b < batch_; ++b) {
       TableMirror *m = mirrors_[b];
-      KVC_CUDA_CHECK(name_, cudaEventRecord(m->done[m->next], stream_));
+      m->done[m->next] = event;
       m->next = (m->next + 1) % kVictimBuffers;
       const kvc_attachment_t a{m, &flushMirror, &releaseMirror};
       KVC_CUDA_TRY(kvc_attach(context_, sequences_[b], layer_, &a));
@@ -6096,9 +6147,6 @@ private:
       m->window.resize(heads_);
       m->residual.assign(heads_, nullptr);
     }
-    for (cudaEvent_t &event : m->done)
-      KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&event,
-                                                     cudaEventDisableTiming));
     KVC_CUDA_CHECK(name_, cudaMalloc(reinterpret_cast<void **>(&m->device),
                                      m->headBytes * heads_));
     if (withVictims_)

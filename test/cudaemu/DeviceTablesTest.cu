@@ -60,6 +60,9 @@ int growths = 0;
 /// device kept, and victims that were in a residual window.
 int keyBlocks = 0, windowVictims = 0;
 
+/// The event of the last step, as the batch's first mirror holds it.
+const kvc::cuda::StepEvent *batchEvent = nullptr;
+
 /// The word HeadTable::kiviRows must hold for slot s of a KIVI head, from
 /// the runtime's window and formats: -1 unless the slot is in the window
 /// with a part in full precision, else its row and kKiviKeyFull /
@@ -124,7 +127,14 @@ void expectMirror(kvc_context_t *ctx, bool kivi, int b, uint64_t sequence,
         "before's %s (expected %s); %zu stale pages",
         step, m.pending[last] ? "yes" : "no", m.pending[before] ? "yes" : "no",
         olderPending ? "yes" : "no", m.recheck.size());
-  CHECK(cudaEventSynchronize(m.done[last]) == cudaSuccess, "event");
+  CHECK(m.done[last] &&
+            cudaEventSynchronize(m.done[last]->event) == cudaSuccess,
+        "event");
+  // The step recorded one event for its whole batch (DeviceTables::checkIn).
+  if (b == 0)
+    batchEvent = m.done[last].get();
+  CHECK(m.done[last].get() == batchEvent,
+        "step %d: sequence %d does not share the batch's event", step, b);
   growths += rebuilt;
   lastCapacity[b] = m.capPages;
   minCapacity = std::min(minCapacity, m.capPages);
