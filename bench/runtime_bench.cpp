@@ -5,12 +5,15 @@
 // the bookkeeping and never touches the pool's bytes):
 //  - append: kvc_get_num_slots, then kvc_append of one entry without data
 //    (the generated _decode_batch's slot allocation);
-//  - append+evict: the same, then kvc_evict of one live entry chosen at
+//  - step: kvc_get_num_slots per head and one kvc_append_step for the
+//    whole batch (what _decode_batch calls);
+//  - +evict: either, then kvc_evict of one live entry per head chosen at
 //    random (what a budgeted policy's step costs once the victims of the
 //    step before come back: the next append reuses the freed slot).
 // Batch {1, 8, 32} sequences of 8 kv-heads, head dim 128, f16, pages of 64
 // entries, contexts of 1k, 4k and 32k entries per head. Prints nanoseconds
-// per head and step and microseconds per step of the batch, from one run.
+// per head and step, and the ratio of the per-head appends to the batched
+// ones measured in the same run.
 // Usage: kvc-bench-runtime [min_seconds_per_cell] (default 0.2).
 //
 //===----------------------------------------------------------------------===//
@@ -80,20 +83,45 @@ struct Cache {
 };
 
 /// Nanoseconds per (head, step) of `steps` steps over the batch, repeated
-/// until `minSeconds` passed.
-double timeCell(int batch, int n, bool evict, double minSeconds) {
+/// until `minSeconds` passed; `batched`: the appends of a step in one
+/// kvc_append_step.
+double timeCell(int batch, int n, bool evict, bool batched,
+                double minSeconds) {
   Cache cache(batch, n);
   std::mt19937 rng(7);
   int32_t position = n;
+  std::vector<uint64_t> sequences(batch);
+  std::vector<int32_t> positions(batch), stepSlots(batch * kKvHeads),
+      stepPages(batch * kKvHeads);
+  for (int b = 0; b < batch; ++b)
+    sequences[b] = static_cast<uint64_t>(b);
   auto step = [&] {
+    if (batched) {
+      int32_t maxSlots = 0;
+      for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < kKvHeads; ++h) {
+          int32_t slots = 0;
+          check(kvc_get_num_slots(cache.context, b, 0, h, &slots),
+                "kvc_get_num_slots");
+          maxSlots = slots > maxSlots ? slots : maxSlots;
+        }
+      for (int b = 0; b < batch; ++b)
+        positions[b] = position;
+      check(kvc_append_step(cache.context, 0, batch, sequences.data(), kDim,
+                            nullptr, nullptr, positions.data(),
+                            stepSlots.data(), stepPages.data()),
+            "kvc_append_step");
+    }
     for (int b = 0; b < batch; ++b)
       for (int h = 0; h < kKvHeads; ++h) {
-        int32_t slots = 0, slot = 0;
-        check(kvc_get_num_slots(cache.context, b, 0, h, &slots),
-              "kvc_get_num_slots");
-        check(kvc_append(cache.context, b, 0, h, 1, kDim, nullptr, nullptr,
-                         &position, &slot),
-              "kvc_append");
+        if (!batched) {
+          int32_t slots = 0, slot = 0;
+          check(kvc_get_num_slots(cache.context, b, 0, h, &slots),
+                "kvc_get_num_slots");
+          check(kvc_append(cache.context, b, 0, h, 1, kDim, nullptr, nullptr,
+                           &position, &slot),
+                "kvc_append");
+        }
         if (!evict)
           continue;
         // A live victim: every slot below n + 1 is live after the append.
@@ -144,17 +172,22 @@ int main(int argc, char **argv) {
               "pool, %d kv-heads, head dim %d, f16, pages of %d), one "
               "thread\n",
               kKvHeads, kDim, kPageSize);
-  std::printf("append = kvc_get_num_slots + kvc_append (1 entry); "
-              "append+evict = the same + kvc_evict (1 random live entry)\n\n");
-  std::printf("%3s %7s | %12s %10s | %12s %10s\n", "B", "context",
-              "append ns/hd", "us/step", "+evict ns/hd", "us/step");
+  std::printf("append = kvc_get_num_slots + kvc_append (1 entry) per head; "
+              "step = kvc_get_num_slots per head + one kvc_append_step for "
+              "the batch; +evict = the same + kvc_evict (1 random live entry) "
+              "per head\n\n");
+  std::printf("%3s %7s | %12s %12s %6s | %12s %12s %6s\n", "B", "context",
+              "append ns/hd", "step ns/hd", "ratio", "+evict ns/hd",
+              "step+ev ns/hd", "ratio");
   for (int batch : {1, 8, 32})
     for (int n : {1024, 4096, 32768}) {
-      const double append = timeCell(batch, n, false, minSeconds);
-      const double evict = timeCell(batch, n, true, minSeconds);
-      std::printf("%3d %7d | %12.1f %10.2f | %12.1f %10.2f\n", batch, n,
-                  append, append * batch * kKvHeads / 1e3, evict,
-                  evict * batch * kKvHeads / 1e3);
+      const double append = timeCell(batch, n, false, false, minSeconds);
+      const double step = timeCell(batch, n, false, true, minSeconds);
+      const double evict = timeCell(batch, n, true, false, minSeconds);
+      const double stepEvict = timeCell(batch, n, true, true, minSeconds);
+      std::printf("%3d %7d | %12.1f %12.1f %5.2fx | %12.1f %12.1f %5.2fx\n",
+                  batch, n, append, step, append / step, evict, stepEvict,
+                  evict / stepEvict);
       std::fflush(stdout);
     }
   return 0;

@@ -58,6 +58,21 @@ struct KiviWork {
   }
 };
 
+/// Where the next `count` entries of a head go, computed without changing
+/// anything: the slots in order and the page-table entries to map.
+struct AppendPlan {
+  std::vector<int32_t> slots;
+  /// Table indices that need a fresh pool page (holes, then new entries).
+  std::vector<int32_t> newPages;
+  size_t tableSize = 0;
+};
+
+/// An append planned and ready to commit (prepareAppend).
+struct PreparedAppend {
+  AppendPlan plan;
+  std::optional<KiviWork> work;
+};
+
 /// Bookkeeping of one (sequence, layer, kv-head).
 struct HeadState {
   /// Pool page id of each page-table entry; -1 marks a hole left by a page
@@ -315,9 +330,18 @@ struct kvc_context {
   std::unordered_map<uint64_t, Sequence> sequences;
   /// Which residual indices are taken.
   std::vector<uint8_t> sequenceIndexUsed;
+  /// The appends of the call in progress (kvc_append: one; kvc_append_step:
+  /// one per head of the batch), kept between calls so that a decode step
+  /// allocates nothing once the lists have grown.
+  std::vector<PreparedAppend> prepared;
+  /// kvc_append_step: the batch's sequences, looked up once, and sorted
+  /// (to find one that appears twice).
+  std::vector<Sequence *> stepSequences, stepSorted;
+  /// Whether the format is a KIVI one (kiviBits(config.format) != 0).
+  bool kivi = false;
 
   bool isHost() const { return config.memory == KVC_MEMORY_HOST; }
-  bool isKivi() const { return kiviBits(config.format) != 0; }
+  bool isKivi() const { return kivi; }
   int32_t headsPerSequence() const {
     return config.num_layers * config.num_kv_heads;
   }
@@ -578,7 +602,14 @@ void copySlotMetadata(const HeadState &src, int32_t from, HeadState &dst,
   dst.appendIndex[to] = src.appendIndex[from];
 }
 
+/// Reserves room for `tableSize` page-table entries and their slots'
+/// metadata, so that resizeTable to that size cannot throw. Capacity grows
+/// by half at least, as the vectors' own growth would: a head that gains
+/// one page per page_size appends does not copy its metadata each time.
 void reserveTable(const kvc_context *ctx, HeadState &h, size_t tableSize) {
+  if (tableSize > h.pages.capacity())
+    tableSize =
+        std::max(tableSize, h.pages.capacity() + h.pages.capacity() / 2);
   size_t slots = tableSize * static_cast<size_t>(ctx->config.page_size);
   h.openPages.reserve((tableSize + 63) / 64);
   h.pages.reserve(tableSize);
@@ -916,15 +947,6 @@ void freeSlot(kvc_context *ctx, HeadState &h, int32_t slot) {
 // Append planning
 //===----------------------------------------------------------------------===//
 
-/// Where the next `count` entries of a head go, computed without changing
-/// anything: the slots in order and the page-table entries to map.
-struct AppendPlan {
-  std::vector<int32_t> slots;
-  /// Table indices that need a fresh pool page (holes, then new entries).
-  std::vector<int32_t> newPages;
-  size_t tableSize = 0;
-};
-
 void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
                 bool low, AppendPlan &plan) {
   const int32_t p = ctx->config.page_size, u = ctx->unit;
@@ -951,9 +973,21 @@ void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
       if (page < h.pages.size() && h.pages[page] >= 0 &&
           h.pageLive[page] < p) {
         const bool classMatches = ctx->isLowPage(h.pages[page]) == low;
-        for (int32_t first = static_cast<int32_t>(page) * p;
-             first < static_cast<int32_t>(page + 1) * p && need() > 0;
-             first += u)
+        const int32_t end = static_cast<int32_t>(page + 1) * p;
+        int32_t first = static_cast<int32_t>(page) * p;
+        if (u == 1) {
+          // Skip live slots eight at a time (one vector compare): a decode
+          // step's append lands behind the page's live entries.
+          const int32_t *position = h.position.data();
+          for (; first + 8 <= end; first += 8) {
+            bool free = false;
+            for (int32_t i = 0; i < 8; ++i)
+              free |= position[first + i] == KVC_POSITION_NONE;
+            if (free)
+              break;
+          }
+        }
+        for (; first < end && need() > 0; first += u)
           if (unitIsFree(ctx, h, first)) {
             freeUnit = true;
             if (!classMatches)
@@ -1051,6 +1085,7 @@ extern "C" kvc_status_t kvc_context_create(const kvc_config_t *config,
     ctx->config = *config;
     ctx->layout = layout;
     ctx->pool = static_cast<uint8_t *>(pool);
+    ctx->kivi = kiviBits(config->format) != 0;
     ctx->unit = ctx->isKivi() ? config->group_size : 1;
     try {
       if (ctx->hasLowClass()) {
@@ -1183,6 +1218,171 @@ extern "C" kvc_status_t kvc_set_budget(kvc_context_t *ctx, uint64_t sequence,
 
 namespace {
 
+/// The checks of an append's arguments that do not depend on the head:
+/// `count` entries of `dim` elements per head, `heads` heads (kvc_append:
+/// 1), into pages of `format`'s class.
+kvc_status_t checkAppendArguments(const char *name, const kvc_context *ctx,
+                                  int32_t format, int32_t count, int32_t dim,
+                                  int64_t heads, const float *keys,
+                                  const float *values,
+                                  const int32_t *positions,
+                                  int64_t numPositions, const int32_t *slots) {
+  const bool low = format != ctx->config.format;
+  if (low && (!ctx->hasLowClass() || format != ctx->config.low_format))
+    return fail(KVC_STATUS_INVALID_ARGUMENT,
+                "%s: format %d is neither the context's format %d nor its "
+                "low format %d",
+                name, static_cast<int>(format),
+                static_cast<int>(ctx->config.format),
+                static_cast<int>(ctx->config.low_format));
+  if (count <= 0)
+    return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: count must be > 0 (got %d)",
+                name, count);
+  KVC_CHECK(checkDim(name, ctx, dim));
+  if (!positions)
+    return fail(KVC_STATUS_NULL_POINTER, "%s: positions is NULL", name);
+  if (!isAligned<int32_t>(positions) || (slots && !isAligned<int32_t>(slots)))
+    return fail(KVC_STATUS_MISALIGNED,
+                "%s: positions/slots are not 4-byte aligned", name);
+  const int64_t elements = heads * count * dim;
+  if (ctx->isHost()) {
+    KVC_CHECK(checkFloatArray(name, "keys", keys));
+    KVC_CHECK(checkFloatArray(name, "values", values));
+    if (format != KVC_FORMAT_FULL) {
+      // A NaN or infinity would poison a whole quantization group.
+      KVC_CHECK(checkFinite(name, "keys", keys, elements));
+      KVC_CHECK(checkFinite(name, "values", values, elements));
+    }
+  } else if (keys || values) {
+    return fail(KVC_STATUS_UNSUPPORTED,
+                "%s: device pools take no data (kernels write it); pass "
+                "NULL keys and values",
+                name);
+  }
+  for (int64_t i = 0; i < numPositions; ++i)
+    if (positions[i] < 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: positions[%lld] = %d is negative", name,
+                  static_cast<long long>(i), positions[i]);
+  return KVC_STATUS_OK;
+}
+
+/// Plans an append of `count` entries into pages of one class of `h` and
+/// allocates what its commit needs (the table's capacity, the KIVI work
+/// record), changing nothing the caller can observe. The caller checked
+/// the budget and checks the plan's new pages against the pool.
+void prepareAppend(const kvc_context *ctx, HeadState &h, int32_t count,
+                   bool low, PreparedAppend &prepared) {
+  AppendPlan &plan = prepared.plan;
+  plan.slots.clear();
+  plan.newPages.clear();
+  planAppend(ctx, h, count, low, plan);
+  if (plan.tableSize != h.pages.size())
+    reserveTable(ctx, h, plan.tableSize);
+  prepared.work.reset();
+  if (ctx->isKivi()) {
+    // Bounds: one value per entry; the keys flushed in this call are at
+    // most the R - 1 unflushed ones plus the new entries, (count + R) / G
+    // blocks.
+    const size_t r = static_cast<size_t>(ctx->config.residual_length);
+    const size_t g = static_cast<size_t>(ctx->config.group_size);
+    const size_t n = static_cast<size_t>(count);
+    prepared.work.emplace();
+    prepared.work->values.reserve(n);
+    prepared.work->members.reserve(n + r);
+    prepared.work->blockBegin.reserve((n + r) / g + 2);
+    prepared.work->stages.reserve(std::min(n, r));
+  }
+}
+
+/// Commits a prepared append of `count` entries of `format` to head
+/// `ref`: maps its new pages, writes the metadata and, on host pools, the
+/// data (`keys`, `values`: count x dim rows, or NULL on device pools).
+/// Nothing here can fail.
+void commitAppend(kvc_context *ctx, const HeadRef &ref, int32_t format,
+                  bool low, int32_t count, int32_t dim, const float *keys,
+                  const float *values, const int32_t *positions,
+                  PreparedAppend &prepared, int32_t *slots,
+                  Scratch &scratch) {
+  HeadState &h = *ref.head;
+  const AppendPlan &plan = prepared.plan;
+  if (plan.tableSize != h.pages.size())
+    resizeTable(ctx, h, plan.tableSize);
+  for (int32_t page : plan.newPages) {
+    h.pages[page] = ctx->takePage(low);
+    markOpen(h, static_cast<size_t>(page));
+  }
+  const kvc_config_t &c = ctx->config;
+  const int32_t p = c.page_size;
+  const int64_t firstAppended = h.appended;
+  if (ctx->isKivi())
+    h.work = std::move(*prepared.work);
+  for (int32_t i = 0; i < count; ++i) {
+    int32_t slot = plan.slots[i];
+    h.position[slot] = positions[i];
+    h.score[slot] = 0.0f;
+    h.weight[slot] = 1.0f;
+    h.history[slot] = 0;
+    h.keyFormat[slot] = static_cast<uint8_t>(format);
+    h.valueFormat[slot] = static_cast<uint8_t>(format);
+    ++h.pageLive[slot / p];
+    ++h.live;
+    if (slots)
+      slots[i] = slot;
+    const float *key = keys ? keys + static_cast<int64_t>(i) * dim : nullptr;
+    const float *value =
+        values ? values + static_cast<int64_t>(i) * dim : nullptr;
+    if (!ctx->isKivi()) {
+      if (ctx->isHost())
+        writeEntry(ctx, *ref.sequence, ref.headIndex, h, slot, key, value,
+                   scratch);
+      continue;
+    }
+    // KIVI: track the open block, slide the value window, stage the new
+    // entry in full precision, flush keys every R appends.
+    const int32_t r = c.residual_length, g = c.group_size;
+    if (slot % g == 0 && slot != h.openBlock) {
+      h.openBlock = slot;
+      h.openFill = 0;
+    }
+    if (++h.openFill == g)
+      h.openBlock = -1;
+    int64_t a = h.appended;
+    if (a >= r) {
+      int32_t old = h.residualSlot[a % r];
+      if (old >= 0)
+        kiviFlushValue(ctx, *ref.sequence, ref.headIndex, h, old,
+                       firstAppended, scratch);
+    }
+    h.appendIndex[slot] = a;
+    h.residualSlot[a % r] = slot;
+    h.keyFormat[slot] = KVC_FORMAT_FULL;
+    h.valueFormat[slot] = KVC_FORMAT_FULL;
+    if (ctx->isHost()) {
+      storeElements(c.dtype, key, dim,
+                    ctx->residualKey(ref.sequence->index, ref.headIndex,
+                                     a % r));
+      storeElements(c.dtype, value, dim,
+                    ctx->residualValue(ref.sequence->index, ref.headIndex,
+                                       a % r));
+    }
+    ++h.appended;
+    if (h.appended - h.keysFlushed == r)
+      kiviFlushKeys(ctx, *ref.sequence, ref.headIndex, h, firstAppended,
+                    scratch);
+  }
+  // KIVI: the entries of this call that end in the residual window (an
+  // earlier one's row was taken again by a later one of the same call).
+  if (ctx->isKivi()) {
+    const int64_t r = c.residual_length;
+    for (int32_t i = 0; i < count; ++i)
+      if (firstAppended + i >= h.appended - r)
+        h.work.stages.push_back(
+            {plan.slots[i], static_cast<int32_t>((firstAppended + i) % r),
+             i});
+  }
+}
+
 /// kvc_append and kvc_append_format: appends into pages of `format`'s class.
 kvc_status_t appendEntries(const char *name, kvc_context_t *ctx,
                            uint64_t sequence, int32_t layer, int32_t head,
@@ -1194,150 +1394,28 @@ kvc_status_t appendEntries(const char *name, kvc_context_t *ctx,
     KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
     KVC_CHECK(settle(ctx, sequence, ref, layer));
     HeadState &h = *ref.head;
+    KVC_CHECK(checkAppendArguments(name, ctx, format, count, dim, 1, keys,
+                                   values, positions, count, slots));
     const bool low = format != ctx->config.format;
-    if (low && (!ctx->hasLowClass() || format != ctx->config.low_format))
-      return fail(KVC_STATUS_INVALID_ARGUMENT,
-                  "%s: format %d is neither the context's format %d nor its "
-                  "low format %d",
-                  name, static_cast<int>(format),
-                  static_cast<int>(ctx->config.format),
-                  static_cast<int>(ctx->config.low_format));
-    if (count <= 0)
-      return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: count must be > 0 (got %d)",
-                  name, count);
-    KVC_CHECK(checkDim(name, ctx, dim));
-    if (!positions)
-      return fail(KVC_STATUS_NULL_POINTER, "%s: positions is NULL", name);
-    if (!isAligned<int32_t>(positions) || (slots && !isAligned<int32_t>(slots)))
-      return fail(KVC_STATUS_MISALIGNED,
-                  "%s: positions/slots are not 4-byte aligned", name);
-    int64_t elements = static_cast<int64_t>(count) * dim;
-    if (ctx->isHost()) {
-      KVC_CHECK(checkFloatArray(name, "keys", keys));
-      KVC_CHECK(checkFloatArray(name, "values", values));
-      if (format != KVC_FORMAT_FULL) {
-        // A NaN or infinity would poison a whole quantization group.
-        KVC_CHECK(checkFinite(name, "keys", keys, elements));
-        KVC_CHECK(checkFinite(name, "values", values, elements));
-      }
-    } else if (keys || values) {
-      return fail(KVC_STATUS_UNSUPPORTED,
-                  "%s: device pools take no data (kernels write it); pass "
-                  "NULL keys and values",
-                  name);
-    }
-    for (int32_t i = 0; i < count; ++i)
-      if (positions[i] < 0)
-        return fail(KVC_STATUS_INVALID_ARGUMENT,
-                    "%s: positions[%d] = %d is negative", name, i,
-                    positions[i]);
     if (h.budget >= 0 && static_cast<int64_t>(h.live) + count > h.budget)
       return fail(KVC_STATUS_OVER_BUDGET,
                   "%s: %d live + %d new entries exceed the budget %d", name,
                   h.live, count, h.budget);
-
-    AppendPlan plan;
-    planAppend(ctx, h, count, low, plan);
+    if (ctx->prepared.empty())
+      ctx->prepared.resize(1);
+    PreparedAppend &prepared = ctx->prepared[0];
+    prepareAppend(ctx, h, count, low, prepared);
+    const AppendPlan &plan = prepared.plan;
     if (static_cast<int64_t>(plan.newPages.size()) > ctx->pagesAvailable(low))
       return fail(KVC_STATUS_POOL_EXHAUSTED,
                   "%s: %zu new %spages needed, %lld free", name,
                   plan.newPages.size(), low ? "low " : "",
                   static_cast<long long>(ctx->pagesAvailable(low)));
-    if (plan.tableSize != h.pages.size())
-      reserveTable(ctx, h, plan.tableSize);
     // Device pools of full-precision entries write no data here.
     Scratch scratch(ctx, ctx->isHost() || ctx->isKivi());
-    std::optional<KiviWork> work;
-    if (ctx->isKivi()) {
-      // Bounds: one value per entry; the keys flushed in this call are at
-      // most the R - 1 unflushed ones plus the new entries, (count + R) / G
-      // blocks.
-      const size_t r = static_cast<size_t>(ctx->config.residual_length);
-      const size_t g = static_cast<size_t>(ctx->config.group_size);
-      const size_t n = static_cast<size_t>(count);
-      work.emplace();
-      work->values.reserve(n);
-      work->members.reserve(n + r);
-      work->blockBegin.reserve((n + r) / g + 2);
-      work->stages.reserve(std::min(n, r));
-    }
-
     // Commit: nothing below can fail.
-    if (plan.tableSize != h.pages.size())
-      resizeTable(ctx, h, plan.tableSize);
-    for (int32_t page : plan.newPages) {
-      h.pages[page] = ctx->takePage(low);
-      markOpen(h, static_cast<size_t>(page));
-    }
-    const kvc_config_t &c = ctx->config;
-    const int32_t p = c.page_size;
-    const int64_t firstAppended = h.appended;
-    if (ctx->isKivi())
-      h.work = std::move(*work);
-    for (int32_t i = 0; i < count; ++i) {
-      int32_t slot = plan.slots[i];
-      h.position[slot] = positions[i];
-      h.score[slot] = 0.0f;
-      h.weight[slot] = 1.0f;
-      h.history[slot] = 0;
-      h.keyFormat[slot] = static_cast<uint8_t>(format);
-      h.valueFormat[slot] = static_cast<uint8_t>(format);
-      ++h.pageLive[slot / p];
-      ++h.live;
-      if (slots)
-        slots[i] = slot;
-      const float *key = keys ? keys + static_cast<int64_t>(i) * dim : nullptr;
-      const float *value =
-          values ? values + static_cast<int64_t>(i) * dim : nullptr;
-      if (!ctx->isKivi()) {
-        if (ctx->isHost())
-          writeEntry(ctx, *ref.sequence, ref.headIndex, h, slot, key, value,
-                     scratch);
-        continue;
-      }
-      // KIVI: track the open block, slide the value window, stage the new
-      // entry in full precision, flush keys every R appends.
-      const int32_t r = c.residual_length, g = c.group_size;
-      if (slot % g == 0 && slot != h.openBlock) {
-        h.openBlock = slot;
-        h.openFill = 0;
-      }
-      if (++h.openFill == g)
-        h.openBlock = -1;
-      int64_t a = h.appended;
-      if (a >= r) {
-        int32_t old = h.residualSlot[a % r];
-        if (old >= 0)
-          kiviFlushValue(ctx, *ref.sequence, ref.headIndex, h, old,
-                         firstAppended, scratch);
-      }
-      h.appendIndex[slot] = a;
-      h.residualSlot[a % r] = slot;
-      h.keyFormat[slot] = KVC_FORMAT_FULL;
-      h.valueFormat[slot] = KVC_FORMAT_FULL;
-      if (ctx->isHost()) {
-        storeElements(
-            c.dtype, key, dim,
-            ctx->residualKey(ref.sequence->index, ref.headIndex, a % r));
-        storeElements(
-            c.dtype, value, dim,
-            ctx->residualValue(ref.sequence->index, ref.headIndex, a % r));
-      }
-      ++h.appended;
-      if (h.appended - h.keysFlushed == r)
-        kiviFlushKeys(ctx, *ref.sequence, ref.headIndex, h, firstAppended,
-                      scratch);
-    }
-    // KIVI: the entries of this call that end in the residual window (an
-    // earlier one's row was taken again by a later one of the same call).
-    if (ctx->isKivi()) {
-      const int64_t r = c.residual_length;
-      for (int32_t i = 0; i < count; ++i)
-        if (firstAppended + i >= h.appended - r)
-          h.work.stages.push_back(
-              {plan.slots[i],
-               static_cast<int32_t>((firstAppended + i) % r), i});
-    }
+    commitAppend(ctx, ref, format, low, count, dim, keys, values, positions,
+                 prepared, slots, scratch);
     return KVC_STATUS_OK;
   });
 }
@@ -1364,6 +1442,106 @@ extern "C" kvc_status_t kvc_append_format(kvc_context_t *ctx,
                                           int32_t *slots) {
   return appendEntries("kvc_append_format", ctx, sequence, layer, head, format,
                        count, dim, keys, values, positions, slots);
+}
+
+extern "C" kvc_status_t kvc_append_step(kvc_context_t *ctx, int32_t layer,
+                                        int32_t batch,
+                                        const uint64_t *sequences,
+                                        int32_t dim, const float *keys,
+                                        const float *values,
+                                        const int32_t *positions,
+                                        int32_t *slots, int32_t *num_pages) {
+  const char *name = "kvc_append_step";
+  return guarded(name, [&] {
+    if (!ctx)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    if (batch <= 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: batch must be > 0 (got %d)", name, batch);
+    if (!sequences || !slots)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: %s is NULL", name,
+                  sequences ? "slots" : "sequences");
+    if (layer < 0 || layer >= ctx->config.num_layers)
+      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: layer %d out of range [0, %d)",
+                  name, layer, ctx->config.num_layers);
+    if (num_pages && !isAligned<int32_t>(num_pages))
+      return fail(KVC_STATUS_MISALIGNED, "%s: num_pages is not 4-byte aligned",
+                  name);
+    const int32_t kvHeads = ctx->config.num_kv_heads;
+    const int32_t format = ctx->config.format;
+    KVC_CHECK(checkAppendArguments(name, ctx, format, 1, dim,
+                                   static_cast<int64_t>(batch) * kvHeads, keys,
+                                   values, positions, batch, slots));
+    // Each sequence once, looked up once.
+    std::vector<Sequence *> &found = ctx->stepSequences;
+    found.resize(static_cast<size_t>(batch));
+    for (int32_t b = 0; b < batch; ++b) {
+      auto it = ctx->sequences.find(sequences[b]);
+      if (it == ctx->sequences.end())
+        return fail(KVC_STATUS_OUT_OF_RANGE,
+                    "%s: unknown sequence %llu (batch index %d)", name,
+                    static_cast<unsigned long long>(sequences[b]), b);
+      found[b] = &it->second;
+    }
+    std::vector<Sequence *> &sorted = ctx->stepSorted;
+    sorted.assign(found.begin(), found.end());
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      for (int32_t b = 1; b < batch; ++b)
+        if (std::find(found.begin(), found.begin() + b, found[b]) !=
+            found.begin() + b)
+          return fail(KVC_STATUS_INVALID_ARGUMENT,
+                      "%s: sequence %llu appears twice in the batch "
+                      "(index %d)",
+                      name, static_cast<unsigned long long>(sequences[b]), b);
+    for (int32_t b = 0; b < batch; ++b) {
+      HeadRef ref;
+      ref.sequence = found[b];
+      KVC_CHECK(settle(ctx, sequences[b], ref, layer));
+    }
+    // Plan every head; all or nothing: the budgets and the pool are checked
+    // for the whole batch before anything changes.
+    const size_t heads = static_cast<size_t>(batch) * kvHeads;
+    if (ctx->prepared.size() < heads)
+      ctx->prepared.resize(heads);
+    int64_t newPages = 0;
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t head = 0; head < kvHeads; ++head) {
+        HeadState &h = found[b]->heads[layer * kvHeads + head];
+        if (h.budget >= 0 && h.live >= h.budget)
+          return fail(KVC_STATUS_OVER_BUDGET,
+                      "%s: sequence %llu, kv head %d: %d live + 1 new entry "
+                      "exceed the budget %d",
+                      name, static_cast<unsigned long long>(sequences[b]),
+                      head, h.live, h.budget);
+        PreparedAppend &prepared = ctx->prepared[b * kvHeads + head];
+        prepareAppend(ctx, h, 1, false, prepared);
+        newPages += static_cast<int64_t>(prepared.plan.newPages.size());
+      }
+    if (newPages > ctx->pagesAvailable(false))
+      return fail(KVC_STATUS_POOL_EXHAUSTED,
+                  "%s: %lld new pages needed, %lld free", name,
+                  static_cast<long long>(newPages),
+                  static_cast<long long>(ctx->pagesAvailable(false)));
+    Scratch scratch(ctx, ctx->isHost() || ctx->isKivi());
+    // Commit: nothing below can fail.
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t head = 0; head < kvHeads; ++head) {
+        const size_t i = static_cast<size_t>(b) * kvHeads + head;
+        HeadRef ref;
+        ref.sequence = found[b];
+        ref.headIndex = layer * kvHeads + head;
+        ref.head = &found[b]->heads[ref.headIndex];
+        const int64_t row = static_cast<int64_t>(i) * dim;
+        commitAppend(ctx, ref, format, false, 1, dim,
+                     keys ? keys + row : nullptr,
+                     values ? values + row : nullptr, &positions[b],
+                     ctx->prepared[i], &slots[i], scratch);
+        if (num_pages)
+          num_pages[i] = static_cast<int32_t>(ref.head->pages.size());
+      }
+    return KVC_STATUS_OK;
+  });
 }
 
 extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,

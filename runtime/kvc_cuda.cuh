@@ -5808,15 +5808,18 @@ public:
   }
 
   /// After the step's appends (newSlots[i]: the slot the runtime gave head
-  /// i of the batch, at queryPositions[i / heads]; null when the step
-  /// appends nothing): brings every mirror up to date, builds the missing
+  /// i of the batch, at queryPositions[i / heads], and numPages[i] the
+  /// head's page-table length after it, as kvc_append_step reports them;
+  /// both null when the step appends nothing, numPages null to ask the
+  /// runtime): brings every mirror up to date, builds the missing
   /// ones, and uploads the HeadTable of every head of the batch into
   /// `region` (`capacity` bytes of device workspace) on `stream`; *out
   /// receives that array. `sameEntries`: a layer-wide policy, whose heads
   /// of a sequence must hold the same entries (checked).
   kvc_status_t upload(const int32_t *queryPositions, const int32_t *newSlots,
-                      bool sameEntries, void *region, uint64_t capacity,
-                      cudaStream_t stream, const HeadTable **out) {
+                      const int32_t *numPages, bool sameEntries, void *region,
+                      uint64_t capacity, cudaStream_t stream,
+                      const HeadTable **out) {
     stream_ = stream;
     const int32_t tables = batch_ * heads_;
     std::vector<HeadTable> headTables;
@@ -5835,7 +5838,9 @@ public:
                    ": the heads of a layer-wide policy hold different "
                    "entries")
                       .c_str());
-        KVC_CUDA_TRY(refresh(b, queryPositions[b], slots, sameEntries, words));
+        KVC_CUDA_TRY(refresh(b, queryPositions[b], slots,
+                             numPages ? numPages + b * heads_ : nullptr,
+                             sameEntries, words));
         const TableMirror &m = *mirrors_[b];
         for (int32_t h = 0; h < heads_; ++h) {
           const int32_t i = b * heads_ + h;
@@ -6006,16 +6011,22 @@ private:
   }
 
   /// Brings the mirror of sequence b up to date (words) or builds it.
+  /// `knownPages`: the page-table length of each head, or null to ask the
+  /// runtime.
   kvc_status_t refresh(int32_t b, int32_t position, const int32_t *newSlots,
-                       bool sameEntries, std::vector<TableWord> &words) {
+                       const int32_t *knownPages, bool sameEntries,
+                       std::vector<TableWord> &words) {
     const uint64_t sequence = sequences_[b];
     // Working lists reused across the batch's sequences and heads.
     std::vector<int32_t> &numPages = numPages_;
-    numPages.assign(heads_, 0);
+    numPages.resize(heads_);
     int32_t maxPages = 0;
     for (int32_t h = 0; h < heads_; ++h) {
-      KVC_CUDA_TRY(
-          kvc_get_num_pages(context_, sequence, layer_, h, &numPages[h]));
+      if (knownPages)
+        numPages[h] = knownPages[h];
+      else
+        KVC_CUDA_TRY(
+            kvc_get_num_pages(context_, sequence, layer_, h, &numPages[h]));
       maxPages = maxPages > numPages[h] ? maxPages : numPages[h];
     }
     TableMirror *&m = mirrors_[b];
@@ -6035,19 +6046,26 @@ private:
                                 : static_cast<size_t>(numPages[h]);
       shadow.resize(numPages[h], 0);
       // The entries to compare: those the page table gained, the appended
-      // slot's page (a hole the append may have mapped again) and the
-      // pages the last evictions touched; each once.
+      // slot's page when the mirror holds a hole there (the append mapped
+      // it again; a page the mirror holds mapped is unchanged unless the
+      // last evictions touched it) and the pages the last evictions
+      // touched; each once.
       std::vector<int32_t> &check = check_;
       check.clear();
       for (int32_t p = static_cast<int32_t>(before); p < numPages[h]; ++p)
         check.push_back(p);
-      if (newSlots)
-        check.push_back(newSlots[h] / pageSize_);
+      if (newSlots) {
+        const int32_t p = newSlots[h] / pageSize_;
+        if (static_cast<size_t>(p) < before && shadow[p] == 0)
+          check.push_back(p);
+      }
       for (const auto &[head, p] : m->recheck)
         if (head == h && p < numPages[h])
           check.push_back(p);
-      std::sort(check.begin(), check.end());
-      check.erase(std::unique(check.begin(), check.end()), check.end());
+      if (check.size() > 1) {
+        std::sort(check.begin(), check.end());
+        check.erase(std::unique(check.begin(), check.end()), check.end());
+      }
       for (int32_t p : check) {
         uint64_t entry = 0;
         KVC_CUDA_TRY(pageEntry(sequence, h, p, &entry));

@@ -317,6 +317,26 @@ kvc_status_t kvc_append_format(kvc_context_t *context, uint64_t sequence,
                                const float *values, const int32_t *positions,
                                int32_t *slots);
 
+/// A decode step's appends for a batch, in one call: one entry for every
+/// kv-head of each of the `batch` distinct `sequences` at `layer`, the
+/// entries of sequence b at positions[b]. Each head's entry takes the slot
+/// that kvc_append of one entry would give it, and
+/// slots[b * num_kv_heads + h] receives the slot of kv-head h of sequence
+/// b; num_pages (may be NULL), at the same index, the head's page-table
+/// length after the append. `keys` and `values` hold batch x num_kv_heads
+/// rows of dim floats (dim must equal head_dim) in that order: required on
+/// host pools, NULL on device pools, as for kvc_append. All or nothing for
+/// the whole batch: an unknown or repeated sequence, a head at its budget
+/// (KVC_STATUS_OVER_BUDGET) or a pool without the pages the batch needs
+/// (KVC_STATUS_POOL_EXHAUSTED) change nothing. The same as kvc_append on
+/// every head in that order, with one lookup per sequence and no host
+/// allocation once a batch of that size has stepped.
+kvc_status_t kvc_append_step(kvc_context_t *context, int32_t layer,
+                             int32_t batch, const uint64_t *sequences,
+                             int32_t dim, const float *keys,
+                             const float *values, const int32_t *positions,
+                             int32_t *slots, int32_t *num_pages);
+
 /// Evicts `count` distinct live slots of one head. A page whose slots are
 /// all free is returned to the pool immediately (its page-table entry
 /// becomes -1; slots of other pages keep their numbers).
@@ -366,7 +386,8 @@ kvc_status_t kvc_compact(kvc_context_t *context, uint64_t sequence,
 /// accessor of any head of the layer (kvc_get_num_entries,
 /// kvc_get_num_slots, kvc_get_num_pages, kvc_get_page, kvc_get_page_format,
 /// kvc_get_slot_location, kvc_get_metadata, kvc_read_entry,
-/// kvc_kivi_pending_work), kvc_append, kvc_append_format, kvc_evict,
+/// kvc_kivi_pending_work), kvc_append, kvc_append_format, kvc_append_step
+/// (every sequence of its batch), kvc_evict,
 /// kvc_compact, kvc_set_budget and kvc_write_entry; kvc_pool_stats and
 /// kvc_pool_check settle every record of the context. So every call reports
 /// the cache as the backend left it. Settling detaches the record, calls

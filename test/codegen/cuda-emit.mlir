@@ -130,20 +130,15 @@
 // CHECK-NEXT: int32_t slots = 0;
 // CHECK-NEXT: KVC_CUDA_TRY(kvc_get_num_slots(
 // CHECK: // kvc.append key #kvc.format<full> value #kvc.format<full>
-// CHECK: for (int32_t i = 0; i < heads; ++i) {
-// CHECK-NEXT: const kvc_status_t status = kvc_append(
-// CHECK-NEXT: context, sequences[i / kKvHeads], layer, i % kKvHeads, 1, kHeadDim, nullptr, nullptr,
-// CHECK-NEXT: &positions[i / kKvHeads], &newSlots[i]);
-// CHECK-NEXT: if (status == KVC_STATUS_OK)
-// CHECK-NEXT: continue;
-// CHECK-NEXT: // All or nothing (a full pool): the heads appended before give their slots
-// CHECK-NEXT: // back. An append moves no data, so evicting its slot restores the tables.
-// CHECK-NEXT: const std::string error = kvc_last_error();
-// CHECK-NEXT: for (int32_t j = i - 1; j >= 0; --j)
-// CHECK-NEXT: kvc_evict(context, sequences[j / kKvHeads], layer, j % kKvHeads, 1, &newSlots[j]);
-// CHECK-NEXT: return kvc_report_error(status, error.c_str());
-// CHECK-NEXT: }
-// CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
+// CHECK-NEXT: // The runtime takes the lowest free slot of each head (a victim's slot
+// CHECK-NEXT: // after an eviction); storeEntries writes the row there.
+// CHECK-NEXT: // One call for the batch, all or nothing; it also gives each head's page-table
+// CHECK-NEXT: // length, which the device tables need.
+// CHECK-NEXT: std::vector<int32_t> newSlots(heads), numPages(heads);
+// CHECK-NEXT: KVC_CUDA_TRY(kvc_append_step(context, layer, batch, sequences, kHeadDim, nullptr, nullptr,
+// CHECK-NEXT: positions, newSlots.data(), numPages.data()));
+// CHECK-NOT: kvc_append(
+// CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
 // CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads));
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
@@ -235,7 +230,7 @@
 // TOVA-NEXT: // %1 = kvc.layer_reduce mean %0 : !kvc.score<query>
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
-// TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/true, w.tables,
+// TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/true, w.tables,
 // TOVA: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
 // TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
@@ -388,7 +383,7 @@
 // RPC-UNFUSED: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
 // RPC-UNFUSED-NEXT: /*withState=*/true, /*withHistory=*/false,
 // RPC-UNFUSED-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_scoring_batch"));
-// RPC-UNFUSED: KVC_CUDA_TRY(tables.upload(positions, nullptr, /*sameEntries=*/false, w.tables,
+// RPC-UNFUSED: KVC_CUDA_TRY(tables.upload(positions, nullptr, nullptr, /*sameEntries=*/false, w.tables,
 // RPC-UNFUSED-NOT: cudaStreamSynchronize
 // RPC-UNFUSED: if ((positions[b] + 1) % kPeriod == 0)
 // RPC-UNFUSED-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
@@ -428,21 +423,18 @@ kvc.policy @heavy {
 // KIVI-NEXT: /*withState=*/false, /*withHistory=*/false,
 // KIVI-NEXT: /*withVictims=*/false, "kvc_kivi2_cuda_decode_batch",
 // KIVI-NEXT: /*withKivi=*/true));
-// KIVI: kvc::cuda::KiviWorkPlan kivi;
+// KIVI: std::vector<int32_t> newSlots(heads), numPages(heads);
+// KIVI-NEXT: KVC_CUDA_TRY(kvc_append_step(context, layer, batch, sequences, kHeadDim, nullptr, nullptr,
+// KIVI-NEXT: positions, newSlots.data(), numPages.data()));
+// KIVI-NEXT: kvc::cuda::KiviWorkPlan kivi;
 // KIVI-NEXT: for (int32_t i = 0; i < heads; ++i) {
 // KIVI-NEXT: const int32_t row = i / kKvHeads;
-// KIVI-NEXT: const kvc_status_t status = kvc_append(context, sequences[row], layer, i % kKvHeads, 1,
-// KIVI-NEXT: kHeadDim, nullptr, nullptr, &positions[row],
-// KIVI-NEXT: &newSlots[i]);
-// KIVI-NEXT: if (status != KVC_STATUS_OK) {
-// KIVI: kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
-// KIVI: return kvc_report_error(status, error.c_str());
-// KIVI-NEXT: }
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequences[row], layer, i % kKvHeads, layout,
 // KIVI-NEXT: config.page_size, kKiviGroup, &row, k, v, kKvStride)));
-// KIVI: kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-NEXT: }
+// KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NOT: storeEntry
-// KIVI: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), /*sameEntries=*/false, w.tables,
+// KIVI: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
 // KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads));
 // KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>

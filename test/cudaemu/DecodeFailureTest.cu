@@ -117,13 +117,15 @@ int main() {
   CHECK(step(2, first) == KVC_STATUS_OK, "first step");
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "sync");
 
-  // Every head needs a page now, the pool has one: the first head takes it,
-  // the second cannot.
+  // Every head needs a page now, the pool has one: the batch's appends
+  // (one kvc_append_step) fail before any head takes it.
   const int32_t second[2] = {4, 4};
   const kvc_status_t status = step(2, second);
   CHECK(status == KVC_STATUS_POOL_EXHAUSTED, "second step returned %d",
         status);
-  CHECK(std::strstr(kvc_last_error(), "new pages needed, 0 free") != nullptr,
+  CHECK(std::strstr(kvc_last_error(), "kvc_append_step: ") != nullptr &&
+            std::strstr(kvc_last_error(), " new pages needed, 1 free") !=
+                nullptr,
         "second step: message '%s'", kvc_last_error());
   for (uint64_t s : sequences)
     expectEntries(ctx, config, s, kPrompt + 1, "after the failed step");

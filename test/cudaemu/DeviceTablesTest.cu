@@ -357,12 +357,22 @@ void run(bool kivi) {
             "pages");
       trims += after < pagesBefore[i];
     }
-    std::vector<int32_t> newSlots(kBatch * kHeads);
+    // Odd steps append head by head and let upload ask the runtime for the
+    // page-table lengths; even steps append the batch in one
+    // kvc_append_step, whose lengths upload takes.
+    std::vector<int32_t> newSlots(kBatch * kHeads), numPages(kBatch * kHeads);
+    const bool batched = step % 2 == 0;
+    if (batched)
+      CHECK(kvc_append_step(ctx, 0, kBatch, sequences, 8, nullptr, nullptr,
+                            positions, newSlots.data(),
+                            numPages.data()) == KVC_STATUS_OK,
+            "append step");
     for (int i = 0; i < kBatch * kHeads; ++i) {
-      CHECK(kvc_append(ctx, sequences[i / kHeads], 0, i % kHeads, 1, 8,
-                       nullptr, nullptr, &positions[i / kHeads],
-                       &newSlots[i]) == KVC_STATUS_OK,
-            "append");
+      if (!batched)
+        CHECK(kvc_append(ctx, sequences[i / kHeads], 0, i % kHeads, 1, 8,
+                         nullptr, nullptr, &positions[i / kHeads],
+                         &newSlots[i]) == KVC_STATUS_OK,
+              "append");
       live[i / kHeads][i % kHeads][positions[i / kHeads]] = 0;
       if (kivi) {
         kvc_kivi_work_t work;
@@ -373,8 +383,9 @@ void run(bool kivi) {
       }
     }
     const kvc::cuda::HeadTable *heads = nullptr;
-    CHECK(tables.upload(positions, newSlots.data(), false, region, regionBytes,
-                        nullptr, &heads) == KVC_STATUS_OK,
+    CHECK(tables.upload(positions, newSlots.data(),
+                        batched ? numPages.data() : nullptr, false, region,
+                        regionBytes, nullptr, &heads) == KVC_STATUS_OK,
           "upload");
     // Victims: now and then one entry, or every entry of one page.
     std::vector<std::vector<int32_t>> chosen(kBatch * kHeads);
