@@ -145,11 +145,7 @@ public:
   }
   /// What a failed append leaves (documentation).
   std::string appendFailure() {
-    return undoableAppend() ? ": a full pool fails the call with nothing "
-                              "appended."
-                            : " (a full pool fails the call; KIVI heads "
-                              "appended before the failure keep their "
-                              "entry).";
+    return ": a full pool fails the call with nothing appended.";
   }
   /// Emits the batch entry point of a decode kernel: checks, every
   /// sequence's appends, then the heads function once per sequence.
@@ -167,21 +163,8 @@ private:
   /// The append's op comment and what the step does with it.
   std::string appendComment() {
     return opComment(appendOp) + "\n" +
-           (undoableAppend()
-                ? "  // Every head appends before any computes, all or "
-                  "nothing: a full pool\n  // gives the slots taken before "
-                  "back.\n"
-                : "  // Every head appends before any computes; a KIVI "
-                  "append quantizes the value\n  // leaving the window, so "
-                  "the heads before a failed append keep theirs.\n");
-  }
-  /// An eviction of the new slot undoes the append: false for KIVI storage
-  /// (kvc::cpu::appendStep).
-  bool undoableAppend() {
-    if (!appendOp)
-      return true;
-    FormatKind kind = appendOp.getKey().getKind();
-    return kind != FormatKind::int2 && kind != FormatKind::int4;
+           "  // Every head appends before any computes, all or nothing "
+           "(kvc_append_step):\n  // a full pool changes nothing.\n";
   }
   /// Decode: a loop over the kv-heads of `sequence`, indented by `indent`,
   /// that returns the error of entry `entry` when the workspace is too
@@ -354,9 +337,7 @@ void KernelEmitter::emitBatch(raw_ostream &out) {
     out << "  " << appendComment()
         << "  KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, "
            "layer, kKvHeads, kHeadDim, k, v,\n"
-           "                                   kKvStride, positions, "
-           "/*giveBack=*/"
-        << (undoableAppend() ? "true" : "false") << "));\n";
+           "                                   positions));\n";
   out << "  for (int32_t b = 0; b < batch; ++b)\n"
       << "    KVC_CPU_TRY(" << name << "_heads("
       << headsArguments("sequences[b]", "q + b * kQStride", "positions[b]",
@@ -400,9 +381,8 @@ void KernelEmitter::emitEntry(raw_ostream &out, const std::string &prologue,
   if (appendOp)
     out << "  " << appendComment()
         << "  KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, "
-           "kKvHeads, kHeadDim, k, v, kKvStride,\n"
-           "                                   &position, /*giveBack=*/"
-        << (undoableAppend() ? "true" : "false") << "));\n";
+           "kKvHeads, kHeadDim, k, v,\n"
+           "                                   &position));\n";
   out << "  return " << name << "_heads("
       << headsArguments("sequence", "q", "position", "out") << ");\n}\n";
 }

@@ -229,19 +229,16 @@ private:
 };
 
 /// The appends of one decode step: one entry at positions[b] in each of the
-/// `heads` kv-heads of `batch` sequences (kvc_append; kv-head h of sequence
-/// b reads row b * kvStride + h * dim of k and v), before any head computes.
-/// All or nothing when `giveBack` is set: if an append fails (a full pool),
-/// the heads appended before evict their new slot, which restores their
-/// tables, and the runtime's error is reported again. KIVI storage passes
-/// false: its append quantizes the value that leaves the residual window,
-/// which an eviction does not undo, so the heads before a failure keep
-/// their entry.
+/// `heads` kv-heads of `batch` sequences, kv-head h of sequence b from row
+/// b * heads + h of k and v (dim floats each), before any head computes.
+/// One kvc_append_step, so all or nothing: when the pool or a budget
+/// cannot take every entry, no head appends (KIVI heads included, whose
+/// appends also advance the residual window) and the call fails with the
+/// runtime's status and message.
 inline kvc_status_t appendStep(kvc_context_t *context, int32_t batch,
                                const uint64_t *sequences, int32_t layer,
                                int32_t heads, int32_t dim, const float *k,
-                               const float *v, int64_t kvStride,
-                               const int32_t *positions, bool giveBack) {
+                               const float *v, const int32_t *positions) {
   std::vector<int32_t> newSlots;
   try {
     newSlots.resize(static_cast<size_t>(batch) * heads);
@@ -249,24 +246,8 @@ inline kvc_status_t appendStep(kvc_context_t *context, int32_t batch,
     return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                             "kvc cpu: host allocation failed");
   }
-  for (int64_t i = 0; i < static_cast<int64_t>(batch) * heads; ++i) {
-    const int64_t b = i / heads;
-    const int32_t h = static_cast<int32_t>(i % heads);
-    const int64_t row = b * kvStride + static_cast<int64_t>(h) * dim;
-    const kvc_status_t status =
-        kvc_append(context, sequences[b], layer, h, 1, dim, k + row, v + row,
-                   &positions[b], &newSlots[i]);
-    if (status == KVC_STATUS_OK)
-      continue;
-    if (!giveBack)
-      return status;
-    const std::string error = kvc_last_error();
-    for (int64_t j = i - 1; j >= 0; --j)
-      kvc_evict(context, sequences[j / heads], layer,
-                static_cast<int32_t>(j % heads), 1, &newSlots[j]);
-    return kvc_report_error(status, error.c_str());
-  }
-  return KVC_STATUS_OK;
+  return kvc_append_step(context, layer, batch, sequences, dim, k, v,
+                         positions, newSlots.data(), nullptr);
 }
 
 //===----------------------------------------------------------------------===//

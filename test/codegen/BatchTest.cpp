@@ -267,9 +267,13 @@ TEST(GeneratedPolicyBatch, AFullPoolChangesNothing) {
   std::vector<float> k = randomRows(rng, 2 * size_t(kKvHeads) * kDim), v = k;
   std::vector<float> out(q.size(), 0.5f);
   std::vector<char> ws(kvc_h2o_cpu_decode_batch_workspace_bytes(2, 4 * kPageSize));
-  const std::string exhausted = "kvc_append: 1 new pages needed, 0 free";
+  // Every head of sequence 7 needs a page, the pool has one fewer: the
+  // step's one kvc_append_step refuses them all.
+  const std::string exhausted =
+      "kvc_append_step: " + std::to_string(kKvHeads) +
+      " new pages needed, " + std::to_string(kKvHeads - 1) + " free";
 
-  // One sequence: the heads before the last get a page, the last cannot.
+  // One sequence: no head gets a page.
   EXPECT_EQ(kvc_h2o_cpu_decode(a.context, 7, 0, q.data(), k.data(), v.data(),
                                kPageSize, out.data(), ws.data(), ws.size()),
             KVC_STATUS_POOL_EXHAUSTED);
@@ -278,7 +282,7 @@ TEST(GeneratedPolicyBatch, AFullPoolChangesNothing) {
   ASSERT_EQ(kvc_pool_stats(a.context, &stats), KVC_STATUS_OK);
   EXPECT_EQ(stats.free_pages, kKvHeads - 1) << "after the failed step";
 
-  // A batch whose first sequence fits: it gives its slots back too.
+  // A batch whose first sequence fits: it appends nothing either.
   const uint64_t sequences[2] = {2, 7};
   const int32_t positions[2] = {5, kPageSize};
   EXPECT_EQ(kvc_h2o_cpu_decode_batch(a.context, 2, sequences, 0, q.data(),

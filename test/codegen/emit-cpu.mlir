@@ -39,23 +39,27 @@
 // CHECK-NOT:  kvc::cpu::protect
 // CHECK:      KVC_CPU_TRY(kvc::cpu::decodeAttention<kGroup, kHeadDim>(head, q + h * kGroup * kHeadDim, kSoftmaxScale, out + h * kGroup * kHeadDim, nullptr, logits));
 // CHECK-NEXT: }
-// The entry point checks, appends every head (int8: all or nothing), then
-// calls the heads.
+// The entry point checks, appends every head (all or nothing, one
+// kvc_append_step), then calls the heads.
 // CHECK-LABEL: kvc_status_t kvc_window_cpu_decode(
 // CHECK:      // kvc.append key #kvc.format<int8, per_token> value #kvc.format<int8, per_token>
-// CHECK:      KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v, kKvStride,
-// CHECK-NEXT:   &position, /*giveBack=*/true));
+// CHECK-NEXT: // Every head appends before any computes, all or nothing (kvc_append_step):
+// CHECK-NEXT: // a full pool changes nothing.
+// CHECK-NEXT: KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v,
+// CHECK-NEXT:   &position));
 // CHECK-NEXT: return kvc_window_cpu_decode_heads(context, sequence, layer, q, out, workspace);
 
 // A KIVI append also quantizes the value leaving the residual window, which
-// an eviction does not undo: no give-back, in both entries.
+// an eviction would not undo; the runtime's batched append plans every head
+// first, so KIVI is all or nothing too, in both entries.
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cpu_decode(
-// KIVI:       // Every head appends before any computes; a KIVI append quantizes the value
-// KIVI:       KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v, kKvStride,
-// KIVI-NEXT:    &position, /*giveBack=*/false));
+// KIVI:       // Every head appends before any computes, all or nothing (kvc_append_step):
+// KIVI:       KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v,
+// KIVI-NEXT:    &position));
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cpu_decode_batch(
 // KIVI:       KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, layer, kKvHeads, kHeadDim, k, v,
-// KIVI-NEXT:    kKvStride, positions, /*giveBack=*/false));
+// KIVI-NEXT:    positions));
+// KIVI-NOT:   kvc_append(
 
 // HEADER: void kvc_window_cpu_configure(kvc_config_t *config);
 // HEADER: uint64_t kvc_window_cpu_prefill_workspace_bytes(int32_t n);

@@ -195,10 +195,10 @@ kvc_status_t kvc_h2o_cpu_decode(kvc_context_t *context, uint64_t sequence, int32
       return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, "kvc_h2o_cpu_decode: workspace smaller than kvc_h2o_cpu_decode_workspace_bytes(slots + page_size)");
   }
   // kvc.append key #kvc.format<full> value #kvc.format<full>
-  // Every head appends before any computes, all or nothing: a full pool
-  // gives the slots taken before back.
-  KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v, kKvStride,
-                                   &position, /*giveBack=*/true));
+  // Every head appends before any computes, all or nothing (kvc_append_step):
+  // a full pool changes nothing.
+  KVC_CPU_TRY(kvc::cpu::appendStep(context, 1, &sequence, layer, kKvHeads, kHeadDim, k, v,
+                                   &position));
   return kvc_h2o_cpu_decode_heads(context, sequence, layer, q, out, workspace);
 }
 
@@ -234,10 +234,10 @@ kvc_status_t kvc_h2o_cpu_decode_batch(kvc_context_t *context, int32_t batch, con
         return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, "kvc_h2o_cpu_decode_batch: workspace smaller than kvc_h2o_cpu_decode_workspace_bytes(slots + page_size)");
     }
   // kvc.append key #kvc.format<full> value #kvc.format<full>
-  // Every head appends before any computes, all or nothing: a full pool
-  // gives the slots taken before back.
+  // Every head appends before any computes, all or nothing (kvc_append_step):
+  // a full pool changes nothing.
   KVC_CPU_TRY(kvc::cpu::appendStep(context, batch, sequences, layer, kKvHeads, kHeadDim, k, v,
-                                   kKvStride, positions, /*giveBack=*/true));
+                                   positions));
   for (int32_t b = 0; b < batch; ++b)
     KVC_CPU_TRY(kvc_h2o_cpu_decode_heads(context, sequences[b], layer, q + b * kQStride, out + b * kQStride, workspace));
   return KVC_STATUS_OK;
