@@ -272,6 +272,26 @@ TEST(AppendStepErrors, BadInputsChangeNothing) {
   }
 }
 
+TEST(AppendStepErrors, KiviBudgetFailureAppendsNothing) {
+  // A KIVI append advances the head's residual window and records its
+  // work; a batch refused by its last head's budget must leave the heads
+  // before it untouched, window and work record included.
+  kvc_config_t c = smallConfig(KVC_FORMAT_KIVI_INT2);
+  Populated p(c);
+  const int32_t d = c.head_dim, kv = c.num_kv_heads;
+  std::vector<float> k(3 * kv * d, 1.0f), v(3 * kv * d, 2.0f);
+  std::vector<int32_t> slots(3 * kv);
+  const int32_t positions[3] = {5, 6, 7};
+  const uint64_t seqs[3] = {1, 2, 3};
+  ASSERT_EQ(kvc_set_budget(p.f.ctx, 3, 1, kv - 1, 3), KVC_STATUS_OK);
+  const std::vector<int64_t> work = kiviWork(p.f.ctx, 1, 1, 0);
+  EXPECT_STEP_FAILS(kvc_append_step(p.f.ctx, 1, 3, seqs, d, k.data(),
+                                    v.data(), positions, slots.data(),
+                                    nullptr),
+                    KVC_STATUS_OVER_BUDGET, "exceed the budget 3");
+  EXPECT_EQ(kiviWork(p.f.ctx, 1, 1, 0), work);
+}
+
 TEST(AppendStepErrors, DevicePoolsTakeNoData) {
   kvc_config_t c = smallConfig();
   c.memory = KVC_MEMORY_DEVICE;
