@@ -976,9 +976,6 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                       "kvc::cuda::kiviWorkBytes(kKvHeads, 1, kResidual, "
                       "kKiviGroup)",
                       "KIVI jobs of the new entries (KiviWorkPlan)."});
-  } else if (append) {
-    fields.push_back({"kvc::cuda::StoreEntry", "stores", "kKvHeads",
-                      "The new entry's destination in each head."});
   }
   if (gather && kivi)
     fields.push_back({"char", "kivi",
@@ -1713,12 +1710,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "kKvHeads.\n"
          "  const int32_t heads = batch * kKvHeads;\n"
          "  int32_t maxSlots = 0;\n"
-         "  for (int32_t i = 0; i < heads; ++i) {\n"
-         "    int32_t slots = 0;\n"
-         "    KVC_CUDA_TRY(kvc_get_num_slots(context, sequences[i / kKvHeads], "
-         "layer, i % kKvHeads, &slots));\n"
-         "    maxSlots = slots > maxSlots ? slots : maxSlots;\n"
-         "  }\n";
+         "  KVC_CUDA_TRY(tables.slotsBeforeStep(&maxSlots));\n";
   out << "  // Slots after the append: at most one more page per head.\n"
          "  const int64_t stride = static_cast<int64_t>(maxSlots) + "
          "config.page_size;\n";
@@ -1744,7 +1736,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     else
       out << "    // The runtime takes the lowest free slot of each head (a "
              "victim's slot\n"
-             "    // after an eviction); storeEntries writes the row there.\n";
+             "    // after an eviction); storeAppended writes the row there.\n";
     out << "    // One call for the batch, all or nothing; it also gives "
            "each head's page-table\n"
            "    // length, which the device tables need.\n"
@@ -1777,16 +1769,13 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "stride"
       << (kivi ? ", kResidual" : "") << "), s, &w.heads));\n";
   if (append && !kivi)
-    out << "    std::vector<kvc::cuda::StoreEntry> stores;\n"
-           "    for (int32_t i = 0; i < heads; ++i)\n"
-           "      stores.push_back(kvc::cuda::storeEntry(\n"
-           "          layout, config.page_size, tables.pageAddress(i, "
-           "newSlots[i] / config.page_size),\n"
-           "          newSlots[i], i % kKvHeads, i / kKvHeads, kRowBytes));\n"
-        << "    KVC_CUDA_TRY(kvc::cuda::launchStores<kHeadDim, kStorage>("
-           "stores, w.stores, k, v, kKvStride, s,\n"
-           "                                                           \""
-        << name << "\"));\n";
+    out << "    // The new rows, at the slots the uploaded tables name.\n"
+           "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "
+           "kStorage>(\n"
+           "        w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout("
+           "config, layout), k, v,\n"
+           "        kKvStride, s, \""
+        << name << "\")));\n";
   out << "    " << opComment(attention) << "\n"
       << "    // Split-KV: one block per (split, head of the batch) reads "
          "every key and value\n    // once.\n"

@@ -517,6 +517,10 @@ struct HeadTable {
   /// victims of `victims` (copyVictimRows; pinned host memory is mapped,
   /// so the device writes it through the host's address). Null otherwise.
   int32_t *hostVictims;
+  /// Decode on device-resident tables: the slot the runtime gave the step's
+  /// new entry (storeAppended writes its key and value there), -1 when the
+  /// step appends nothing.
+  int32_t appendSlot;
 };
 
 /// One row pair that storeEntries writes: source row `row` of the float
@@ -822,6 +826,43 @@ __global__ void storeEntries(const StoreEntry *entries, int32_t count,
 
 /// Threads per block of storeEntries (one warp per entry).
 constexpr int kStoreThreads = 128;
+
+/// Writes a decode step's new entries, one warp per head of the batch
+/// (`count` = batch x kvHeads; head i is kv-head i % kvHeads of sequence
+/// i / kvHeads, whose rows are row i / kvHeads of k and v): the entry goes
+/// to slot tables[i].appendSlot, whose page address the device tables
+/// hold, so the host neither computes nor uploads its destination. The
+/// slot is in a page of the storage format (appends take full-class
+/// pages).
+template <int D, Storage S>
+__global__ void __launch_bounds__(kStoreThreads)
+    storeAppended(const HeadTable *tables, int32_t count, int32_t kvHeads,
+                  PageLayout layout, const float *k, const float *v,
+                  int64_t kvStride) {
+  const int32_t i = blockIdx.x * (kStoreThreads / kWarpSize) +
+                    threadIdx.x / kWarpSize;
+  if (i >= count)
+    return;
+  const HeadTable &t = tables[i];
+  const int32_t slot = t.appendSlot;
+  if (slot < 0)
+    return;
+  const uint64_t page = t.pages[layout.pages.page(slot)] & ~kLowPageTag;
+  const uint64_t o = static_cast<uint64_t>(layout.pages.offset(slot));
+  constexpr uint64_t kRowBytes = static_cast<uint64_t>(D) * Codec<S>::kBytes;
+  const int64_t offset = static_cast<int64_t>(i / kvHeads) * kvStride +
+                         static_cast<int64_t>(i % kvHeads) * D;
+  storeRow<D, S>(
+      k + offset,
+      reinterpret_cast<uint8_t *>(page + layout.keyOffset + o * kRowBytes),
+      reinterpret_cast<float *>(page + layout.keyParamOffset +
+                                o * sizeof(float)));
+  storeRow<D, S>(
+      v + offset,
+      reinterpret_cast<uint8_t *>(page + layout.valueOffset + o * kRowBytes),
+      reinterpret_cast<float *>(page + layout.valueParamOffset +
+                                o * sizeof(float)));
+}
 
 /// Encodes one float row of D channels into a low-class row (mixed
 /// precision) and its record of D / KG {scale, min} pairs: called by the 32
@@ -5858,6 +5899,7 @@ public:
                                         : nullptr;
           t.kiviRows = m.kiviRowsOf(h);
           t.kiviResidual = m.withKivi ? m.residual[h] : nullptr;
+          t.appendSlot = slots ? slots[h] : -1;
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
         }
       }
@@ -5982,14 +6024,37 @@ public:
     return KVC_STATUS_OK;
   }
 
+  /// After checkOut, before the step's appends: the most slots a head of
+  /// the batch has. A checked-out mirror's host shadow holds as many
+  /// page-table entries as the runtime's table (upload sets its length from
+  /// the runtime, the evictions since then trimmed it as the runtime did,
+  /// and any other host call on the layer settles the mirror), so only a
+  /// sequence without one asks the runtime.
+  kvc_status_t slotsBeforeStep(int32_t *maxSlots) const {
+    int32_t most = 0;
+    for (int32_t b = 0; b < batch_; ++b) {
+      if (const TableMirror *m = mirrors_[b]) {
+        for (const std::vector<uint64_t> &shadow : m->pages) {
+          const int32_t slots = static_cast<int32_t>(shadow.size()) * pageSize_;
+          most = slots > most ? slots : most;
+        }
+        continue;
+      }
+      for (int32_t h = 0; h < heads_; ++h) {
+        int32_t slots = 0;
+        KVC_CUDA_TRY(kvc_get_num_slots(context_, sequences_[b], layer_, h,
+                                       &slots));
+        most = slots > most ? slots : most;
+      }
+    }
+    *maxSlots = most;
+    return KVC_STATUS_OK;
+  }
+
+  /// After upload: the most slots a head of the batch has.
   int32_t maxSlots() const { return maxSlots_; }
   /// The mirror of sequence b of the batch (checked out).
   const TableMirror &mirror(int32_t b) const { return *mirrors_[b]; }
-  /// The address of page `page` of head i of the batch, without
-  /// kLowPageTag.
-  uint64_t pageAddress(int32_t i, int32_t page) const {
-    return mirrors_[i / heads_]->pages[i % heads_][page] & ~kLowPageTag;
-  }
 
 private:
   /// The device page-table entry of page p of head h: its address, tagged
@@ -6305,6 +6370,23 @@ inline kvc_status_t uploadStores(const std::vector<StoreEntry> &entries,
                                        cudaMemcpyHostToDevice, stream));
   constexpr size_t kWarps = kStoreThreads / kWarpSize;
   blocks = static_cast<unsigned>((entries.size() + kWarps - 1) / kWarps);
+  return KVC_STATUS_OK;
+}
+
+/// Launches storeAppended on `stream` for the `heads` heads of a decode
+/// batch (kvHeads per sequence) whose HeadTables `tables` holds, after the
+/// upload that set their appendSlot.
+template <int D, Storage S>
+kvc_status_t launchAppendStores(const HeadTable *tables, int32_t heads,
+                                int32_t kvHeads, const PageLayout &layout,
+                                const float *k, const float *v,
+                                int64_t kvStride, cudaStream_t stream,
+                                const char *name) {
+  constexpr int32_t kWarps = kStoreThreads / kWarpSize;
+  storeAppended<D, S><<<static_cast<unsigned>((heads + kWarps - 1) / kWarps),
+                        kStoreThreads, 0, stream>>>(tables, heads, kvHeads,
+                                                    layout, k, v, kvStride);
+  KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }
 

@@ -117,8 +117,8 @@
 // CHECK: if (sequences[b] == sequences[c])
 // CHECK-NEXT: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: a sequence appears twice in the batch");
 // The tables are checked out (and the last step's victims evicted) before
-// the slot counts are read: a query of a layer with tables attached would
-// settle them.
+// the slot counts are read, from the mirrors where they are kept: a query
+// of a layer with tables attached would settle them.
 // CHECK: kvc::cuda::DeviceTables tables;
 // CHECK-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
 // CHECK-NEXT: /*withState=*/true, /*withHistory=*/false,
@@ -126,12 +126,11 @@
 // CHECK-NEXT: // Head i of the batch is kv-head i % kKvHeads of sequence i / kKvHeads.
 // CHECK-NEXT: const int32_t heads = batch * kKvHeads;
 // CHECK-NEXT: int32_t maxSlots = 0;
-// CHECK-NEXT: for (int32_t i = 0; i < heads; ++i) {
-// CHECK-NEXT: int32_t slots = 0;
-// CHECK-NEXT: KVC_CUDA_TRY(kvc_get_num_slots(
+// CHECK-NEXT: KVC_CUDA_TRY(tables.slotsBeforeStep(&maxSlots));
+// CHECK-NOT: kvc_get_num_slots
 // CHECK: // kvc.append key #kvc.format<full> value #kvc.format<full>
 // CHECK-NEXT: // The runtime takes the lowest free slot of each head (a victim's slot
-// CHECK-NEXT: // after an eviction); storeEntries writes the row there.
+// CHECK-NEXT: // after an eviction); storeAppended writes the row there.
 // CHECK-NEXT: // One call for the batch, all or nothing; it also gives each head's page-table
 // CHECK-NEXT: // length, which the device tables need.
 // CHECK-NEXT: std::vector<int32_t> newSlots(heads), numPages(heads);
@@ -140,6 +139,13 @@
 // CHECK-NOT: kvc_append(
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
 // CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads));
+// The new rows go where the uploaded tables say: no destination list is
+// built or uploaded.
+// CHECK-NEXT: // The new rows, at the slots the uploaded tables name.
+// CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, kStorage>(
+// CHECK-NEXT: w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout(config, layout), k, v,
+// CHECK-NEXT: kKvStride, s, "kvc_heavy_cuda_decode_batch")));
+// CHECK-NOT: StoreEntry
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);

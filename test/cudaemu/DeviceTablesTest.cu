@@ -350,13 +350,24 @@ void run(bool kivi) {
     // (of the last step too on a KIVI pool), at the check-out or at the
     // metadata read that settled the mirror: a trailing page they emptied
     // left the table.
+    int32_t mostPages = 0;
     for (int i = 0; i < kBatch * kHeads; ++i) {
       int32_t after = 0;
       CHECK(kvc_get_num_pages(ctx, sequences[i / kHeads], 0, i % kHeads,
                               &after) == KVC_STATUS_OK,
             "pages");
       trims += after < pagesBefore[i];
+      mostPages = std::max(mostPages, after);
     }
+    // The tables' count, from the kept mirrors' shadows without asking the
+    // runtime, is the runtime's.
+    int32_t mostSlots = -1;
+    CHECK(tables.slotsBeforeStep(&mostSlots) == KVC_STATUS_OK,
+          "slots before the step");
+    CHECK(mostSlots == mostPages * kPageSize,
+          "step %d: the tables count %d slots before the step, the runtime "
+          "%d",
+          step, mostSlots, mostPages * kPageSize);
     // Odd steps append head by head and let upload ask the runtime for the
     // page-table lengths; even steps append the batch in one
     // kvc_append_step, whose lengths upload takes.
