@@ -5586,12 +5586,19 @@ struct TableMirror {
   /// the eviction may have returned to the pool are compared with the
   /// runtime's at the next upload (recheck), and trailing holes leave the
   /// host shadow (an append that maps the entry again is written then).
+  /// The runtime's table ends with a mapped page (it drops trailing holes
+  /// as they appear), so it can only have shrunk when a victim was in its
+  /// last page; only then is its length asked for.
   kvc_status_t noteEvicted(kvc_context_t *context, uint64_t sequence,
                            int32_t layer, int32_t h, int32_t count,
                            const int32_t *slots) {
-    int32_t numPages = 0;
-    KVC_CUDA_TRY(kvc_get_num_pages(context, sequence, layer, h, &numPages));
     std::vector<uint64_t> &shadow = pages[h];
+    int32_t numPages = static_cast<int32_t>(shadow.size());
+    bool lastPage = false;
+    for (int32_t k = 0; k < count && !lastPage; ++k)
+      lastPage = slots[k] / pageSize >= numPages - 1;
+    if (lastPage)
+      KVC_CUDA_TRY(kvc_get_num_pages(context, sequence, layer, h, &numPages));
     try {
       if (static_cast<size_t>(numPages) < shadow.size())
         shadow.resize(numPages);
@@ -5756,6 +5763,20 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
 /// when something on the host touched the layer since (the runtime settled
 /// and released it), or when the page table outgrew it (it is then written
 /// back and rebuilt with room for a quarter more pages).
+/// DeviceTables::upload's host buffers, kept per thread between steps (a
+/// DeviceTables lives for one step), so that a step of a batch size that
+/// stepped before allocates nothing for them.
+struct UploadScratch {
+  std::vector<HeadTable> headTables;
+  std::vector<TableWord> words;
+  std::vector<char> image;
+};
+
+inline UploadScratch &uploadScratch() {
+  static thread_local UploadScratch scratch;
+  return scratch;
+}
+
 class DeviceTables {
 public:
   DeviceTables() = default;
@@ -5863,8 +5884,10 @@ public:
                       const HeadTable **out) {
     stream_ = stream;
     const int32_t tables = batch_ * heads_;
-    std::vector<HeadTable> headTables;
-    std::vector<TableWord> words;
+    UploadScratch &scratch = uploadScratch();
+    std::vector<HeadTable> &headTables = scratch.headTables;
+    std::vector<TableWord> &words = scratch.words;
+    words.clear();
     try {
       headTables.resize(tables);
       maxSlots_ = 0;
@@ -5922,20 +5945,22 @@ public:
     do {
       const size_t n =
           words.size() - done < perChunk ? words.size() - done : perChunk;
+      std::vector<char> &image = scratch.image;
       try {
-        image_.assign(tableBytes + sizeof(TableWord) * n, 0);
+        image.resize(tableBytes + sizeof(TableWord) * n);
       } catch (const std::bad_alloc &) {
         return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                                 "kvc cuda: host table allocation failed");
       }
-      std::memcpy(image_.data(), headTables.data(),
-                  sizeof(HeadTable) * tables);
+      std::memcpy(image.data(), headTables.data(), sizeof(HeadTable) * tables);
+      std::memset(image.data() + sizeof(HeadTable) * tables, 0,
+                  tableBytes - sizeof(HeadTable) * tables);
       if (n)
-        std::memcpy(image_.data() + tableBytes, words.data() + done,
+        std::memcpy(image.data() + tableBytes, words.data() + done,
                     sizeof(TableWord) * n);
-      // Pageable source: the call returns once the image is staged.
-      KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image_.data(),
-                                            image_.size(),
+      // Pageable source: the call returns once the image is staged, so the
+      // next step may reuse the buffer.
+      KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image.data(), image.size(),
                                             cudaMemcpyHostToDevice, stream));
       if (n)
         writeTableWords<256><<<static_cast<unsigned>((n + 255) / 256), 256,
@@ -6299,7 +6324,6 @@ private:
   const char *name_ = "";
   cudaStream_t stream_ = nullptr;
   std::vector<TableMirror *> mirrors_;
-  std::vector<char> image_;
   /// The step's HeadTables on the device (upload), and whether a sequence
   /// kept its victims (keepVictims) so that checkIn downloads them.
   const HeadTable *deviceTables_ = nullptr;
