@@ -5733,6 +5733,20 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
          kWorkspaceAlignment;
 }
 
+/// DeviceTables::upload's host buffers, kept per thread between steps (a
+/// DeviceTables lives for one step), so that a step of a batch size that
+/// stepped before allocates nothing for them.
+struct UploadScratch {
+  std::vector<HeadTable> headTables;
+  std::vector<TableWord> words;
+  std::vector<char> image;
+};
+
+inline UploadScratch &uploadScratch() {
+  static thread_local UploadScratch scratch;
+  return scratch;
+}
+
 /// The slot tables of a decode step's batch, kept on the device between
 /// steps (one TableMirror per sequence of the batch, attached to the
 /// context). A step checks the mirrors out (kvc_detach; the runtime then
@@ -5763,20 +5777,6 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
 /// when something on the host touched the layer since (the runtime settled
 /// and released it), or when the page table outgrew it (it is then written
 /// back and rebuilt with room for a quarter more pages).
-/// DeviceTables::upload's host buffers, kept per thread between steps (a
-/// DeviceTables lives for one step), so that a step of a batch size that
-/// stepped before allocates nothing for them.
-struct UploadScratch {
-  std::vector<HeadTable> headTables;
-  std::vector<TableWord> words;
-  std::vector<char> image;
-};
-
-inline UploadScratch &uploadScratch() {
-  static thread_local UploadScratch scratch;
-  return scratch;
-}
-
 class DeviceTables {
 public:
   DeviceTables() = default;
