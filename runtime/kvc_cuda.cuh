@@ -53,7 +53,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -5454,20 +5457,305 @@ inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
 
 /// A CUDA event that the mirrors of a decode step's batch share: the step
 /// records it once, after its last launch (DeviceTables::checkIn). The last
-/// mirror to let go of it destroys it.
+/// mirror (or retired mirror, MirrorMemory) to let go of it gives the CUDA
+/// event back to MirrorMemory for a later step.
 struct StepEvent {
   cudaEvent_t event = nullptr;
+  /// The device the event belongs to.
+  int device = 0;
   /// The recorded work is known to be done (a wait returned), so the
   /// batch's other mirrors do not wait again.
   bool complete = false;
   StepEvent() = default;
   StepEvent(const StepEvent &) = delete;
   StepEvent &operator=(const StepEvent &) = delete;
-  ~StepEvent() {
-    if (event)
-      cudaEventDestroy(event);
-  }
+  ~StepEvent();
 };
+
+/// Where the mirrors (TableMirror) get their memory and their steps their
+/// events, so that sequences joining and leaving a decode batch make no
+/// CUDA call that synchronizes once the first steps have run. cudaMalloc
+/// and cudaMallocHost serialize the device's streams, and cudaFree and
+/// cudaFreeHost wait for the device: in a serving engine, where a sequence
+/// ends or starts at almost every step, each would stall the pipeline of
+/// decode steps (the host would wait for the GPU inside a step).
+///  - Device regions come from a memory pool of kvc's own per device
+///    (cudaMemPoolCreate; its release threshold at the maximum, so freed
+///    memory stays in the pool for the next mirror), allocated and freed in
+///    stream order (cudaMallocFromPoolAsync, cudaFreeAsync) on the stream of
+///    the step that needs them. A device without memory pools
+///    (cudaDevAttrMemoryPoolsSupported) takes cudaMalloc and cudaFree.
+///  - Pinned victim rows are cut from pinned chunks of kPinnedChunkBytes
+///    (cudaMallocHost, never freed: a process keeps its peak) and reused.
+///  - Step events are reused, never destroyed.
+/// A released mirror is retired with the events of the steps that used it
+/// (releaseMirror): a later step frees its region (on that step's stream)
+/// and makes its rows reusable once those events have finished, which it
+/// asks without waiting (cudaEventQuery; collect). One instance per
+/// process, locked by the threads that step, never destroyed: the memory
+/// it holds lives until the process ends.
+class MirrorMemory {
+public:
+  /// Bytes of one pinned chunk: the victim rows of about 110 mirrors of
+  /// 8 kv-heads.
+  static constexpr uint64_t kPinnedChunkBytes = uint64_t{64} << 10;
+
+  static MirrorMemory &instance() {
+    static MirrorMemory *memory = new MirrorMemory;
+    return *memory;
+  }
+
+  /// A device region of `bytes` on the current device (*device), queued on
+  /// `stream`: usable by the work queued on it after this call.
+  kvc_status_t allocateRegion(uint64_t bytes, cudaStream_t stream,
+                              const char *name, char **region,
+                              int32_t *device) {
+    *region = nullptr;
+    int current = 0;
+    KVC_CUDA_CHECK(name, cudaGetDevice(&current));
+    std::lock_guard<std::mutex> lock(mutex_);
+    cudaMemPool_t pool = nullptr;
+    KVC_CUDA_TRY(poolOf(current, name, &pool));
+    // retire never allocates: the retired list has room for every live
+    // region.
+    try {
+      retired_.reserve(retired_.size() + liveRegions_ + 1);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    void *p = nullptr;
+    if (pool)
+      KVC_CUDA_CHECK(name, cudaMallocFromPoolAsync(&p, bytes, pool, stream));
+    else
+      KVC_CUDA_CHECK(name, cudaMalloc(&p, bytes));
+    ++liveRegions_;
+    *region = static_cast<char *>(p);
+    *device = current;
+    return KVC_STATUS_OK;
+  }
+
+  /// Pinned host rows of `bytes` (16-byte aligned), mapped into the
+  /// devices' address space (unified addressing).
+  kvc_status_t allocateRows(uint64_t bytes, const char *name,
+                            int32_t **rows) {
+    bytes = (bytes + 15) / 16 * 16;
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      std::vector<int32_t *> &reusable = freeRows_[bytes];
+      if (!reusable.empty()) {
+        *rows = reusable.back();
+        reusable.pop_back();
+        return KVC_STATUS_OK;
+      }
+      // Room to give them back (collect) without allocating.
+      reusable.reserve(++rowsOfSize_[bytes]);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    if (bytes > chunkLeft_) {
+      const uint64_t chunkBytes =
+          bytes > kPinnedChunkBytes ? bytes : kPinnedChunkBytes;
+      void *chunk = nullptr;
+      try {
+        chunks_.reserve(chunks_.size() + 1);
+      } catch (const std::bad_alloc &) {
+        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                "kvc cuda: host table allocation failed");
+      }
+      KVC_CUDA_CHECK(name, cudaMallocHost(&chunk, chunkBytes));
+      chunks_.push_back(chunk);
+      chunk_ = static_cast<char *>(chunk);
+      chunkLeft_ = chunkBytes;
+    }
+    *rows = reinterpret_cast<int32_t *>(chunk_);
+    chunk_ += bytes;
+    chunkLeft_ -= bytes;
+    return KVC_STATUS_OK;
+  }
+
+  /// A released mirror's `region` (on `device`) and `rows` (`rowBytes`, as
+  /// allocated), either of them null, which the work recorded in `guards`
+  /// (kVictimBuffers of them, null where a buffer was never used) may still
+  /// use: they are freed or reused once that work has finished (collect).
+  /// A region whose work was never recorded must be idle (its stream
+  /// synchronized). Never fails.
+  void retire(char *region, int32_t device, int32_t *rows, uint64_t rowBytes,
+              const std::shared_ptr<StepEvent> *guards) {
+    if (!region && !rows)
+      return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    Retired r;
+    r.region = region;
+    r.device = device;
+    r.rows = rows;
+    r.rowBytes = (rowBytes + 15) / 16 * 16;
+    for (int32_t k = 0; k < kVictimBuffers; ++k)
+      r.guards[k] = guards[k];
+    if (region)
+      --liveRegions_;
+    // allocateRegion reserved room for every live region; a mirror without
+    // a region (its allocation failed) has no rows either.
+    retired_.push_back(std::move(r));
+    retiredCount_ = retired_.size();
+  }
+
+  /// Frees on `stream` the retired regions of the current device whose
+  /// steps have finished and makes their rows reusable. It asks each event
+  /// without waiting; nothing to do (the usual step) costs a load.
+  kvc_status_t collect(cudaStream_t stream, const char *name) {
+    if (retiredCount_ == 0)
+      return KVC_STATUS_OK;
+    int current = 0;
+    KVC_CUDA_CHECK(name, cudaGetDevice(&current));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < retired_.size();) {
+      Retired &r = retired_[i];
+      bool done = !r.region || r.device == current;
+      for (int32_t k = 0; k < kVictimBuffers && done; ++k)
+        if (r.guards[k])
+          KVC_CUDA_TRY(finished(r.guards[k]->event, name, &done));
+      if (!done) {
+        ++i;
+        continue;
+      }
+      if (r.region) {
+        cudaMemPool_t pool = nullptr;
+        KVC_CUDA_TRY(poolOf(current, name, &pool));
+        KVC_CUDA_CHECK(name, pool ? cudaFreeAsync(r.region, stream)
+                                  : cudaFree(r.region));
+      }
+      // allocateRows reserved the room.
+      if (r.rows)
+        freeRows_[r.rowBytes].push_back(r.rows);
+      // The guards' events go back to the event list (~StepEvent).
+      r = std::move(retired_.back());
+      retired_.pop_back();
+    }
+    retiredCount_ = retired_.size();
+    return KVC_STATUS_OK;
+  }
+
+  /// An event of the current device (*device) for a step to record.
+  kvc_status_t takeEvent(const char *name, cudaEvent_t *event,
+                         int *device) {
+    KVC_CUDA_CHECK(name, cudaGetDevice(device));
+    {
+      std::lock_guard<std::mutex> lock(eventsMutex_);
+      for (size_t i = events_.size(); i-- > 0;)
+        if (events_[i].first == *device) {
+          *event = events_[i].second;
+          events_[i] = events_.back();
+          events_.pop_back();
+          return KVC_STATUS_OK;
+        }
+    }
+    KVC_CUDA_CHECK(name,
+                   cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+    return KVC_STATUS_OK;
+  }
+
+  /// An event no step records any more (~StepEvent).
+  void recycleEvent(cudaEvent_t event, int device) {
+    std::lock_guard<std::mutex> lock(eventsMutex_);
+    try {
+      events_.emplace_back(device, event);
+    } catch (const std::bad_alloc &) {
+      cudaEventDestroy(event);
+    }
+  }
+
+private:
+  MirrorMemory() = default;
+
+  struct Retired {
+    char *region = nullptr;
+    int32_t device = 0;
+    int32_t *rows = nullptr;
+    uint64_t rowBytes = 0;
+    std::shared_ptr<StepEvent> guards[kVictimBuffers];
+  };
+
+  /// kvc's memory pool on `device`, made on first use; null where the
+  /// device has no memory pools.
+  kvc_status_t poolOf(int device, const char *name, cudaMemPool_t *pool) {
+    for (const std::pair<int, cudaMemPool_t> &p : pools_)
+      if (p.first == device) {
+        *pool = p.second;
+        return KVC_STATUS_OK;
+      }
+    try {
+      pools_.reserve(pools_.size() + 1);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    int supported = 0;
+    KVC_CUDA_CHECK(name, cudaDeviceGetAttribute(
+                             &supported, cudaDevAttrMemoryPoolsSupported,
+                             device));
+    cudaMemPool_t created = nullptr;
+    if (supported) {
+      cudaMemPoolProps props;
+      std::memset(&props, 0, sizeof props);
+      props.allocType = cudaMemAllocationTypePinned;
+      props.handleTypes = cudaMemHandleTypeNone;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = device;
+      KVC_CUDA_CHECK(name, cudaMemPoolCreate(&created, &props));
+      uint64_t keep = ~uint64_t{0};
+      const cudaError_t error = cudaMemPoolSetAttribute(
+          created, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (error != cudaSuccess) {
+        cudaMemPoolDestroy(created);
+        return reportCudaError(name, error);
+      }
+    }
+    pools_.emplace_back(device, created);
+    *pool = created;
+    return KVC_STATUS_OK;
+  }
+
+  /// Whether the work recorded in `event` has finished (*done stays true),
+  /// asked without waiting.
+  static kvc_status_t finished(cudaEvent_t event, const char *name,
+                               bool *done) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) {
+      // A status, not a failure: leave no error behind for the step's
+      // launch checks.
+      if (cudaPeekAtLastError() == cudaErrorNotReady)
+        cudaGetLastError();
+      *done = false;
+      return KVC_STATUS_OK;
+    }
+    KVC_CUDA_CHECK(name, status);
+    return KVC_STATUS_OK;
+  }
+
+  std::mutex mutex_;
+  std::vector<std::pair<int, cudaMemPool_t>> pools_;
+  std::vector<Retired> retired_;
+  /// retired_.size(), read without the lock by collect's early return.
+  std::atomic<size_t> retiredCount_{0};
+  /// Regions allocated and not retired.
+  size_t liveRegions_ = 0;
+  /// Reusable pinned rows by size, and how many of each size exist.
+  std::map<uint64_t, std::vector<int32_t *>> freeRows_;
+  std::map<uint64_t, size_t> rowsOfSize_;
+  /// Every pinned chunk, and the rest of the newest.
+  std::vector<void *> chunks_;
+  char *chunk_ = nullptr;
+  uint64_t chunkLeft_ = 0;
+  std::mutex eventsMutex_;
+  std::vector<std::pair<int, cudaEvent_t>> events_;
+};
+
+inline StepEvent::~StepEvent() {
+  if (event)
+    MirrorMemory::instance().recycleEvent(event, device);
+}
 
 /// The device-resident copy of one (sequence, layer)'s slot tables: per
 /// kv-head the page addresses (with kLowPageTag), the position of every
@@ -5496,10 +5784,17 @@ struct TableMirror {
   bool pending[kVictimBuffers] = {};
   /// The buffer the next step uses: the one of the step before the last.
   int32_t next = 0;
+  /// The step in progress moved the mirror into a larger region
+  /// (DeviceTables::grow): checkIn gives it the step's event for both
+  /// buffers, since the copies that filled them are the step's.
+  bool moved = false;
+  /// The device region (MirrorMemory::allocateRegion) and its device.
   char *device = nullptr;
+  int32_t deviceId = 0;
   uint64_t headBytes = 0;
   /// Pinned host memory, per buffer and head: the victim count and the
-  /// first kInlineVictims victim slots (withVictims).
+  /// first kInlineVictims victim slots (withVictims;
+  /// MirrorMemory::allocateRows).
   int32_t *hostVictims = nullptr;
   /// Per buffer: recorded on the stream after the kernels and copies of the
   /// last step that used it, one event for every mirror of that step's
@@ -5518,6 +5813,10 @@ struct TableMirror {
   std::vector<const uint8_t *> residual;
 
   static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
+  /// Bytes of hostVictims.
+  uint64_t hostVictimBytes() const {
+    return sizeof(int32_t) * (1 + kInlineVictims) * kVictimBuffers * heads;
+  }
   int64_t capSlots() const { return static_cast<int64_t>(capPages) * pageSize; }
   uint64_t positionsOffset() const { return align(8ull * capPages); }
   uint64_t stateOffset() const {
@@ -5671,13 +5970,13 @@ inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
   return KVC_STATUS_OK;
 }
 
-/// kvc_attachment_t::release of a TableMirror.
+/// kvc_attachment_t::release of a TableMirror: its memory is retired until
+/// the steps that used it have finished (MirrorMemory), without waiting
+/// for them.
 inline void releaseMirror(void *data) {
   TableMirror *m = static_cast<TableMirror *>(data);
-  if (m->hostVictims)
-    cudaFreeHost(m->hostVictims);
-  if (m->device)
-    cudaFree(m->device);
+  MirrorMemory::instance().retire(m->device, m->deviceId, m->hostVictims,
+                                  m->hostVictimBytes(), m->done);
   delete m;
 }
 
@@ -5775,8 +6074,9 @@ inline UploadScratch &uploadScratch() {
 /// for its own kernels. A mirror is built from the
 /// runtime's metadata (one upload of every table) when a sequence has none,
 /// when something on the host touched the layer since (the runtime settled
-/// and released it), or when the page table outgrew it (it is then written
-/// back and rebuilt with room for a quarter more pages).
+/// and released it). A page table that outgrew its mirror has the mirror
+/// moved, on the device, into a region with room for a quarter more pages
+/// (grow): nothing is written back or waited for.
 class DeviceTables {
 public:
   DeviceTables() = default;
@@ -5786,13 +6086,20 @@ public:
   /// and released: the runtime's metadata stays the authority. The step's
   /// error message (kvc_last_error) outlives the runtime calls this makes.
   ~DeviceTables() {
-    bool failed = false;
+    bool failed = !grown_.empty();
     for (TableMirror *m : mirrors_)
       failed = failed || m != nullptr;
     if (!failed)
       return;
     char message[512];
     std::snprintf(message, sizeof(message), "%s", kvc_last_error());
+    // The regions that mirrors moved out of: their contents live on in the
+    // new ones; once the copies ran they go.
+    if (!grown_.empty() && stream_)
+      cudaStreamSynchronize(stream_);
+    for (TableMirror *old : grown_)
+      releaseMirror(old);
+    grown_.clear();
     for (size_t b = 0; b < mirrors_.size(); ++b) {
       if (!mirrors_[b])
         continue;
@@ -5883,6 +6190,9 @@ public:
                       uint64_t capacity, cudaStream_t stream,
                       const HeadTable **out) {
     stream_ = stream;
+    // Memory of released mirrors whose steps have finished goes back to
+    // the pool before this step builds any.
+    KVC_CUDA_TRY(MirrorMemory::instance().collect(stream, name_));
     const int32_t tables = batch_ * heads_;
     UploadScratch &scratch = uploadScratch();
     std::vector<HeadTable> &headTables = scratch.headTables;
@@ -6033,13 +6343,25 @@ public:
         return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                                 "kvc cuda: host event allocation failed");
       }
-      KVC_CUDA_CHECK(name_, cudaEventCreateWithFlags(&event->event,
-                                                     cudaEventDisableTiming));
+      KVC_CUDA_TRY(MirrorMemory::instance().takeEvent(name_, &event->event,
+                                                      &event->device));
     }
     KVC_CUDA_CHECK(name_, cudaEventRecord(event->event, stream_));
     event->complete = false;
+    // The regions that grow moved mirrors out of: the step's copies read
+    // them.
+    for (TableMirror *old : grown_) {
+      for (std::shared_ptr<StepEvent> &guard : old->done)
+        guard = event;
+      releaseMirror(old);
+    }
+    grown_.clear();
     for (int32_t b = 0; b < batch_; ++b) {
       TableMirror *m = mirrors_[b];
+      if (m->moved)
+        for (std::shared_ptr<StepEvent> &guard : m->done)
+          guard = event;
+      m->moved = false;
       m->done[m->next] = event;
       m->next = (m->next + 1) % kVictimBuffers;
       const kvc_attachment_t a{m, &flushMirror, &releaseMirror};
@@ -6119,14 +6441,9 @@ private:
             kvc_get_num_pages(context_, sequence, layer_, h, &numPages[h]));
       maxPages = maxPages > numPages[h] ? maxPages : numPages[h];
     }
+    if (mirrors_[b] && maxPages > mirrors_[b]->capPages)
+      KVC_CUDA_TRY(grow(b, maxPages));
     TableMirror *&m = mirrors_[b];
-    if (m && maxPages > m->capPages) {
-      TableMirror *old = m;
-      m = nullptr;
-      kvc_status_t status = flushMirror(old, context_, sequence, layer_);
-      releaseMirror(old);
-      KVC_CUDA_TRY(status);
-    }
     if (!m)
       return build(b, numPages, maxPages, sameEntries);
     for (int32_t h = 0; h < heads_; ++h) {
@@ -6232,6 +6549,106 @@ private:
     return KVC_STATUS_OK;
   }
 
+  /// Moves the mirror of sequence b, which a page table of `maxPages`
+  /// pages outgrew, into a region with room for a quarter more pages, on
+  /// the device: each part is copied region to region on the step's stream
+  /// (one cudaMemcpy2DAsync per part, a row per head), the slots past the
+  /// old capacity are made free (positions KVC_POSITION_NONE, state and
+  /// bits 0, KIVI words -1), and the host side (page shadows, pending
+  /// victims, events, pinned rows) moves over. Nothing is written back and
+  /// nothing waits; the step's words then bring the tables up to date as
+  /// usual. The old region is retired at checkIn, guarded by the step's
+  /// event. On failure the old mirror stays in place.
+  kvc_status_t grow(int32_t b, int32_t maxPages) {
+    TableMirror *old = mirrors_[b];
+    try {
+      grown_.reserve(grown_.size() + 1);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    }
+    std::unique_ptr<TableMirror> grown(new (std::nothrow) TableMirror);
+    if (!grown)
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
+    TableMirror &m = *grown;
+    m.heads = old->heads;
+    m.pageSize = old->pageSize;
+    m.capPages = maxPages + maxPages / 4 + 4;
+    m.withState = old->withState;
+    m.withHistory = old->withHistory;
+    m.withVictims = old->withVictims;
+    m.withKivi = old->withKivi;
+    m.headBytes = m.regionBytes();
+    KVC_CUDA_TRY(MirrorMemory::instance().allocateRegion(
+        m.headBytes * m.heads, stream_, name_, &m.device, &m.deviceId));
+    const cudaError_t error = copyRegion(*old, m);
+    if (error != cudaSuccess) {
+      // Some copies may be queued: the new region goes once they ran.
+      cudaStreamSynchronize(stream_);
+      MirrorMemory::instance().retire(m.device, m.deviceId, nullptr, 0,
+                                      m.done);
+      return reportCudaError(name_, error);
+    }
+    m.loaded = old->loaded;
+    m.moved = true;
+    m.next = old->next;
+    for (int32_t k = 0; k < kVictimBuffers; ++k) {
+      m.pending[k] = old->pending[k];
+      m.done[k] = old->done[k];
+    }
+    m.pages = std::move(old->pages);
+    m.recheck = std::move(old->recheck);
+    m.window = std::move(old->window);
+    m.residual = std::move(old->residual);
+    m.hostVictims = old->hostVictims;
+    old->hostVictims = nullptr;
+    grown_.push_back(old);
+    mirrors_[b] = grown.release();
+    return KVC_STATUS_OK;
+  }
+
+  /// Queues the copies of grow from `from`'s region into `to`'s (larger)
+  /// one, and the fills of the slots past `from`'s capacity.
+  cudaError_t copyRegion(const TableMirror &from, const TableMirror &to) {
+    const size_t heads = static_cast<size_t>(to.heads);
+    auto copy = [&](uint64_t toOffset, uint64_t fromOffset, uint64_t bytes) {
+      return cudaMemcpy2DAsync(to.device + toOffset, to.headBytes,
+                               from.device + fromOffset, from.headBytes,
+                               bytes, heads, cudaMemcpyDeviceToDevice,
+                               stream_);
+    };
+    auto fill = [&](uint64_t offset, int value, uint64_t bytes) {
+      return cudaMemset2DAsync(to.device + offset, to.headBytes, value,
+                               bytes, heads, stream_);
+    };
+    const uint64_t kept = static_cast<uint64_t>(from.capSlots());
+    const uint64_t added = static_cast<uint64_t>(to.capSlots()) - kept;
+    cudaError_t e = copy(0, 0, 8ull * from.capPages);
+    if (e == cudaSuccess)
+      e = copy(to.positionsOffset(), from.positionsOffset(), 4 * kept);
+    if (e == cudaSuccess)
+      e = fill(to.positionsOffset() + 4 * kept, 0xff, 4 * added);
+    if (e == cudaSuccess && to.withState)
+      e = copy(to.stateOffset(), from.stateOffset(), 4 * kept);
+    if (e == cudaSuccess && to.withState)
+      e = fill(to.stateOffset() + 4 * kept, 0, 4 * added);
+    if (e == cudaSuccess && to.withHistory)
+      e = copy(to.historyOffset(), from.historyOffset(), 8 * kept);
+    if (e == cudaSuccess && to.withHistory)
+      e = fill(to.historyOffset() + 8 * kept, 0, 8 * added);
+    for (int32_t k = 0; k < kVictimBuffers && e == cudaSuccess && to.withVictims;
+         ++k)
+      e = copy(reinterpret_cast<char *>(to.victimsOf(0, k)) - to.device,
+               reinterpret_cast<char *>(from.victimsOf(0, k)) - from.device,
+               4ull * static_cast<uint64_t>(from.victimWords()));
+    if (e == cudaSuccess && to.withKivi)
+      e = copy(to.kiviRowsOffset(), from.kiviRowsOffset(), 4 * kept);
+    if (e == cudaSuccess && to.withKivi)
+      e = fill(to.kiviRowsOffset() + 4 * kept, 0xff, 4 * added);
+    return e;
+  }
+
   /// A new mirror of sequence b from the runtime's metadata, with room for
   /// a quarter more pages than the largest page table.
   kvc_status_t build(int32_t b, const std::vector<int32_t> &numPages,
@@ -6255,13 +6672,11 @@ private:
       m->window.resize(heads_);
       m->residual.assign(heads_, nullptr);
     }
-    KVC_CUDA_CHECK(name_, cudaMalloc(reinterpret_cast<void **>(&m->device),
-                                     m->headBytes * heads_));
+    KVC_CUDA_TRY(MirrorMemory::instance().allocateRegion(
+        m->headBytes * heads_, stream_, name_, &m->device, &m->deviceId));
     if (withVictims_)
-      KVC_CUDA_CHECK(name_,
-                     cudaMallocHost(reinterpret_cast<void **>(&m->hostVictims),
-                                    sizeof(int32_t) * (1 + kInlineVictims) *
-                                        kVictimBuffers * heads_));
+      KVC_CUDA_TRY(MirrorMemory::instance().allocateRows(
+          m->hostVictimBytes(), name_, &m->hostVictims));
     std::vector<char> image(m->headBytes * heads_, 0);
     const int32_t *firstPositions = nullptr;
     int32_t firstSlots = 0;
@@ -6330,6 +6745,8 @@ private:
   bool downloadVictims_ = false;
   /// refresh's page counts of a sequence and page-table entries of a head.
   std::vector<int32_t> numPages_, check_;
+  /// Mirrors that grow moved out of, released at checkIn.
+  std::vector<TableMirror *> grown_;
 };
 
 /// The StoreEntry of slot `slot` of a head whose page addresses `pages`

@@ -67,6 +67,16 @@ uint3 threadIndex;
 uint3 blockIndex;
 Counters counterValues;
 const Counters &counters() { return counterValues; }
+
+/// Events: the number of the last record, the records that a wait covered
+/// (every record up to it), and whether records are held (holdEvents).
+uint64_t lastRecord = 0, finishedRecords = 0;
+bool eventsHeld = false;
+void holdEvents(bool hold) {
+  eventsHeld = hold;
+  if (!hold)
+    finishedRecords = lastRecord;
+}
 dim3 blockDimension;
 dim3 gridDimension;
 
@@ -448,10 +458,18 @@ struct CUstream_st {
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point recorded;
+  /// The record's number (0: never recorded, or recorded while not held).
+  uint64_t record = 0;
+};
+struct CUmemPoolHandle_st {
+  int device;
 };
 
-using kvc::emu::lastError;
 using kvc::emu::counterValues;
+using kvc::emu::eventsHeld;
+using kvc::emu::finishedRecords;
+using kvc::emu::lastError;
+using kvc::emu::lastRecord;
 
 namespace {
 // The emulated device reports 4 GiB, half of it free, so that programs
@@ -535,6 +553,9 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr,
   case cudaDevAttrComputeCapabilityMinor:
     *value = 0;
     return cudaSuccess;
+  case cudaDevAttrMemoryPoolsSupported:
+    *value = 1;
+    return cudaSuccess;
   default:
     return fail(cudaErrorInvalidValue);
   }
@@ -574,6 +595,43 @@ cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
   return cudaMalloc(pointer, bytes);
 }
 cudaError_t cudaFreeHost(void *pointer) { return cudaFree(pointer); }
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
+                              const cudaMemPoolProps *props) {
+  if (!pool || !props || props->location.type != cudaMemLocationTypeDevice ||
+      props->location.id != 0)
+    return fail(cudaErrorInvalidValue);
+  ++counterValues.allocations;
+  *pool = new CUmemPoolHandle_st{0};
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  ++counterValues.allocations;
+  delete pool;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr,
+                                    void *value) {
+  return pool && value ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+// Pool allocations are exact-size host blocks like cudaMalloc's.
+cudaError_t cudaMallocFromPoolAsync(void **pointer, size_t bytes,
+                                    cudaMemPool_t pool, cudaStream_t) {
+  if (!pool)
+    return fail(cudaErrorInvalidValue);
+  ++counterValues.poolAllocations;
+  *pointer = nullptr;
+  if (bytes && posix_memalign(pointer, 256, bytes) != 0) {
+    *pointer = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void *pointer, cudaStream_t) {
+  ++counterValues.poolFrees;
+  std::free(pointer);
+  return cudaSuccess;
+}
 
 namespace {
 cudaError_t copyBytes(void *dst, const void *src, size_t bytes) {
@@ -615,6 +673,15 @@ cudaError_t cudaMemsetAsync(void *pointer, int value, size_t bytes,
   std::memset(pointer, value, bytes);
   return cudaSuccess;
 }
+cudaError_t cudaMemset2DAsync(void *pointer, size_t pitch, int value,
+                              size_t width, size_t height, cudaStream_t) {
+  ++counterValues.memsets;
+  if (width > pitch)
+    return fail(cudaErrorInvalidPitchValue);
+  for (size_t r = 0; r < height; ++r)
+    std::memset(static_cast<char *>(pointer) + r * pitch, value, width);
+  return cudaSuccess;
+}
 
 cudaError_t cudaStreamCreate(cudaStream_t *stream) {
   *stream = new CUstream_st{1};
@@ -626,10 +693,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   ++counterValues.waits;
+  finishedRecords = lastRecord;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
   ++counterValues.waits;
+  finishedRecords = lastRecord;
   return cudaSuccess;
 }
 
@@ -651,11 +720,18 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   ++counterValues.eventRecords;
   event->recorded = std::chrono::steady_clock::now();
+  event->record = eventsHeld ? ++lastRecord : 0;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ++counterValues.waits;
+  if (event->record > finishedRecords)
+    finishedRecords = event->record;
   return cudaSuccess;
+}
+// Not ready is a status, not an error: the last error stays as it was.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return event->record > finishedRecords ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
                                  cudaEvent_t end) {

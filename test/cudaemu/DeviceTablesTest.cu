@@ -23,7 +23,13 @@
 // twice: on a full-precision pool, and on a KIVI pool (residual window of 8,
 // groups of 4), whose mirrors must also hold every slot's window word as
 // the runtime's window and formats give it, through values and blocks of
-// keys leaving the window and window entries evicted. Exits 1 on the first
+// keys leaving the window and window entries evicted. A mirror that its
+// page tables outgrow is moved into a larger region on the device, pending
+// victims, state and all (checked by the steps and reads after it). A third
+// run serves a batch that sequences join and leave every other step: no
+// synchronizing allocation or free after the first steps, pinned victim
+// rows reused, and a released mirror's memory kept until its last step has
+// finished (events held unfinished by the emulator). Exits 1 on the first
 // difference.
 //
 //===----------------------------------------------------------------------===//
@@ -102,6 +108,44 @@ __global__ void stages(const kvc::cuda::HeadTable *heads,
   kvc::cuda::clearEvicted<kThreads>(t, victim, t.numSlots);
 }
 
+/// A device pool of one layer, kHeads kv-heads of 8 f32 channels and pages
+/// of kPageSize: full precision, or KIVI int2 (residual window of 8, groups
+/// of 4).
+kvc_config_t deviceConfig(bool kivi, int32_t pages, int32_t sequences) {
+  kvc_config_t config{};
+  config.num_layers = 1;
+  config.num_q_heads = kHeads;
+  config.num_kv_heads = kHeads;
+  config.head_dim = 8;
+  config.dtype = KVC_DTYPE_F32;
+  config.format = kivi ? KVC_FORMAT_KIVI_INT2 : KVC_FORMAT_FULL;
+  if (kivi) {
+    config.group_size = 4;
+    config.residual_length = 8;
+  }
+  config.page_size = kPageSize;
+  config.num_pages = pages;
+  config.max_sequences = sequences;
+  config.memory = KVC_MEMORY_DEVICE;
+  return config;
+}
+
+/// The end of a step of `batch` sequences: the victim flags go up, the
+/// stand-in stages run over the step's HeadTables `heads`, every sequence
+/// keeps its victims and the mirrors are checked in.
+void endStep(kvc::cuda::DeviceTables &tables,
+             const kvc::cuda::HeadTable *heads, uint8_t *victims,
+             const std::vector<uint8_t> &flags, int batch) {
+  CHECK(cudaMemcpy(victims, flags.data(), flags.size(),
+                   cudaMemcpyHostToDevice) == cudaSuccess,
+        "victims");
+  stages<<<batch * kHeads, kThreads>>>(heads, victims);
+  CHECK(cudaGetLastError() == cudaSuccess, "launch");
+  for (int b = 0; b < batch; ++b)
+    CHECK(tables.keepVictims(b) == KVC_STATUS_OK, "keep victims");
+  CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+}
+
 /// The mirror of (sequence, layer 0) equals the runtime's page table and
 /// positions, but for the step's victims `chosen` and, when `olderPending`,
 /// the step before's `older` (per head, ascending), which the device
@@ -116,10 +160,9 @@ void expectMirror(kvc_context_t *ctx, bool kivi, int b, uint64_t sequence,
   CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "detach");
   CHECK(a.release == &kvc::cuda::releaseMirror, "step %d: no mirror", step);
   const auto &m = *static_cast<const kvc::cuda::TableMirror *>(a.data);
-  // A mirror that the step rebuilt larger (it outgrew its capacity) was
-  // written back first: the runtime evicted every victim then.
+  // A mirror that outgrew its capacity was moved into a larger region on
+  // the device, pending victims and all: nothing was written back.
   const bool rebuilt = lastCapacity[b] && m.capPages != lastCapacity[b];
-  olderPending = olderPending && !rebuilt;
   const int32_t last = m.bufferOf(0), before = m.bufferOf(1);
   CHECK(m.pending[last] && m.pending[before] == olderPending &&
             m.recheck.empty(),
@@ -230,21 +273,7 @@ void run(bool kivi) {
   minCapacity = 1 << 30;
   maxCapacity = growths = 0;
   lastCapacity[0] = lastCapacity[1] = 0;
-  kvc_config_t config{};
-  config.num_layers = 1;
-  config.num_q_heads = kHeads;
-  config.num_kv_heads = kHeads;
-  config.head_dim = 8;
-  config.dtype = KVC_DTYPE_F32;
-  config.format = kivi ? KVC_FORMAT_KIVI_INT2 : KVC_FORMAT_FULL;
-  if (kivi) {
-    config.group_size = 4;
-    config.residual_length = 8;
-  }
-  config.page_size = kPageSize;
-  config.num_pages = 128;
-  config.max_sequences = kBatch;
-  config.memory = KVC_MEMORY_DEVICE;
+  const kvc_config_t config = deviceConfig(kivi, 128, kBatch);
   uint64_t poolBytes = 0;
   CHECK(kvc_pool_bytes_required(&config, &poolBytes) == KVC_STATUS_OK, "pool");
   void *pool = nullptr, *region = nullptr;
@@ -440,14 +469,7 @@ void run(bool kivi) {
     for (int i = 0; i < kBatch * kHeads; ++i)
       for (auto &entry : live[i / kHeads][i % kHeads])
         ++entry.second;
-    CHECK(cudaMemcpy(victims, flags.data(), flags.size(),
-                     cudaMemcpyHostToDevice) == cudaSuccess,
-          "victims");
-    stages<<<kBatch * kHeads, kThreads>>>(heads, victims);
-    CHECK(cudaGetLastError() == cudaSuccess, "launch");
-    for (int b = 0; b < kBatch; ++b)
-      CHECK(tables.keepVictims(b) == KVC_STATUS_OK, "keep victims");
-    CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+    endStep(tables, heads, victims, flags, kBatch);
     for (int i = 0; i < kBatch * kHeads; ++i) {
       std::sort(chosen[i].begin(), chosen[i].end());
       holes += chosen[i].size() > 1 &&
@@ -490,11 +512,234 @@ void run(bool kivi) {
               minCapacity, maxCapacity, longLists);
 }
 
+/// Sequences joining and leaving the batch, as a serving engine decodes
+/// them: every other step one sequence ends (kvc_sequence_remove releases
+/// its mirror) and a new one with a prompt of its own length joins (its
+/// first step builds its mirror). After every step the mirrors hold the
+/// runtime's page addresses and, but for the step's victims, positions.
+/// Once the first steps have made kvc's memory pool, pinned chunk and
+/// events, neither a step nor a removal makes a CUDA call that
+/// synchronizes (the emulator counts cudaMalloc, cudaMallocHost, cudaFree,
+/// cudaFreeHost and event creation as allocations), and the pinned victim
+/// rows of ended sequences are reused. With the device's events held
+/// unfinished, a released mirror's memory is neither freed nor reused
+/// until a wait covers its last step; right after, it is.
+void serve() {
+  constexpr int kMaxBatch = 4, kWarmSteps = 6, kServeSteps = 40;
+  const kvc_config_t config = deviceConfig(false, 256, kMaxBatch + 1);
+  constexpr int kMostHeads = (kMaxBatch + 1) * kHeads;
+  uint64_t poolBytes = 0;
+  CHECK(kvc_pool_bytes_required(&config, &poolBytes) == KVC_STATUS_OK, "pool");
+  void *pool = nullptr, *region = nullptr;
+  uint8_t *victims = nullptr;
+  const uint64_t regionBytes =
+      kvc::cuda::deviceTableBytes(kMostHeads, kStride);
+  CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess &&
+            cudaMalloc(&region, regionBytes) == cudaSuccess &&
+            cudaMalloc(reinterpret_cast<void **>(&victims),
+                       kMostHeads * kStride) == cudaSuccess,
+        "device memory");
+  kvc_context_t *ctx = nullptr;
+  CHECK(kvc_context_create(&config, pool, poolBytes, &ctx) == KVC_STATUS_OK,
+        "context");
+  std::mt19937 rng(99);
+  std::vector<uint64_t> active;
+  std::map<uint64_t, int32_t> nextPosition;
+  uint64_t nextId = 100;
+  auto join = [&] {
+    const uint64_t id = nextId++;
+    CHECK(kvc_sequence_add(ctx, id) == KVC_STATUS_OK, "add");
+    const int32_t prompt = 5 + static_cast<int32_t>(id % 7) * 3;
+    std::vector<int32_t> positions(prompt);
+    for (int32_t i = 0; i < prompt; ++i)
+      positions[i] = i;
+    for (int h = 0; h < kHeads; ++h)
+      CHECK(kvc_append(ctx, id, 0, h, prompt, 8, nullptr, nullptr,
+                       positions.data(), nullptr) == KVC_STATUS_OK,
+            "prompt");
+    active.push_back(id);
+    nextPosition[id] = prompt;
+  };
+  auto leave = [&](size_t index) {
+    CHECK(kvc_sequence_remove(ctx, active[index]) == KVC_STATUS_OK, "remove");
+    active.erase(active.begin() + static_cast<std::ptrdiff_t>(index));
+  };
+  // The mirror of sequence `id` (detached for the look, attached again).
+  auto mirrorOf = [&](uint64_t id) {
+    kvc_attachment_t a{};
+    CHECK(kvc_detach(ctx, id, 0, &a) == KVC_STATUS_OK &&
+              a.release == &kvc::cuda::releaseMirror,
+          "sequence %llu has no mirror", static_cast<unsigned long long>(id));
+    CHECK(kvc_attach(ctx, id, 0, &a) == KVC_STATUS_OK, "attach");
+    return static_cast<const kvc::cuda::TableMirror *>(a.data);
+  };
+  std::vector<int32_t> newSlots(kMostHeads), numPages(kMostHeads);
+  std::vector<uint8_t> flags(kMostHeads * kStride);
+  // Per sequence and head, the last step's victims: the runtime evicts
+  // them when the step after next checks the mirror out.
+  std::map<uint64_t, std::vector<std::vector<int32_t>>> lastChosen;
+  int evicted = 0;
+  auto step = [&](int index) {
+    const int32_t n = static_cast<int32_t>(active.size());
+    std::vector<int32_t> positions(n);
+    for (int32_t b = 0; b < n; ++b)
+      positions[b] = nextPosition[active[b]]++;
+    kvc::cuda::DeviceTables tables;
+    CHECK(tables.checkOut(ctx, n, active.data(), 0, kHeads, true, true, true,
+                          "serve") == KVC_STATUS_OK,
+          "check out");
+    CHECK(kvc_append_step(ctx, 0, n, active.data(), 8, nullptr, nullptr,
+                          positions.data(), newSlots.data(),
+                          numPages.data()) == KVC_STATUS_OK,
+          "append step");
+    const kvc::cuda::HeadTable *heads = nullptr;
+    CHECK(tables.upload(positions.data(), newSlots.data(), numPages.data(),
+                        false, region, regionBytes, nullptr,
+                        &heads) == KVC_STATUS_OK,
+          "upload");
+    // A head over 12 live entries on the device evicts one of them.
+    std::fill(flags.begin(), flags.end(), 0);
+    std::vector<std::vector<int32_t>> chosen(n * kHeads);
+    for (int32_t i = 0; i < n * kHeads; ++i) {
+      std::vector<int32_t> live;
+      for (int32_t s = 0; s < heads[i].numSlots; ++s)
+        if (heads[i].positions[s] != KVC_POSITION_NONE)
+          live.push_back(s);
+      if (live.size() <= 12)
+        continue;
+      chosen[i].push_back(live[rng() % live.size()]);
+      flags[i * kStride + chosen[i][0]] = 1;
+      ++evicted;
+    }
+    endStep(tables, heads, victims, flags, n);
+    for (int32_t b = 0; b < n; ++b) {
+      const kvc::cuda::TableMirror &m = *mirrorOf(active[b]);
+      kvc_attachment_t a{};
+      CHECK(kvc_detach(ctx, active[b], 0, &a) == KVC_STATUS_OK, "detach");
+      for (int h = 0; h < kHeads; ++h) {
+        int32_t pages = 0;
+        kvc_metadata_t meta;
+        CHECK(kvc_get_num_pages(ctx, active[b], 0, h, &pages) ==
+                      KVC_STATUS_OK &&
+                  kvc_get_metadata(ctx, active[b], 0, h, &meta) ==
+                      KVC_STATUS_OK,
+              "runtime");
+        for (int32_t p = 0; p < pages; ++p) {
+          void *address = nullptr;
+          CHECK(kvc_get_page(ctx, active[b], 0, h, p, nullptr, nullptr,
+                             &address) == KVC_STATUS_OK &&
+                    m.pagesOf(h)[p] == reinterpret_cast<uint64_t>(address),
+                "serve step %d sequence %llu head %d: device page %d is not "
+                "the runtime's",
+                index, static_cast<unsigned long long>(active[b]), h, p);
+        }
+        const std::vector<int32_t> &gone = chosen[b * kHeads + h];
+        const std::vector<std::vector<int32_t>> &earlier =
+            lastChosen[active[b]];
+        for (int32_t s = 0; s < meta.num_slots; ++s) {
+          const bool victim =
+              std::count(gone.begin(), gone.end(), s) ||
+              (!earlier.empty() &&
+               std::count(earlier[h].begin(), earlier[h].end(), s));
+          const int32_t expected =
+              victim ? KVC_POSITION_NONE : meta.position[s];
+          CHECK(m.positionsOf(h)[s] == expected,
+                "serve step %d sequence %llu head %d: device position of "
+                "slot %d is %d, expected %d",
+                index, static_cast<unsigned long long>(active[b]), h, s,
+                m.positionsOf(h)[s], expected);
+        }
+      }
+      CHECK(kvc_attach(ctx, active[b], 0, &a) == KVC_STATUS_OK, "attach");
+      lastChosen[active[b]].assign(chosen.begin() + b * kHeads,
+                                   chosen.begin() + (b + 1) * kHeads);
+    }
+  };
+
+  for (int i = 0; i < kMaxBatch; ++i)
+    join();
+  int index = 0;
+  for (; index < kWarmSteps; ++index)
+    step(index);
+  const kvc::emu::Counters before = kvc::emu::counters();
+  std::vector<const int32_t *> rows;
+  int joined = 0;
+  for (; index < kWarmSteps + kServeSteps; ++index) {
+    if (index % 2 == 1) {
+      leave(rng() % active.size());
+      join();
+      ++joined;
+    }
+    step(index);
+    for (uint64_t id : active) {
+      const int32_t *r = mirrorOf(id)->hostVictims;
+      if (std::find(rows.begin(), rows.end(), r) == rows.end())
+        rows.push_back(r);
+    }
+  }
+  const kvc::emu::Counters &after = kvc::emu::counters();
+  CHECK(after.allocations == before.allocations,
+        "%llu synchronizing allocations or frees in %d steps with %d "
+        "sequences joining and leaving",
+        static_cast<unsigned long long>(after.allocations -
+                                        before.allocations),
+        kServeSteps, joined);
+  const uint64_t regions = after.poolAllocations - before.poolAllocations,
+                 freed = after.poolFrees - before.poolFrees;
+  CHECK(regions >= static_cast<uint64_t>(joined) &&
+            freed + kMaxBatch + 1 >= regions && evicted > 10,
+        "%llu regions allocated from the pool, %llu freed, %d joined, %d "
+        "victims",
+        static_cast<unsigned long long>(regions),
+        static_cast<unsigned long long>(freed), joined, evicted);
+  // The batch's own rows plus those of the sequence that left last.
+  CHECK(rows.size() <= static_cast<size_t>(kMaxBatch + 1),
+        "%zu different pinned victim rows for %d sequences at a time",
+        rows.size(), kMaxBatch);
+
+  // Released while its last step is still running (held): kept, through
+  // a step that waits for the step before it only.
+  kvc::emu::holdEvents(true);
+  step(index++);
+  step(index++);
+  const int32_t *leftRows = mirrorOf(active.front())->hostVictims;
+  leave(0);
+  join();
+  const uint64_t freesBefore = kvc::emu::counters().poolFrees;
+  step(index++);
+  CHECK(kvc::emu::counters().poolFrees == freesBefore &&
+            mirrorOf(active.back())->hostVictims != leftRows,
+        "the memory of a mirror whose last step had not finished was freed "
+        "or reused");
+  // A wait covers it: the next step frees the region, and a sequence that
+  // joins takes the rows.
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "synchronize");
+  join();
+  step(index++);
+  CHECK(kvc::emu::counters().poolFrees == freesBefore + 1 &&
+            mirrorOf(active.back())->hostVictims == leftRows,
+        "the memory of a mirror whose steps had finished was not reused "
+        "(%llu regions freed)",
+        static_cast<unsigned long long>(kvc::emu::counters().poolFrees -
+                                        freesBefore));
+  kvc::emu::holdEvents(false);
+  kvc_context_destroy(ctx);
+  cudaFree(victims);
+  cudaFree(region);
+  cudaFree(pool);
+  std::printf("serving: %d steps, %d sequences joined and left, %d victims, "
+              "%llu mirror regions from the pool (%llu freed), %zu pinned "
+              "victim rows, no synchronizing allocation: ok\n",
+              index, joined, evicted, static_cast<unsigned long long>(regions),
+              static_cast<unsigned long long>(freed), rows.size());
+}
+
 } // namespace
 
 int main() {
   run(false);
   run(true);
+  serve();
   CHECK(keyBlocks > 3 && windowVictims > 3,
         "the KIVI run quantized %d blocks of keys on kept tables and evicted "
         "%d window entries",

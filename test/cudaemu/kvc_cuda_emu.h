@@ -98,15 +98,28 @@ struct Counters {
   uint64_t launches = 0;
   double kernelSeconds = 0.0;
   /// cudaMemcpyAsync and cudaMemcpy2DAsync; cudaMemcpy (which waits);
-  /// cudaMemsetAsync and cudaMemset; cudaEventRecord.
+  /// cudaMemsetAsync, cudaMemset2DAsync and cudaMemset; cudaEventRecord.
   uint64_t asyncCopies = 0, syncCopies = 0, memsets = 0, eventRecords = 0;
   /// cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize.
   uint64_t waits = 0;
   /// Resources made or released: cudaMalloc, cudaMallocHost, cudaFree,
-  /// cudaFreeHost, cudaEventCreate(WithFlags), cudaEventDestroy.
+  /// cudaFreeHost, cudaEventCreate(WithFlags), cudaEventDestroy,
+  /// cudaMemPoolCreate, cudaMemPoolDestroy. On a device the allocations
+  /// and frees among them synchronize (the device, or its streams).
   uint64_t allocations = 0;
+  /// Stream-ordered allocations from a memory pool (cudaMallocFromPoolAsync)
+  /// and their frees (cudaFreeAsync), which do not synchronize.
+  uint64_t poolAllocations = 0, poolFrees = 0;
 };
 const Counters &counters();
+
+/// While held, the events recorded stay unfinished to cudaEventQuery
+/// (cudaErrorNotReady) until a wait covers them: cudaEventSynchronize on
+/// one of them finishes it and every event recorded before it (one stream
+/// order), cudaStreamSynchronize and cudaDeviceSynchronize finish all, and
+/// so does releasing the hold. It models work still running on a device,
+/// for code that polls events; the work itself has run at the launch.
+void holdEvents(bool hold);
 
 /// Runs `body` for every thread of every block of `grid` x `block`; records
 /// cudaErrorInvalidConfiguration instead when the configuration is outside
