@@ -5488,12 +5488,17 @@ struct StepEvent {
 ///  - Pinned victim rows are cut from pinned chunks of kPinnedChunkBytes
 ///    (cudaMallocHost, never freed: a process keeps its peak) and reused.
 ///  - Step events are reused, never destroyed.
-/// A released mirror is retired with the events of the steps that used it
-/// (releaseMirror): a later step frees its region (on that step's stream)
-/// and makes its rows reusable once those events have finished, which it
-/// asks without waiting (cudaEventQuery; collect). One instance per
-/// process, locked by the threads that step, never destroyed: the memory
-/// it holds lives until the process ends.
+/// A released mirror whose steps have finished (asked without waiting,
+/// cudaEventQuery) frees its region at once, in stream order on the calling
+/// thread's default stream, and leaves its rows for the next mirror; one
+/// whose steps still run is retired with their events (releaseMirror), and
+/// a later step frees its region on that step's stream and makes its rows
+/// reusable once they have finished (collect). When the last mirror is gone
+/// and nothing is retired (every sequence removed or settled after its
+/// steps finished, e.g. every context destroyed), the pinned chunks and the
+/// pools go too (those calls synchronize, once). One
+/// instance per process, locked by the threads that step, never
+/// destroyed.
 class MirrorMemory {
 public:
   /// Bytes of one pinned chunk: the victim rows of about 110 mirrors of
@@ -5578,9 +5583,9 @@ public:
   /// A released mirror's `region` (on `device`) and `rows` (`rowBytes`, as
   /// allocated), either of them null, which the work recorded in `guards`
   /// (kVictimBuffers of them, null where a buffer was never used) may still
-  /// use: they are freed or reused once that work has finished (collect).
-  /// A region whose work was never recorded must be idle (its stream
-  /// synchronized). Never fails.
+  /// use: freed or left for reuse now if that work has finished, else once
+  /// it has (collect). A region whose work was never recorded must be idle
+  /// (its stream synchronized). Never fails.
   void retire(char *region, int32_t device, int32_t *rows, uint64_t rowBytes,
               const std::shared_ptr<StepEvent> *guards) {
     if (!region && !rows)
@@ -5595,10 +5600,24 @@ public:
       r.guards[k] = guards[k];
     if (region)
       --liveRegions_;
-    // allocateRegion reserved room for every live region; a mirror without
-    // a region (its allocation failed) has no rows either.
-    retired_.push_back(std::move(r));
-    retiredCount_ = retired_.size();
+    // A release callback reports nothing: a failed query or free leaves the
+    // entry for a later step instead.
+    const char *name = "kvc cuda: releasing device tables";
+    bool done = false;
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess &&
+        (!region || device == current) &&
+        finished(r, name, &done) != KVC_STATUS_OK)
+      done = false;
+    if (!done || release(r, current, cudaStreamPerThread, name) !=
+                     KVC_STATUS_OK) {
+      // allocateRegion reserved room for every live region; a mirror
+      // without a region (its allocation failed) has no rows either.
+      retired_.push_back(std::move(r));
+      retiredCount_ = retired_.size();
+      return;
+    }
+    releaseIdle();
   }
 
   /// Frees on `stream` the retired regions of the current device whose
@@ -5610,31 +5629,26 @@ public:
     int current = 0;
     KVC_CUDA_CHECK(name, cudaGetDevice(&current));
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < retired_.size();) {
+    kvc_status_t status = KVC_STATUS_OK;
+    for (size_t i = 0; i < retired_.size() && status == KVC_STATUS_OK;) {
       Retired &r = retired_[i];
-      bool done = !r.region || r.device == current;
-      for (int32_t k = 0; k < kVictimBuffers && done; ++k)
-        if (r.guards[k])
-          KVC_CUDA_TRY(finished(r.guards[k]->event, name, &done));
-      if (!done) {
+      bool done = false;
+      if (!r.region || r.device == current)
+        status = finished(r, name, &done);
+      if (status == KVC_STATUS_OK && done)
+        status = release(r, current, stream, name);
+      if (status != KVC_STATUS_OK || !done) {
         ++i;
         continue;
       }
-      if (r.region) {
-        cudaMemPool_t pool = nullptr;
-        KVC_CUDA_TRY(poolOf(current, name, &pool));
-        KVC_CUDA_CHECK(name, pool ? cudaFreeAsync(r.region, stream)
-                                  : cudaFree(r.region));
-      }
-      // allocateRows reserved the room.
-      if (r.rows)
-        freeRows_[r.rowBytes].push_back(r.rows);
       // The guards' events go back to the event list (~StepEvent).
       r = std::move(retired_.back());
       retired_.pop_back();
     }
     retiredCount_ = retired_.size();
-    return KVC_STATUS_OK;
+    if (status == KVC_STATUS_OK)
+      releaseIdle();
+    return status;
   }
 
   /// An event of the current device (*device) for a step to record.
@@ -5717,21 +5731,68 @@ private:
     return KVC_STATUS_OK;
   }
 
-  /// Whether the work recorded in `event` has finished (*done stays true),
+  /// Whether the work recorded in every guard of `r` has finished (*done),
   /// asked without waiting.
-  static kvc_status_t finished(cudaEvent_t event, const char *name,
+  static kvc_status_t finished(const Retired &r, const char *name,
                                bool *done) {
-    const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) {
-      // A status, not a failure: leave no error behind for the step's
-      // launch checks.
-      if (cudaPeekAtLastError() == cudaErrorNotReady)
-        cudaGetLastError();
-      *done = false;
-      return KVC_STATUS_OK;
+    *done = true;
+    for (const std::shared_ptr<StepEvent> &guard : r.guards) {
+      if (!guard)
+        continue;
+      const cudaError_t status = cudaEventQuery(guard->event);
+      if (status == cudaErrorNotReady) {
+        // A status, not a failure: leave no error behind for the step's
+        // launch checks.
+        if (cudaPeekAtLastError() == cudaErrorNotReady)
+          cudaGetLastError();
+        *done = false;
+        return KVC_STATUS_OK;
+      }
+      KVC_CUDA_CHECK(name, status);
     }
-    KVC_CUDA_CHECK(name, status);
     return KVC_STATUS_OK;
+  }
+
+  /// Frees the region of `r` (of the current device `current`, its work
+  /// finished) in stream order on `stream` and leaves its rows for reuse.
+  kvc_status_t release(Retired &r, int current, cudaStream_t stream,
+                       const char *name) {
+    if (r.region) {
+      cudaMemPool_t pool = nullptr;
+      KVC_CUDA_TRY(poolOf(current, name, &pool));
+      KVC_CUDA_CHECK(name, pool ? cudaFreeAsync(r.region, stream)
+                                : cudaFree(r.region));
+      r.region = nullptr;
+    }
+    // allocateRows reserved the room.
+    if (r.rows)
+      freeRows_[r.rowBytes].push_back(r.rows);
+    r.rows = nullptr;
+    return KVC_STATUS_OK;
+  }
+
+  /// With no mirror left and nothing retired: frees the pinned chunks and
+  /// destroys the pools (their memory was freed) and the events kept for
+  /// reuse. Best effort: the process is done with them for now.
+  void releaseIdle() {
+    if (liveRegions_ != 0 || !retired_.empty() ||
+        (chunks_.empty() && pools_.empty()))
+      return;
+    for (void *chunk : chunks_)
+      cudaFreeHost(chunk);
+    chunks_.clear();
+    chunk_ = nullptr;
+    chunkLeft_ = 0;
+    freeRows_.clear();
+    rowsOfSize_.clear();
+    for (const std::pair<int, cudaMemPool_t> &p : pools_)
+      if (p.second)
+        cudaMemPoolDestroy(p.second);
+    pools_.clear();
+    std::lock_guard<std::mutex> lock(eventsMutex_);
+    for (const std::pair<int, cudaEvent_t> &e : events_)
+      cudaEventDestroy(e.second);
+    events_.clear();
   }
 
   std::mutex mutex_;
@@ -6032,13 +6093,123 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
          kWorkspaceAlignment;
 }
 
+/// Pinned host memory that a decode step's host-to-device copies go
+/// through, so that they are asynchronous. A cudaMemcpyAsync from pageable
+/// memory may synchronize with the stream (the driver stages the bytes
+/// through pinned memory of its own), which would make the host wait for
+/// the GPU inside a step; from pinned memory it only queues the copy, which
+/// reads the bytes later. So a block is reused once the event recorded
+/// after its copies has finished (asked without waiting, oldest block
+/// first); when none has, a new one is allocated (cudaMallocHost, which
+/// synchronizes: the first steps, or a GPU further behind than ever
+/// before). Per thread, like the steps it serves; freed when the thread
+/// ends.
+class PinnedStaging {
+public:
+  PinnedStaging() = default;
+  PinnedStaging(const PinnedStaging &) = delete;
+  PinnedStaging &operator=(const PinnedStaging &) = delete;
+  ~PinnedStaging() {
+    for (Block &b : blocks_) {
+      cudaFreeHost(b.data);
+      cudaEventDestroy(b.event);
+    }
+  }
+
+  /// A pinned block of at least `bytes` whose earlier copies have finished;
+  /// the caller writes it, queues its copies from it and then calls
+  /// `queued` on their stream.
+  kvc_status_t take(size_t bytes, const char *name, char **data) {
+    const size_t n = blocks_.size();
+    for (size_t k = 0; k < n; ++k) {
+      Block &b = blocks_[(next_ + k) % n];
+      if (b.bytes < bytes)
+        continue;
+      if (b.recorded) {
+        const cudaError_t status = cudaEventQuery(b.event);
+        if (status == cudaErrorNotReady) {
+          // A status, not a failure: leave no error behind.
+          if (cudaPeekAtLastError() == cudaErrorNotReady)
+            cudaGetLastError();
+          continue;
+        }
+        KVC_CUDA_CHECK(name, status);
+      }
+      taken_ = (next_ + k) % n;
+      *data = b.data;
+      return KVC_STATUS_OK;
+    }
+    try {
+      blocks_.reserve(n + 1);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host staging allocation failed");
+    }
+    Block b;
+    b.bytes = kMinBlockBytes;
+    while (b.bytes < bytes)
+      b.bytes *= 2;
+    void *p = nullptr;
+    KVC_CUDA_CHECK(name, cudaMallocHost(&p, b.bytes));
+    b.data = static_cast<char *>(p);
+    const cudaError_t error =
+        cudaEventCreateWithFlags(&b.event, cudaEventDisableTiming);
+    if (error != cudaSuccess) {
+      cudaFreeHost(p);
+      return reportCudaError(name, error);
+    }
+    blocks_.push_back(b);
+    taken_ = n;
+    *data = b.data;
+    return KVC_STATUS_OK;
+  }
+
+  /// The copies from the block `take` gave were queued on `stream`: it is
+  /// reused once they have run.
+  kvc_status_t queued(cudaStream_t stream, const char *name) {
+    Block &b = blocks_[taken_];
+    KVC_CUDA_CHECK(name, cudaEventRecord(b.event, stream));
+    b.recorded = true;
+    next_ = (taken_ + 1) % blocks_.size();
+    return KVC_STATUS_OK;
+  }
+
+  /// Copies `bytes` from `host` to `device` on `stream` through a block.
+  kvc_status_t copy(void *device, const void *host, size_t bytes,
+                    cudaStream_t stream, const char *name) {
+    char *data = nullptr;
+    KVC_CUDA_TRY(take(bytes, name, &data));
+    std::memcpy(data, host, bytes);
+    KVC_CUDA_CHECK(name, cudaMemcpyAsync(device, data, bytes,
+                                         cudaMemcpyHostToDevice, stream));
+    return queued(stream, name);
+  }
+
+private:
+  static constexpr size_t kMinBlockBytes = size_t{16} << 10;
+  struct Block {
+    char *data = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t event = nullptr;
+    bool recorded = false;
+  };
+  std::vector<Block> blocks_;
+  /// The block take gave last, and the one to ask first next time (the
+  /// oldest).
+  size_t taken_ = 0, next_ = 0;
+};
+
+inline PinnedStaging &pinnedStaging() {
+  static thread_local PinnedStaging staging;
+  return staging;
+}
+
 /// DeviceTables::upload's host buffers, kept per thread between steps (a
 /// DeviceTables lives for one step), so that a step of a batch size that
 /// stepped before allocates nothing for them.
 struct UploadScratch {
   std::vector<HeadTable> headTables;
   std::vector<TableWord> words;
-  std::vector<char> image;
 };
 
 inline UploadScratch &uploadScratch() {
@@ -6252,26 +6423,24 @@ public:
     const size_t perChunk = (capacity - tableBytes) / sizeof(TableWord);
     char *device = static_cast<char *>(region);
     size_t done = 0;
+    PinnedStaging &staging = pinnedStaging();
     do {
       const size_t n =
           words.size() - done < perChunk ? words.size() - done : perChunk;
-      std::vector<char> &image = scratch.image;
-      try {
-        image.resize(tableBytes + sizeof(TableWord) * n);
-      } catch (const std::bad_alloc &) {
-        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                                "kvc cuda: host table allocation failed");
-      }
-      std::memcpy(image.data(), headTables.data(), sizeof(HeadTable) * tables);
-      std::memset(image.data() + sizeof(HeadTable) * tables, 0,
+      // The image is written straight into pinned memory, whose copy only
+      // queues (PinnedStaging).
+      const size_t bytes = tableBytes + sizeof(TableWord) * n;
+      char *image = nullptr;
+      KVC_CUDA_TRY(staging.take(bytes, name_, &image));
+      std::memcpy(image, headTables.data(), sizeof(HeadTable) * tables);
+      std::memset(image + sizeof(HeadTable) * tables, 0,
                   tableBytes - sizeof(HeadTable) * tables);
       if (n)
-        std::memcpy(image.data() + tableBytes, words.data() + done,
+        std::memcpy(image + tableBytes, words.data() + done,
                     sizeof(TableWord) * n);
-      // Pageable source: the call returns once the image is staged, so the
-      // next step may reuse the buffer.
-      KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image.data(), image.size(),
+      KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image, bytes,
                                             cudaMemcpyHostToDevice, stream));
+      KVC_CUDA_TRY(staging.queued(stream, name_));
       if (n)
         writeTableWords<256><<<static_cast<unsigned>((n + 255) / 256), 256,
                                0, stream>>>(
@@ -6723,9 +6892,8 @@ private:
             rows[row.slot] = row.word;
       }
     }
-    KVC_CUDA_CHECK(name_, cudaMemcpyAsync(m->device, image.data(),
-                                          image.size(),
-                                          cudaMemcpyHostToDevice, stream_));
+    KVC_CUDA_TRY(pinnedStaging().copy(m->device, image.data(), image.size(),
+                                      stream_, name_));
     m->loaded = true;
     return KVC_STATUS_OK;
   }
@@ -6989,21 +7157,32 @@ public:
     KiviMember *members =
         at.take<KiviMember>(static_cast<int64_t>(members_.size()));
     KiviStage *stages = at.take<KiviStage>(static_cast<int64_t>(stages_.size()));
+    if (jobs_.empty() && stages_.empty())
+      return KVC_STATUS_OK;
+    // The three lists in one pinned image laid out as the region, one copy
+    // (PinnedStaging).
+    PinnedStaging &staging = pinnedStaging();
+    char *image = nullptr;
+    KVC_CUDA_TRY(staging.take(carver.bytes(), name, &image));
+    Carver host(image);
+    auto put = [&host](const auto &list) {
+      using Item = typename std::decay_t<decltype(list)>::value_type;
+      Item *to = host.take<Item>(static_cast<int64_t>(list.size()));
+      if (!list.empty())
+        std::memcpy(to, list.data(), sizeof(Item) * list.size());
+    };
+    put(jobs_);
+    put(members_);
+    put(stages_);
+    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image, carver.bytes(),
+                                         cudaMemcpyHostToDevice, stream));
+    KVC_CUDA_TRY(staging.queued(stream, name));
     if (!jobs_.empty()) {
-      KVC_CUDA_CHECK(name, cudaMemcpyAsync(jobs, jobs_.data(),
-                                           sizeof(KiviJob) * jobs_.size(),
-                                           cudaMemcpyHostToDevice, stream));
-      KVC_CUDA_CHECK(name, cudaMemcpyAsync(members, members_.data(),
-                                           sizeof(KiviMember) * members_.size(),
-                                           cudaMemcpyHostToDevice, stream));
       kiviQuantize<D, kBits, KG, T>
           <<<static_cast<unsigned>(jobs_.size()), D, 0, stream>>>(jobs, members);
       KVC_CUDA_CHECK(name, cudaGetLastError());
     }
     if (!stages_.empty()) {
-      KVC_CUDA_CHECK(name, cudaMemcpyAsync(stages, stages_.data(),
-                                           sizeof(KiviStage) * stages_.size(),
-                                           cudaMemcpyHostToDevice, stream));
       kiviStageRows<D, T>
           <<<static_cast<unsigned>(stages_.size()), D, 0, stream>>>(stages);
       KVC_CUDA_CHECK(name, cudaGetLastError());

@@ -635,7 +635,7 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
 struct RuntimeCounts {
   double kernelSeconds = 0.0;
   double launches = 0, copies = 0, eventRecords = 0, waits = 0,
-         allocations = 0;
+         allocations = 0, pageable = 0;
 };
 
 RuntimeCounts runtimeCounts() {
@@ -648,6 +648,7 @@ RuntimeCounts runtimeCounts() {
   c.eventRecords = double(e.eventRecords);
   c.waits = double(e.waits + e.syncCopies);
   c.allocations = double(e.allocations);
+  c.pageable = double(e.pageableCopies);
 #endif
   return c;
 }
@@ -669,7 +670,8 @@ struct HostResult {
   double us[kNumHost] = {};
   /// Per call, mean over the timed calls (the emulator only): kernel
   /// launches, copies and memsets, event records, waits (synchronizations
-  /// and synchronous copies), allocations (memory and events).
+  /// and synchronous copies), allocations (memory and events), copies
+  /// from or to pageable host memory.
   RuntimeCounts perCall[kNumHost];
   int calls[kNumHost] = {};
 };
@@ -732,6 +734,7 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
           total.eventRecords += after.eventRecords - before.eventRecords;
           total.waits += after.waits - before.waits;
           total.allocations += after.allocations - before.allocations;
+          total.pageable += after.pageable - before.pageable;
         }
         CUDA_CHECK(cudaStreamSynchronize(stream));
         ctx.restore(batch, n);
@@ -759,6 +762,7 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
     r.perCall[v].eventRecords = total.eventRecords / double(m);
     r.perCall[v].waits = total.waits / double(m);
     r.perCall[v].allocations = total.allocations / double(m);
+    r.perCall[v].pageable = total.pageable / double(m);
     r.ok[v] = true;
   }
   return r;
@@ -1892,14 +1896,16 @@ int main(int argc, char **argv) {
               ? " Per fused call (emulator counts): launch = kernel launches, "
                 "copy = copies and memsets, event = event records, wait = "
                 "synchronizations and synchronous copies, alloc = memory and "
-                "event allocations."
+                "event allocations, pgbl = asynchronous copies from or to "
+                "pageable host memory (which may synchronize with the "
+                "stream)."
               : "");
       std::printf("%4s %3s %4s %3s %7s | %9s %8s | %9s %8s", "dim", "G", "qh",
                   "B", "context", "plain us", "ns/head", "fused us",
                   "ns/head");
       if (kCountsRuntimeCalls)
-        std::printf(" | %6s %5s %5s %5s %5s", "launch", "copy", "event",
-                    "wait", "alloc");
+        std::printf(" | %6s %5s %5s %5s %5s %5s", "launch", "copy", "event",
+                    "wait", "alloc", "pgbl");
       std::printf("\n");
       sweepCells(
           o, o.hostContexts,
@@ -1920,12 +1926,13 @@ int main(int argc, char **argv) {
             if (kCountsRuntimeCalls) {
               const RuntimeCounts &c = r.perCall[kHostFused];
               const bool ok = r.ok[kHostFused];
-              std::printf(" | %6s %5s %5s %5s %5s",
+              std::printf(" | %6s %5s %5s %5s %5s %5s",
                           cell(ok, "%.1f", c.launches).c_str(),
                           cell(ok, "%.1f", c.copies).c_str(),
                           cell(ok, "%.1f", c.eventRecords).c_str(),
                           cell(ok, "%.1f", c.waits).c_str(),
-                          cell(ok, "%.1f", c.allocations).c_str());
+                          cell(ok, "%.1f", c.allocations).c_str(),
+                          cell(ok, "%.1f", c.pageable).c_str());
             }
             std::printf("\n");
             const char *kHostNames[] = {"plain", "fused"};

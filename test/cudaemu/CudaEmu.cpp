@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <new>
 #include <vector>
 
@@ -591,10 +592,43 @@ cudaError_t cudaFree(void *pointer) {
   std::free(pointer);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
-  return cudaMalloc(pointer, bytes);
+// Pinned host memory is a device allocation whose range is remembered, so
+// that copies from and to other host memory count as pageable.
+namespace {
+std::map<const char *, size_t> pinnedRanges;
+
+/// Whether [p, p + bytes) lies in one pinned allocation.
+bool isPinned(const void *p, size_t bytes) {
+  const char *c = static_cast<const char *>(p);
+  auto it = pinnedRanges.upper_bound(c);
+  if (it == pinnedRanges.begin())
+    return false;
+  --it;
+  return c >= it->first && c + bytes <= it->first + it->second;
 }
-cudaError_t cudaFreeHost(void *pointer) { return cudaFree(pointer); }
+
+/// Counts an asynchronous copy of `kind` whose host side (src or dst,
+/// `bytes` long) is not pinned.
+void countPageable(cudaMemcpyKind kind, const void *dst, const void *src,
+                   size_t bytes) {
+  const void *host = kind == cudaMemcpyHostToDevice   ? src
+                     : kind == cudaMemcpyDeviceToHost ? dst
+                                                      : nullptr;
+  if (host && !isPinned(host, bytes))
+    ++counterValues.pageableCopies;
+}
+} // namespace
+
+cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
+  const cudaError_t error = cudaMalloc(pointer, bytes);
+  if (error == cudaSuccess && *pointer)
+    pinnedRanges[static_cast<const char *>(*pointer)] = bytes;
+  return error;
+}
+cudaError_t cudaFreeHost(void *pointer) {
+  pinnedRanges.erase(static_cast<const char *>(pointer));
+  return cudaFree(pointer);
+}
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
                               const cudaMemPoolProps *props) {
@@ -647,14 +681,20 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
   return copyBytes(dst, src, bytes);
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
-                            cudaMemcpyKind, cudaStream_t) {
+                            cudaMemcpyKind kind, cudaStream_t) {
   ++counterValues.asyncCopies;
+  countPageable(kind, dst, src, bytes);
   return copyBytes(dst, src, bytes);
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
                               size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind, cudaStream_t) {
+                              cudaMemcpyKind kind, cudaStream_t) {
   ++counterValues.asyncCopies;
+  if (height)
+    countPageable(kind, dst, src,
+                  (height - 1) * (kind == cudaMemcpyHostToDevice ? spitch
+                                                                 : dpitch) +
+                      width);
   if (width > dpitch || width > spitch)
     return fail(cudaErrorInvalidPitchValue);
   for (size_t r = 0; r < height; ++r)

@@ -517,10 +517,11 @@ void run(bool kivi) {
 /// its mirror) and a new one with a prompt of its own length joins (its
 /// first step builds its mirror). After every step the mirrors hold the
 /// runtime's page addresses and, but for the step's victims, positions.
-/// Once the first steps have made kvc's memory pool, pinned chunk and
-/// events, neither a step nor a removal makes a CUDA call that
+/// Once the first steps have made kvc's memory pool, pinned chunk, staging
+/// blocks and events, neither a step nor a removal makes a CUDA call that
 /// synchronizes (the emulator counts cudaMalloc, cudaMallocHost, cudaFree,
-/// cudaFreeHost and event creation as allocations), and the pinned victim
+/// cudaFreeHost and event creation as allocations, and copies from pageable
+/// host memory, which may synchronize with the stream), and the pinned victim
 /// rows of ended sequences are reused. With the device's events held
 /// unfinished, a released mirror's memory is neither freed nor reused
 /// until a wait covers its last step; right after, it is.
@@ -678,6 +679,11 @@ void serve() {
     }
   }
   const kvc::emu::Counters &after = kvc::emu::counters();
+  CHECK(after.pageableCopies == before.pageableCopies,
+        "%llu copies from pageable host memory in %d steps",
+        static_cast<unsigned long long>(after.pageableCopies -
+                                        before.pageableCopies),
+        kServeSteps);
   CHECK(after.allocations == before.allocations,
         "%llu synchronizing allocations or frees in %d steps with %d "
         "sequences joining and leaving",
@@ -723,7 +729,17 @@ void serve() {
         static_cast<unsigned long long>(kvc::emu::counters().poolFrees -
                                         freesBefore));
   kvc::emu::holdEvents(false);
+  // Every mirror released after its steps finished: every region of the
+  // process went back (the mirrors of the other runs' last steps too).
+  const uint64_t allocationsBefore = kvc::emu::counters().allocations;
   kvc_context_destroy(ctx);
+  const kvc::emu::Counters &end = kvc::emu::counters();
+  CHECK(end.poolFrees == end.poolAllocations &&
+            end.allocations > allocationsBefore,
+        "%llu of %llu mirror regions not freed, or the pinned chunk kept, "
+        "with no mirror left",
+        static_cast<unsigned long long>(end.poolAllocations - end.poolFrees),
+        static_cast<unsigned long long>(end.poolAllocations));
   cudaFree(victims);
   cudaFree(region);
   cudaFree(pool);

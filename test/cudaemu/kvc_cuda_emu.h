@@ -100,6 +100,10 @@ struct Counters {
   /// cudaMemcpyAsync and cudaMemcpy2DAsync; cudaMemcpy (which waits);
   /// cudaMemsetAsync, cudaMemset2DAsync and cudaMemset; cudaEventRecord.
   uint64_t asyncCopies = 0, syncCopies = 0, memsets = 0, eventRecords = 0;
+  /// Asynchronous copies between a device and host memory that is not
+  /// pinned (not from cudaMallocHost): on a device they may synchronize
+  /// with the stream.
+  uint64_t pageableCopies = 0;
   /// cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize.
   uint64_t waits = 0;
   /// Resources made or released: cudaMalloc, cudaMallocHost, cudaFree,
