@@ -5486,8 +5486,8 @@ struct StepEvent {
 ///    the step that needs them. A device without memory pools
 ///    (cudaDevAttrMemoryPoolsSupported) takes cudaMalloc and cudaFree.
 ///  - Pinned victim rows are cut from pinned chunks of kPinnedChunkBytes
-///    (cudaMallocHost, never freed: a process keeps its peak) and reused.
-///  - Step events are reused, never destroyed.
+///    (cudaMallocHost) and reused.
+///  - Step events are reused.
 /// A released mirror whose steps have finished (asked without waiting,
 /// cudaEventQuery) frees its region at once, in stream order on the calling
 /// thread's default stream, and leaves its rows for the next mirror; one
@@ -6174,17 +6174,6 @@ public:
     return KVC_STATUS_OK;
   }
 
-  /// Copies `bytes` from `host` to `device` on `stream` through a block.
-  kvc_status_t copy(void *device, const void *host, size_t bytes,
-                    cudaStream_t stream, const char *name) {
-    char *data = nullptr;
-    KVC_CUDA_TRY(take(bytes, name, &data));
-    std::memcpy(data, host, bytes);
-    KVC_CUDA_CHECK(name, cudaMemcpyAsync(device, data, bytes,
-                                         cudaMemcpyHostToDevice, stream));
-    return queued(stream, name);
-  }
-
 private:
   static constexpr size_t kMinBlockBytes = size_t{16} << 10;
   struct Block {
@@ -6846,11 +6835,17 @@ private:
     if (withVictims_)
       KVC_CUDA_TRY(MirrorMemory::instance().allocateRows(
           m->hostVictimBytes(), name_, &m->hostVictims));
-    std::vector<char> image(m->headBytes * heads_, 0);
+    // The image is written straight into pinned memory, whose copy only
+    // queues (PinnedStaging).
+    PinnedStaging &staging = pinnedStaging();
+    const size_t imageBytes = m->headBytes * heads_;
+    char *image = nullptr;
+    KVC_CUDA_TRY(staging.take(imageBytes, name_, &image));
+    std::memset(image, 0, imageBytes);
     const int32_t *firstPositions = nullptr;
     int32_t firstSlots = 0;
     for (int32_t h = 0; h < heads_; ++h) {
-      char *base = image.data() + h * m->headBytes;
+      char *base = image + h * m->headBytes;
       m->pages[h].resize(numPages[h]);
       for (int32_t p = 0; p < numPages[h]; ++p)
         KVC_CUDA_TRY(pageEntry(sequence, h, p, &m->pages[h][p]));
@@ -6892,8 +6887,9 @@ private:
             rows[row.slot] = row.word;
       }
     }
-    KVC_CUDA_TRY(pinnedStaging().copy(m->device, image.data(), image.size(),
-                                      stream_, name_));
+    KVC_CUDA_CHECK(name_, cudaMemcpyAsync(m->device, image, imageBytes,
+                                          cudaMemcpyHostToDevice, stream_));
+    KVC_CUDA_TRY(staging.queued(stream_, name_));
     m->loaded = true;
     return KVC_STATUS_OK;
   }
