@@ -5457,8 +5457,9 @@ inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
 
 /// A CUDA event that the mirrors of a decode step's batch share: the step
 /// records it once, after its last launch (DeviceTables::checkIn). The last
-/// mirror (or retired mirror, MirrorMemory) to let go of it gives the CUDA
-/// event back to MirrorMemory for a later step.
+/// holder to let go of it (a mirror, a retired mirror of MirrorMemory, or a
+/// pinned staging block whose copies it guards) gives the CUDA event back
+/// to MirrorMemory for a later step.
 struct StepEvent {
   cudaEvent_t event = nullptr;
   /// The device the event belongs to.
@@ -5492,11 +5493,12 @@ struct StepEvent {
 /// cudaEventQuery) frees its region at once, in stream order on the calling
 /// thread's default stream, and leaves its rows for the next mirror; one
 /// whose steps still run is retired with their events (releaseMirror), and
-/// a later step frees its region on that step's stream and makes its rows
-/// reusable once they have finished (collect). When the last mirror is gone
-/// and nothing is retired (every sequence removed or settled after its
-/// steps finished, e.g. every context destroyed), the pinned chunks and the
-/// pools go too (those calls synchronize, once). One
+/// once they have finished a later step frees its region on that step's
+/// stream and makes its rows reusable (collect), or a later release does
+/// so on the default stream. When the last mirror is gone and nothing is
+/// retired (every sequence removed or settled after its steps finished,
+/// e.g. every context destroyed), the pinned chunks and the pools go too
+/// (those calls synchronize, once); the events stay for later steps. One
 /// instance per process, locked by the threads that step, never
 /// destroyed.
 class MirrorMemory {
@@ -5617,6 +5619,12 @@ public:
       retiredCount_ = retired_.size();
       return;
     }
+    // Mirrors retired earlier whose steps have finished since go too (the
+    // last releases, e.g. a context destroyed, leave nothing behind for a
+    // step that may never come).
+    if (!retired_.empty() &&
+        sweep(current, cudaStreamPerThread, name) != KVC_STATUS_OK)
+      return;
     releaseIdle();
   }
 
@@ -5629,23 +5637,7 @@ public:
     int current = 0;
     KVC_CUDA_CHECK(name, cudaGetDevice(&current));
     std::lock_guard<std::mutex> lock(mutex_);
-    kvc_status_t status = KVC_STATUS_OK;
-    for (size_t i = 0; i < retired_.size() && status == KVC_STATUS_OK;) {
-      Retired &r = retired_[i];
-      bool done = false;
-      if (!r.region || r.device == current)
-        status = finished(r, name, &done);
-      if (status == KVC_STATUS_OK && done)
-        status = release(r, current, stream, name);
-      if (status != KVC_STATUS_OK || !done) {
-        ++i;
-        continue;
-      }
-      // The guards' events go back to the event list (~StepEvent).
-      r = std::move(retired_.back());
-      retired_.pop_back();
-    }
-    retiredCount_ = retired_.size();
+    const kvc_status_t status = sweep(current, stream, name);
     if (status == KVC_STATUS_OK)
       releaseIdle();
     return status;
@@ -5753,6 +5745,30 @@ private:
     return KVC_STATUS_OK;
   }
 
+  /// Frees on `stream` the retired regions of the current device
+  /// (`current`) whose steps have finished and makes their rows reusable;
+  /// with the lock held.
+  kvc_status_t sweep(int current, cudaStream_t stream, const char *name) {
+    kvc_status_t status = KVC_STATUS_OK;
+    for (size_t i = 0; i < retired_.size() && status == KVC_STATUS_OK;) {
+      Retired &r = retired_[i];
+      bool done = false;
+      if (!r.region || r.device == current)
+        status = finished(r, name, &done);
+      if (status == KVC_STATUS_OK && done)
+        status = release(r, current, stream, name);
+      if (status != KVC_STATUS_OK || !done) {
+        ++i;
+        continue;
+      }
+      // The guards' events go back to the event list (~StepEvent).
+      r = std::move(retired_.back());
+      retired_.pop_back();
+    }
+    retiredCount_ = retired_.size();
+    return status;
+  }
+
   /// Frees the region of `r` (of the current device `current`, its work
   /// finished) in stream order on `stream` and leaves its rows for reuse.
   kvc_status_t release(Retired &r, int current, cudaStream_t stream,
@@ -5772,8 +5788,10 @@ private:
   }
 
   /// With no mirror left and nothing retired: frees the pinned chunks and
-  /// destroys the pools (their memory was freed) and the events kept for
-  /// reuse. Best effort: the process is done with them for now.
+  /// destroys the pools (their memory was freed). Best effort: the process
+  /// is done with them for now. The events kept for reuse stay (they hold
+  /// no memory of the device or pinned memory, and the next step would
+  /// make them again).
   void releaseIdle() {
     if (liveRegions_ != 0 || !retired_.empty() ||
         (chunks_.empty() && pools_.empty()))
@@ -5789,10 +5807,6 @@ private:
       if (p.second)
         cudaMemPoolDestroy(p.second);
     pools_.clear();
-    std::lock_guard<std::mutex> lock(eventsMutex_);
-    for (const std::pair<int, cudaEvent_t> &e : events_)
-      cudaEventDestroy(e.second);
-    events_.clear();
   }
 
   std::mutex mutex_;
@@ -6098,12 +6112,15 @@ inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
 /// memory may synchronize with the stream (the driver stages the bytes
 /// through pinned memory of its own), which would make the host wait for
 /// the GPU inside a step; from pinned memory it only queues the copy, which
-/// reads the bytes later. So a block is reused once the event recorded
+/// reads the bytes later. So a block is reused once an event recorded
 /// after its copies has finished (asked without waiting, oldest block
 /// first); when none has, a new one is allocated (cudaMallocHost, which
 /// synchronizes: the first steps, or a GPU further behind than ever
-/// before). Per thread, like the steps it serves; freed when the thread
-/// ends.
+/// before). A decode step's blocks (its table image, a new mirror's image)
+/// wait for the event the step records at its end anyway (`queuedInStep`,
+/// then `guard` from DeviceTables::checkIn), so they cost no event record
+/// of their own; other copies record the block's event (`queued`). Per
+/// thread, like the steps it serves; freed when the thread ends.
 class PinnedStaging {
 public:
   PinnedStaging() = default;
@@ -6123,10 +6140,12 @@ public:
     const size_t n = blocks_.size();
     for (size_t k = 0; k < n; ++k) {
       Block &b = blocks_[(next_ + k) % n];
-      if (b.bytes < bytes)
+      if (b.bytes < bytes || b.inStep)
         continue;
-      if (b.recorded) {
-        const cudaError_t status = cudaEventQuery(b.event);
+      const bool asked = b.guard ? !b.guard->complete : b.recorded;
+      if (asked) {
+        const cudaError_t status =
+            cudaEventQuery(b.guard ? b.guard->event : b.event);
         if (status == cudaErrorNotReady) {
           // A status, not a failure: leave no error behind.
           if (cudaPeekAtLastError() == cudaErrorNotReady)
@@ -6135,6 +6154,10 @@ public:
         }
         KVC_CUDA_CHECK(name, status);
       }
+      // The step's event goes back to the event list once its mirrors let
+      // go of it too.
+      b.guard.reset();
+      b.recorded = false;
       taken_ = (next_ + k) % n;
       *data = b.data;
       return KVC_STATUS_OK;
@@ -6174,13 +6197,68 @@ public:
     return KVC_STATUS_OK;
   }
 
+  /// The copies from the block `take` gave were queued by a decode step,
+  /// which records an event on their stream after its launches: the block
+  /// waits for that event (`guard`), or for its own (`queued(block, ...)`)
+  /// if the step fails first, and is not taken before either. Returns the
+  /// block.
+  size_t queuedInStep() {
+    blocks_[taken_].inStep = true;
+    next_ = (taken_ + 1) % blocks_.size();
+    return taken_;
+  }
+
+  /// The step that queued copies from `block` (queuedInStep) recorded
+  /// `event` on their stream after them.
+  void guard(size_t block, const std::shared_ptr<StepEvent> &event) {
+    Block &b = blocks_[block];
+    b.guard = event;
+    b.recorded = false;
+    b.inStep = false;
+  }
+
+  /// How many blocks the thread holds, and how many of them wait for a
+  /// step's event that is not recorded yet (queuedInStep).
+  size_t blocks() const { return blocks_.size(); }
+  size_t blocksInStep() const {
+    size_t n = 0;
+    for (const Block &b : blocks_)
+      n += b.inStep;
+    return n;
+  }
+
+  /// How many blocks wait for `event`.
+  long guarding(const std::shared_ptr<StepEvent> &event) const {
+    long n = 0;
+    for (const Block &b : blocks_)
+      n += b.guard == event;
+    return n;
+  }
+
+  /// The step that queued copies from `block` on `stream` (queuedInStep)
+  /// ends without its event: the block's own is recorded instead. Never
+  /// fails: where the record fails, the stream is waited for.
+  void queued(size_t block, cudaStream_t stream) {
+    Block &b = blocks_[block];
+    b.guard.reset();
+    b.recorded = cudaEventRecord(b.event, stream) == cudaSuccess;
+    if (!b.recorded)
+      cudaStreamSynchronize(stream);
+    b.inStep = false;
+  }
+
 private:
   static constexpr size_t kMinBlockBytes = size_t{16} << 10;
   struct Block {
     char *data = nullptr;
     size_t bytes = 0;
     cudaEvent_t event = nullptr;
+    /// `event` was recorded after the block's copies.
     bool recorded = false;
+    /// The event of the decode step that copied from the block last.
+    std::shared_ptr<StepEvent> guard;
+    /// Copied from by a step that has not recorded its event yet.
+    bool inStep = false;
   };
   std::vector<Block> blocks_;
   /// The block take gave last, and the one to ask first next time (the
@@ -6246,6 +6324,11 @@ public:
   /// and released: the runtime's metadata stays the authority. The step's
   /// error message (kvc_last_error) outlives the runtime calls this makes.
   ~DeviceTables() {
+    if (!staged_.empty()) {
+      PinnedStaging &staging = pinnedStaging();
+      for (size_t block : staged_)
+        staging.queued(block, stream_);
+    }
     bool failed = !grown_.empty();
     for (TableMirror *m : mirrors_)
       failed = failed || m != nullptr;
@@ -6429,7 +6512,7 @@ public:
                     sizeof(TableWord) * n);
       KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image, bytes,
                                             cudaMemcpyHostToDevice, stream));
-      KVC_CUDA_TRY(staging.queued(stream, name_));
+      staged(staging);
       if (n)
         writeTableWords<256><<<static_cast<unsigned>((n + 255) / 256), 256,
                                0, stream>>>(
@@ -6483,12 +6566,14 @@ public:
     // mirror's buffer holds from its earlier step is recorded again when
     // every mirror holding it is in this batch (the usual case: the same
     // sequences step together), since all of them now take this step's;
-    // otherwise a new one.
+    // otherwise a new one. A staging block that waits for it then waits
+    // for this step, which comes after the copies it guarded (the steps of
+    // a layer are ordered).
     std::shared_ptr<StepEvent> event;
     const std::shared_ptr<StepEvent> &first =
         mirrors_[0]->done[mirrors_[0]->next];
     if (first) {
-      long holders = 0;
+      long holders = pinnedStaging().guarding(first);
       for (int32_t b = 0; b < batch_; ++b)
         holders += mirrors_[b]->done[mirrors_[b]->next] == first;
       if (holders == first.use_count())
@@ -6506,6 +6591,11 @@ public:
     }
     KVC_CUDA_CHECK(name_, cudaEventRecord(event->event, stream_));
     event->complete = false;
+    // The step's copies from pinned staging are behind it too.
+    PinnedStaging &staging = pinnedStaging();
+    for (size_t block : staged_)
+      staging.guard(block, event);
+    staged_.clear();
     // The regions that grow moved mirrors out of: the step's copies read
     // them.
     for (TableMirror *old : grown_) {
@@ -6889,7 +6979,7 @@ private:
     }
     KVC_CUDA_CHECK(name_, cudaMemcpyAsync(m->device, image, imageBytes,
                                           cudaMemcpyHostToDevice, stream_));
-    KVC_CUDA_TRY(staging.queued(stream_, name_));
+    staged(staging);
     m->loaded = true;
     return KVC_STATUS_OK;
   }
@@ -6911,6 +7001,20 @@ private:
   std::vector<int32_t> numPages_, check_;
   /// Mirrors that grow moved out of, released at checkIn.
   std::vector<TableMirror *> grown_;
+  /// The pinned staging blocks this step copied from, which its event
+  /// guards (checkIn).
+  std::vector<size_t> staged_;
+
+  /// A copy from the block `staging.take` gave was queued on stream_: the
+  /// step's event guards the block (checkIn).
+  void staged(PinnedStaging &staging) {
+    const size_t block = staging.queuedInStep();
+    try {
+      staged_.push_back(block);
+    } catch (const std::bad_alloc &) {
+      staging.queued(block, stream_);
+    }
+  }
 };
 
 /// The StoreEntry of slot `slot` of a head whose page addresses `pages`

@@ -73,10 +73,21 @@ const Counters &counters() { return counterValues; }
 /// (every record up to it), and whether records are held (holdEvents).
 uint64_t lastRecord = 0, finishedRecords = 0;
 bool eventsHeld = false;
+/// Host-to-device copies from pinned memory queued while events are held
+/// and not known to have run: the source and the number of the last record
+/// before the copy (the stream's next record covers it).
+struct PendingSource {
+  const char *begin;
+  size_t bytes;
+  uint64_t before;
+};
+std::vector<PendingSource> pendingSources;
 void holdEvents(bool hold) {
   eventsHeld = hold;
-  if (!hold)
+  if (!hold) {
     finishedRecords = lastRecord;
+    pendingSources.clear();
+  }
 }
 dim3 blockDimension;
 dim3 gridDimension;
@@ -471,6 +482,8 @@ using kvc::emu::eventsHeld;
 using kvc::emu::finishedRecords;
 using kvc::emu::lastError;
 using kvc::emu::lastRecord;
+using kvc::emu::PendingSource;
+using kvc::emu::pendingSources;
 
 namespace {
 // The emulated device reports 4 GiB, half of it free, so that programs
@@ -617,6 +630,27 @@ void countPageable(cudaMemcpyKind kind, const void *dst, const void *src,
   if (host && !isPinned(host, bytes))
     ++counterValues.pageableCopies;
 }
+
+/// A copy from pinned `src` (`bytes`) was queued: counts it when an earlier
+/// copy from those bytes has not run yet (events held).
+void notePinnedSource(const void *src, size_t bytes) {
+  if (!eventsHeld || !bytes || !isPinned(src, bytes))
+    return;
+  const char *begin = static_cast<const char *>(src);
+  // A copy that a finished record follows has run.
+  pendingSources.erase(
+      std::remove_if(pendingSources.begin(), pendingSources.end(),
+                     [](const PendingSource &p) {
+                       return finishedRecords > p.before;
+                     }),
+      pendingSources.end());
+  for (const PendingSource &p : pendingSources)
+    if (begin < p.begin + p.bytes && p.begin < begin + bytes) {
+      ++counterValues.unfinishedSourceCopies;
+      break;
+    }
+  pendingSources.push_back({begin, bytes, lastRecord});
+}
 } // namespace
 
 cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
@@ -626,7 +660,17 @@ cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
   return error;
 }
 cudaError_t cudaFreeHost(void *pointer) {
-  pinnedRanges.erase(static_cast<const char *>(pointer));
+  const char *begin = static_cast<const char *>(pointer);
+  auto range = pinnedRanges.find(begin);
+  if (range != pinnedRanges.end())
+    pendingSources.erase(
+        std::remove_if(pendingSources.begin(), pendingSources.end(),
+                       [&](const PendingSource &p) {
+                         return p.begin >= begin &&
+                                p.begin < begin + range->second;
+                       }),
+        pendingSources.end());
+  pinnedRanges.erase(begin);
   return cudaFree(pointer);
 }
 
@@ -684,6 +728,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
                             cudaMemcpyKind kind, cudaStream_t) {
   ++counterValues.asyncCopies;
   countPageable(kind, dst, src, bytes);
+  if (kind == cudaMemcpyHostToDevice)
+    notePinnedSource(src, bytes);
   return copyBytes(dst, src, bytes);
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
@@ -734,11 +780,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   ++counterValues.waits;
   finishedRecords = lastRecord;
+  pendingSources.clear();
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
   ++counterValues.waits;
   finishedRecords = lastRecord;
+  pendingSources.clear();
   return cudaSuccess;
 }
 

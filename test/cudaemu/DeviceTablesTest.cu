@@ -135,13 +135,14 @@ kvc_config_t deviceConfig(bool kivi, int32_t pages, int32_t sequences) {
 /// keeps its victims and the mirrors are checked in.
 void endStep(kvc::cuda::DeviceTables &tables,
              const kvc::cuda::HeadTable *heads, uint8_t *victims,
-             const std::vector<uint8_t> &flags, int batch) {
+             const std::vector<uint8_t> &flags, int batch,
+             bool keep = true) {
   CHECK(cudaMemcpy(victims, flags.data(), flags.size(),
                    cudaMemcpyHostToDevice) == cudaSuccess,
         "victims");
   stages<<<batch * kHeads, kThreads>>>(heads, victims);
   CHECK(cudaGetLastError() == cudaSuccess, "launch");
-  for (int b = 0; b < batch; ++b)
+  for (int b = 0; keep && b < batch; ++b)
     CHECK(tables.keepVictims(b) == KVC_STATUS_OK, "keep victims");
   CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
 }
@@ -580,7 +581,9 @@ void serve() {
   // them when the step after next checks the mirror out.
   std::map<uint64_t, std::vector<std::vector<int32_t>>> lastChosen;
   int evicted = 0;
-  auto step = [&](int index) {
+  // A step without victims (`evict` false) leaves nothing for a later
+  // step to wait for.
+  auto step = [&](int index, bool evict = true) {
     const int32_t n = static_cast<int32_t>(active.size());
     std::vector<int32_t> positions(n);
     for (int32_t b = 0; b < n; ++b)
@@ -606,13 +609,13 @@ void serve() {
       for (int32_t s = 0; s < heads[i].numSlots; ++s)
         if (heads[i].positions[s] != KVC_POSITION_NONE)
           live.push_back(s);
-      if (live.size() <= 12)
+      if (!evict || live.size() <= 12)
         continue;
       chosen[i].push_back(live[rng() % live.size()]);
       flags[i * kStride + chosen[i][0]] = 1;
       ++evicted;
     }
-    endStep(tables, heads, victims, flags, n);
+    endStep(tables, heads, victims, flags, n, evict);
     for (int32_t b = 0; b < n; ++b) {
       const kvc::cuda::TableMirror &m = *mirrorOf(active[b]);
       kvc_attachment_t a{};
@@ -690,6 +693,13 @@ void serve() {
         static_cast<unsigned long long>(after.allocations -
                                         before.allocations),
         kServeSteps, joined);
+  // One event per step: the staging blocks of its copies wait for it too.
+  CHECK(after.eventRecords - before.eventRecords ==
+            static_cast<uint64_t>(kServeSteps),
+        "%llu event records in %d steps",
+        static_cast<unsigned long long>(after.eventRecords -
+                                        before.eventRecords),
+        kServeSteps);
   const uint64_t regions = after.poolAllocations - before.poolAllocations,
                  freed = after.poolFrees - before.poolFrees;
   CHECK(regions >= static_cast<uint64_t>(joined) &&
@@ -704,7 +714,9 @@ void serve() {
         rows.size(), kMaxBatch);
 
   // Released while its last step is still running (held): kept, through
-  // a step that waits for the step before it only.
+  // a step that waits for the step before it only. Neither is a staging
+  // block rewritten before the copies of the step that used it have run.
+  const uint64_t unfinishedBefore = kvc::emu::counters().unfinishedSourceCopies;
   kvc::emu::holdEvents(true);
   step(index++);
   step(index++);
@@ -728,6 +740,46 @@ void serve() {
         "(%llu regions freed)",
         static_cast<unsigned long long>(kvc::emu::counters().poolFrees -
                                         freesBefore));
+  // Steps that wait for nothing while the device runs behind, more than
+  // the thread has staging blocks: each takes a block of its own.
+  const size_t blocks = kvc::cuda::pinnedStaging().blocks();
+  for (size_t k = 0; k < blocks + 2; ++k)
+    step(index++, false);
+  CHECK(kvc::cuda::pinnedStaging().blocks() >= blocks + 2,
+        "%zu staging blocks after %zu steps of a device running behind, "
+        "%zu before",
+        kvc::cuda::pinnedStaging().blocks(), blocks + 2, blocks);
+  // A step that fails after its upload (no check-in): its staging block
+  // is not left waiting for an event that never comes.
+  {
+    const int32_t n = static_cast<int32_t>(active.size());
+    std::vector<int32_t> positions(n);
+    for (int32_t b = 0; b < n; ++b)
+      positions[b] = nextPosition[active[b]]++;
+    kvc::cuda::DeviceTables tables;
+    const kvc::cuda::HeadTable *heads = nullptr;
+    CHECK(tables.checkOut(ctx, n, active.data(), 0, kHeads, true, true, true,
+                          "failing step") == KVC_STATUS_OK &&
+              kvc_append_step(ctx, 0, n, active.data(), 8, nullptr, nullptr,
+                              positions.data(), newSlots.data(),
+                              numPages.data()) == KVC_STATUS_OK &&
+              tables.upload(positions.data(), newSlots.data(),
+                            numPages.data(), false, region, regionBytes,
+                            nullptr, &heads) == KVC_STATUS_OK,
+          "failing step");
+    CHECK(kvc::cuda::pinnedStaging().blocksInStep() > 0,
+          "the upload's staging block does not wait for its step");
+  }
+  CHECK(kvc::cuda::pinnedStaging().blocksInStep() == 0,
+        "%zu staging blocks wait for a failed step's event",
+        kvc::cuda::pinnedStaging().blocksInStep());
+  lastChosen.clear();
+  step(index++);
+  CHECK(kvc::emu::counters().unfinishedSourceCopies == unfinishedBefore,
+        "%llu copies from a pinned staging block whose earlier copy had not "
+        "run",
+        static_cast<unsigned long long>(
+            kvc::emu::counters().unfinishedSourceCopies - unfinishedBefore));
   kvc::emu::holdEvents(false);
   // Every mirror released after its steps finished: every region of the
   // process went back (the mirrors of the other runs' last steps too).

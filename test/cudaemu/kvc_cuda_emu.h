@@ -104,6 +104,10 @@ struct Counters {
   /// pinned (not from cudaMallocHost): on a device they may synchronize
   /// with the stream.
   uint64_t pageableCopies = 0;
+  /// Host-to-device copies from pinned memory that an earlier copy, not
+  /// yet run while events are held (holdEvents), also reads: on a device
+  /// the host rewrote bytes before the earlier copy read them.
+  uint64_t unfinishedSourceCopies = 0;
   /// cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize.
   uint64_t waits = 0;
   /// Resources made or released: cudaMalloc, cudaMallocHost, cudaFree,
