@@ -5989,124 +5989,6 @@ struct TableMirror {
   }
 };
 
-/// Waits for the work recorded in `event` (none: nothing to wait for), once
-/// per record for all the mirrors that share it.
-inline kvc_status_t waitFor(StepEvent *event, const char *name) {
-  if (!event || event->complete)
-    return KVC_STATUS_OK;
-  KVC_CUDA_CHECK(name, cudaEventSynchronize(event->event));
-  event->complete = true;
-  return KVC_STATUS_OK;
-}
-
-/// Evicts through the runtime the victims that the steps using the mirror
-/// left on the device (TableMirror::pending), oldest first, once each step
-/// is done, except those of the `keep` most recent steps: so the runtime's
-/// host bookkeeping catches up with the device before the sequence's next
-/// step (keep 1: all but the last step's victims; see
-/// DeviceTables::checkOut) or any host access to the layer (keep 0). The
-/// mirror must be detached (kvc_evict settles the layer). A list longer
-/// than kInlineVictims (a budget that shrank) is read from the device.
-inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
-                                 uint64_t sequence, int32_t layer,
-                                 int32_t keep = 0) {
-  const char *name = "kvc cuda: evicting a step's victims";
-  std::vector<int32_t> longList;
-  for (int32_t age = kVictimBuffers - 1; age >= keep; --age) {
-    const int32_t buffer = m.bufferOf(age);
-    if (!m.pending[buffer])
-      continue;
-    m.pending[buffer] = false;
-    KVC_CUDA_TRY(waitFor(m.done[buffer].get(), name));
-    for (int32_t h = 0; h < m.heads; ++h) {
-      const int32_t *row =
-          m.hostVictimsOf(buffer) + h * (1 + kInlineVictims);
-      const int32_t count = row[0];
-      if (count <= 0)
-        continue;
-      const int32_t *slots = row + 1;
-      if (count > kInlineVictims) {
-        try {
-          longList.resize(count);
-        } catch (const std::bad_alloc &) {
-          return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
-                                  "kvc cuda: host victim allocation failed");
-        }
-        KVC_CUDA_CHECK(name,
-                       cudaMemcpy(longList.data(), m.victimsOf(h, buffer) + 1,
-                                  sizeof(int32_t) * count,
-                                  cudaMemcpyDeviceToHost));
-        slots = longList.data();
-      }
-      KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, count, slots));
-      KVC_CUDA_TRY(m.noteEvicted(context, sequence, layer, h, count, slots));
-    }
-  }
-  return KVC_STATUS_OK;
-}
-
-/// kvc_attachment_t::release of a TableMirror: its memory is retired until
-/// the steps that used it have finished (MirrorMemory), without waiting
-/// for them.
-inline void releaseMirror(void *data) {
-  TableMirror *m = static_cast<TableMirror *>(data);
-  MirrorMemory::instance().retire(m->device, m->deviceId, m->hostVictims,
-                                  m->hostVictimBytes(), m->done);
-  delete m;
-}
-
-/// kvc_attachment_t::flush of a TableMirror: waits for the steps that used
-/// it, evicts every victim they left through the runtime (applyVictims)
-/// and copies its score state and importance bits into the runtime's
-/// metadata.
-inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
-                                uint64_t sequence, int32_t layer) {
-  TableMirror &m = *static_cast<TableMirror *>(data);
-  const char *name = "kvc cuda: writing device score state back";
-  KVC_CUDA_TRY(applyVictims(m, context, sequence, layer));
-  if (!m.loaded || (!m.withState && !m.withHistory))
-    return KVC_STATUS_OK;
-  KVC_CUDA_TRY(waitFor(m.done[m.bufferOf(0)].get(), name));
-  for (int32_t h = 0; h < m.heads; ++h) {
-    kvc_metadata_t meta;
-    KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta));
-    // Slots past the mirror's capacity were appended after it was last
-    // used: the runtime's fresh metadata is already right for them.
-    const int64_t n = meta.num_slots < m.capSlots() ? meta.num_slots
-                                                    : m.capSlots();
-    if (m.withState)
-      KVC_CUDA_CHECK(name, cudaMemcpy(meta.score, m.stateOf(h), 4 * n,
-                                      cudaMemcpyDeviceToHost));
-    if (m.withHistory)
-      KVC_CUDA_CHECK(name, cudaMemcpy(meta.history, m.historyOf(h), 8 * n,
-                                      cudaMemcpyDeviceToHost));
-  }
-  return KVC_STATUS_OK;
-}
-
-/// Table words per head that DeviceTables::upload has room for besides one
-/// head's worth of `slots` (deviceTableBytes): a step's appended slot
-/// writes at most three (position, state, importance bits) and a new page
-/// one.
-constexpr int64_t kTableWordsPerHead = 16;
-
-/// Workspace bytes of DeviceTables::upload for `heads` heads of at most
-/// `slots` slots: the HeadTables and kTableWordsPerHead words per head plus
-/// `slots` more (the pages that a long eviction released), plus, for KIVI
-/// storage with a window of `residual` rows, that many per head (a step
-/// whose block of keys leaves the window changes a word per member). It
-/// does not grow with the batch's slots: a step whose words exceed it
-/// uploads them in chunks.
-inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
-                                 int32_t residual = 0) {
-  return TableMirror::align(sizeof(HeadTable) * static_cast<uint64_t>(heads)) +
-         sizeof(TableWord) *
-             (static_cast<uint64_t>(heads) *
-                  (kTableWordsPerHead + static_cast<uint64_t>(residual)) +
-              static_cast<uint64_t>(slots)) +
-         kWorkspaceAlignment;
-}
-
 /// Pinned host memory that a decode step's host-to-device copies go
 /// through, so that they are asynchronous. A cudaMemcpyAsync from pageable
 /// memory may synchronize with the stream (the driver stages the bytes
@@ -6197,6 +6079,10 @@ public:
     return KVC_STATUS_OK;
   }
 
+  /// The copies into the block `take` gave have been waited for (the host
+  /// reads it now, ReadStreams): it is reusable at once.
+  void waitedFor() { next_ = (taken_ + 1) % blocks_.size(); }
+
   /// The copies from the block `take` gave were queued by a decode step,
   /// which records an event on their stream after its launches: the block
   /// waits for that event (`guard`), or for its own (`queued(block, ...)`)
@@ -6269,6 +6155,294 @@ private:
 inline PinnedStaging &pinnedStaging() {
   static thread_local PinnedStaging staging;
   return staging;
+}
+
+/// Waits for the work recorded in `event` (none: nothing to wait for), once
+/// per record for all the mirrors that share it.
+inline kvc_status_t waitFor(StepEvent *event, const char *name) {
+  if (!event || event->complete)
+    return KVC_STATUS_OK;
+  KVC_CUDA_CHECK(name, cudaEventSynchronize(event->event));
+  event->complete = true;
+  return KVC_STATUS_OK;
+}
+
+/// Streams of kvc's own, one per device and thread, created non-blocking,
+/// on which the host reads device memory that it waits for: victim lists
+/// longer than a host row (LongVictimLists) and a mirror's state written
+/// back (flushMirror). A cudaMemcpy runs on the legacy default stream,
+/// which waits for the work queued before it on every blocking stream of
+/// the device: in an engine that queued the next layers' kernels before
+/// this layer's step, the host would wait for all of them. A copy on a
+/// non-blocking stream of its own waits for nothing else, and the bytes it
+/// reads are ready (the event of the step that wrote them was waited for
+/// first), so the host waits for the copy alone. Freed when the thread
+/// ends.
+class ReadStreams {
+public:
+  ReadStreams() = default;
+  ReadStreams(const ReadStreams &) = delete;
+  ReadStreams &operator=(const ReadStreams &) = delete;
+  ~ReadStreams() {
+    for (const std::pair<int, cudaStream_t> &s : streams_)
+      cudaStreamDestroy(s.second);
+  }
+
+  /// The calling thread's stream on `device` (the one that holds the
+  /// memory to read: a copy may be queued on a stream of a device other
+  /// than the current one), made on first use.
+  kvc_status_t of(int device, const char *name, cudaStream_t *stream) {
+    for (const std::pair<int, cudaStream_t> &s : streams_)
+      if (s.first == device) {
+        *stream = s.second;
+        return KVC_STATUS_OK;
+      }
+    try {
+      streams_.reserve(streams_.size() + 1);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host stream allocation failed");
+    }
+    int current = 0;
+    KVC_CUDA_CHECK(name, cudaGetDevice(&current));
+    if (current != device)
+      KVC_CUDA_CHECK(name, cudaSetDevice(device));
+    cudaStream_t created = nullptr;
+    const cudaError_t error =
+        cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking);
+    if (current != device)
+      cudaSetDevice(current);
+    KVC_CUDA_CHECK(name, error);
+    streams_.emplace_back(device, created);
+    *stream = created;
+    return KVC_STATUS_OK;
+  }
+
+private:
+  std::vector<std::pair<int, cudaStream_t>> streams_;
+};
+
+inline ReadStreams &readStreams() {
+  static thread_local ReadStreams streams;
+  return streams;
+}
+
+/// The victim lists of finished steps that are longer than a host row
+/// holds (kInlineVictims: a periodic policy's compression, a budget that
+/// shrank), read from the device for the runtime's evictions. The lists of
+/// every mirror a check-out settles arrive together: one 2-D copy per
+/// mirror buffer (a buffer's lists are a head's bytes apart), from the
+/// first head with a long list to the last, as wide as the longest, into
+/// one pinned staging block, on the thread's read stream (ReadStreams),
+/// and one wait for all of them. A step that finds no long list makes no
+/// CUDA call and allocates nothing here.
+class LongVictimLists {
+public:
+  /// Notes the long lists of m's `buffer`, whose step has finished (its
+  /// host rows hold the counts).
+  kvc_status_t note(const TableMirror &m, int32_t buffer) {
+    const int32_t *rows = m.hostVictimsOf(buffer);
+    Read r{&m, buffer, -1, -1, 0, words_};
+    for (int32_t h = 0; h < m.heads; ++h) {
+      const int32_t count = rows[h * (1 + kInlineVictims)];
+      if (count <= kInlineVictims)
+        continue;
+      if (r.first < 0)
+        r.first = h;
+      r.last = h;
+      r.width = count > r.width ? count : r.width;
+    }
+    if (r.first < 0)
+      return KVC_STATUS_OK;
+    try {
+      reads_.push_back(r);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host victim allocation failed");
+    }
+    words_ += static_cast<uint64_t>(r.last - r.first + 1) * r.width;
+    return KVC_STATUS_OK;
+  }
+
+  /// Reads every list noted (nothing when none was).
+  kvc_status_t read(const char *name) {
+    if (reads_.empty())
+      return KVC_STATUS_OK;
+    PinnedStaging &staging = pinnedStaging();
+    char *block = nullptr;
+    KVC_CUDA_TRY(staging.take(sizeof(int32_t) * words_, name, &block));
+    // The mirrors of a batch live on the step's device: one stream and one
+    // wait, unless a caller mixed devices (then a wait per change).
+    cudaStream_t last = nullptr;
+    for (const Read &r : reads_) {
+      cudaStream_t stream = nullptr;
+      KVC_CUDA_TRY(readStreams().of(r.mirror->deviceId, name, &stream));
+      if (last && stream != last)
+        KVC_CUDA_CHECK(name, cudaStreamSynchronize(last));
+      last = stream;
+      const size_t width = sizeof(int32_t) * static_cast<size_t>(r.width);
+      KVC_CUDA_CHECK(name,
+                     cudaMemcpy2DAsync(block + sizeof(int32_t) * r.offset,
+                                       width,
+                                       r.mirror->victimsOf(r.first, r.buffer) +
+                                           1,
+                                       r.mirror->headBytes, width,
+                                       r.last - r.first + 1,
+                                       cudaMemcpyDeviceToHost, stream));
+    }
+    KVC_CUDA_CHECK(name, cudaStreamSynchronize(last));
+    staging.waitedFor();
+    lists_ = reinterpret_cast<const int32_t *>(block);
+    return KVC_STATUS_OK;
+  }
+
+  /// After read: head h's list in m's `buffer` (its count from the host
+  /// row), or null where none was read.
+  const int32_t *list(const TableMirror &m, int32_t buffer, int32_t h) const {
+    if (!lists_)
+      return nullptr;
+    for (const Read &r : reads_)
+      if (r.mirror == &m && r.buffer == buffer && h >= r.first && h <= r.last)
+        return lists_ + r.offset + static_cast<uint64_t>(h - r.first) * r.width;
+    return nullptr;
+  }
+
+private:
+  struct Read {
+    const TableMirror *mirror;
+    int32_t buffer, first, last, width;
+    /// Where its first head's list starts in the block, in words.
+    uint64_t offset;
+  };
+  std::vector<Read> reads_;
+  uint64_t words_ = 0;
+  const int32_t *lists_ = nullptr;
+};
+
+/// Waits for the steps whose victims applyVictims(m, ..., keep) evicts and
+/// notes their long lists in `lists`.
+inline kvc_status_t awaitVictims(TableMirror &m, int32_t keep,
+                                 LongVictimLists &lists, const char *name) {
+  for (int32_t age = kVictimBuffers - 1; age >= keep; --age) {
+    const int32_t buffer = m.bufferOf(age);
+    if (!m.pending[buffer])
+      continue;
+    KVC_CUDA_TRY(waitFor(m.done[buffer].get(), name));
+    KVC_CUDA_TRY(lists.note(m, buffer));
+  }
+  return KVC_STATUS_OK;
+}
+
+/// Evicts through the runtime the victims that the steps using the mirror
+/// left on the device (TableMirror::pending), oldest first, once each step
+/// is done, except those of the `keep` most recent steps: so the runtime's
+/// host bookkeeping catches up with the device before the sequence's next
+/// step (keep 1: all but the last step's victims; see
+/// DeviceTables::checkOut) or any host access to the layer (keep 0). The
+/// mirror must be detached (kvc_evict settles the layer). Lists longer
+/// than kInlineVictims come from `lists`, which awaitVictims(m, keep) and
+/// read filled (a check-out reads those of its batch together); without
+/// it they are read here.
+inline kvc_status_t applyVictims(TableMirror &m, kvc_context_t *context,
+                                 uint64_t sequence, int32_t layer,
+                                 int32_t keep = 0,
+                                 const LongVictimLists *lists = nullptr) {
+  const char *name = "kvc cuda: evicting a step's victims";
+  LongVictimLists own;
+  if (!lists) {
+    KVC_CUDA_TRY(awaitVictims(m, keep, own, name));
+    KVC_CUDA_TRY(own.read(name));
+    lists = &own;
+  }
+  for (int32_t age = kVictimBuffers - 1; age >= keep; --age) {
+    const int32_t buffer = m.bufferOf(age);
+    if (!m.pending[buffer])
+      continue;
+    m.pending[buffer] = false;
+    for (int32_t h = 0; h < m.heads; ++h) {
+      const int32_t *row =
+          m.hostVictimsOf(buffer) + h * (1 + kInlineVictims);
+      const int32_t count = row[0];
+      if (count <= 0)
+        continue;
+      const int32_t *slots =
+          count > kInlineVictims ? lists->list(m, buffer, h) : row + 1;
+      if (!slots)
+        return kvc_report_error(KVC_STATUS_INTERNAL,
+                                "kvc cuda: a long victim list was not read");
+      KVC_CUDA_TRY(kvc_evict(context, sequence, layer, h, count, slots));
+      KVC_CUDA_TRY(m.noteEvicted(context, sequence, layer, h, count, slots));
+    }
+  }
+  return KVC_STATUS_OK;
+}
+
+/// kvc_attachment_t::release of a TableMirror: its memory is retired until
+/// the steps that used it have finished (MirrorMemory), without waiting
+/// for them.
+inline void releaseMirror(void *data) {
+  TableMirror *m = static_cast<TableMirror *>(data);
+  MirrorMemory::instance().retire(m->device, m->deviceId, m->hostVictims,
+                                  m->hostVictimBytes(), m->done);
+  delete m;
+}
+
+/// kvc_attachment_t::flush of a TableMirror: waits for the steps that used
+/// it, evicts every victim they left through the runtime (applyVictims)
+/// and copies its score state and importance bits into the runtime's
+/// metadata, on the thread's read stream (ReadStreams: the host waits for
+/// these copies, not for work an engine queued after the steps), with one
+/// wait for all of them.
+inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
+                                uint64_t sequence, int32_t layer) {
+  TableMirror &m = *static_cast<TableMirror *>(data);
+  const char *name = "kvc cuda: writing device score state back";
+  KVC_CUDA_TRY(applyVictims(m, context, sequence, layer));
+  if (!m.loaded || (!m.withState && !m.withHistory))
+    return KVC_STATUS_OK;
+  KVC_CUDA_TRY(waitFor(m.done[m.bufferOf(0)].get(), name));
+  cudaStream_t stream = nullptr;
+  KVC_CUDA_TRY(readStreams().of(m.deviceId, name, &stream));
+  for (int32_t h = 0; h < m.heads; ++h) {
+    kvc_metadata_t meta;
+    KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, h, &meta));
+    // Slots past the mirror's capacity were appended after it was last
+    // used: the runtime's fresh metadata is already right for them.
+    const int64_t n = meta.num_slots < m.capSlots() ? meta.num_slots
+                                                    : m.capSlots();
+    if (m.withState)
+      KVC_CUDA_CHECK(name, cudaMemcpyAsync(meta.score, m.stateOf(h), 4 * n,
+                                           cudaMemcpyDeviceToHost, stream));
+    if (m.withHistory)
+      KVC_CUDA_CHECK(name,
+                     cudaMemcpyAsync(meta.history, m.historyOf(h), 8 * n,
+                                     cudaMemcpyDeviceToHost, stream));
+  }
+  KVC_CUDA_CHECK(name, cudaStreamSynchronize(stream));
+  return KVC_STATUS_OK;
+}
+
+/// Table words per head that DeviceTables::upload has room for besides one
+/// head's worth of `slots` (deviceTableBytes): a step's appended slot
+/// writes at most three (position, state, importance bits) and a new page
+/// one.
+constexpr int64_t kTableWordsPerHead = 16;
+
+/// Workspace bytes of DeviceTables::upload for `heads` heads of at most
+/// `slots` slots: the HeadTables and kTableWordsPerHead words per head plus
+/// `slots` more (the pages that a long eviction released), plus, for KIVI
+/// storage with a window of `residual` rows, that many per head (a step
+/// whose block of keys leaves the window changes a word per member). It
+/// does not grow with the batch's slots: a step whose words exceed it
+/// uploads them in chunks.
+inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
+                                 int32_t residual = 0) {
+  return TableMirror::align(sizeof(HeadTable) * static_cast<uint64_t>(heads)) +
+         sizeof(TableWord) *
+             (static_cast<uint64_t>(heads) *
+                  (kTableWordsPerHead + static_cast<uint64_t>(residual)) +
+              static_cast<uint64_t>(slots)) +
+         kWorkspaceAlignment;
 }
 
 /// DeviceTables::upload's host buffers, kept per thread between steps (a
@@ -6388,6 +6562,11 @@ public:
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host table allocation failed");
     }
+    // The runtime catches up with the evictions of every step but the last
+    // (of every step on a KIVI pool): the mirrors' steps are waited for
+    // first and their long victim lists read together.
+    const int32_t keep = kivi ? 0 : 1;
+    LongVictimLists lists;
     for (int32_t b = 0; b < batch; ++b) {
       kvc_attachment_t a{};
       KVC_CUDA_TRY(kvc_detach(context, sequences[b], layer, &a));
@@ -6396,17 +6575,9 @@ public:
           m->heads == heads && m->pageSize == pageSize_ &&
           (m->withState || !withState) && (m->withHistory || !withHistory) &&
           (m->withVictims || !withVictims) && (m->withKivi || !withKivi)) {
-        // The runtime catches up with the evictions of every step but the
-        // last (of every step on a KIVI pool); a mirror it could not catch
-        // up with is written back and dropped.
-        const kvc_status_t status =
-            applyVictims(*m, context, sequences[b], layer, kivi ? 0 : 1);
-        if (status != KVC_STATUS_OK) {
-          flushMirror(m, context, sequences[b], layer);
-          releaseMirror(m);
-          return status;
-        }
+        // Settled by the destructor if anything fails from here on.
         mirrors_[b] = m;
+        KVC_CUDA_TRY(awaitVictims(*m, keep, lists, name));
         continue;
       }
       kvc_status_t status =
@@ -6415,6 +6586,22 @@ public:
       if (a.release)
         a.release(a.data);
       KVC_CUDA_TRY(status);
+    }
+    KVC_CUDA_TRY(lists.read(name));
+    // A mirror the runtime could not catch up with is written back and
+    // dropped.
+    for (int32_t b = 0; b < batch; ++b) {
+      TableMirror *m = mirrors_[b];
+      if (!m)
+        continue;
+      const kvc_status_t status =
+          applyVictims(*m, context, sequences[b], layer, keep, &lists);
+      if (status != KVC_STATUS_OK) {
+        mirrors_[b] = nullptr;
+        flushMirror(m, context, sequences[b], layer);
+        releaseMirror(m);
+        return status;
+      }
     }
     return KVC_STATUS_OK;
   }

@@ -467,6 +467,9 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
 // so streams and events need no ordering of their own.
 struct CUstream_st {
   int id;
+  /// Made with cudaStreamNonBlocking: a wait for it waits for its own work
+  /// only (what a device would run on it ran at the call).
+  bool nonBlocking = false;
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point recorded;
@@ -773,12 +776,23 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream) {
   *stream = new CUstream_st{1};
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream,
+                                      unsigned int flags) {
+  *stream = new CUstream_st{1, (flags & cudaStreamNonBlocking) != 0};
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   ++counterValues.waits;
+  // The special handles (0, cudaStreamLegacy, cudaStreamPerThread) are not
+  // objects of the emulator.
+  if (reinterpret_cast<uintptr_t>(stream) > 2 && stream->nonBlocking) {
+    ++counterValues.nonBlockingWaits;
+    return cudaSuccess;
+  }
   finishedRecords = lastRecord;
   pendingSources.clear();
   return cudaSuccess;

@@ -311,7 +311,9 @@ void run(bool kivi) {
     }
   }
   std::mt19937 rng(1234);
-  int holes = 0, trims = 0, rebuilds = 0, longLists = 0;
+  int holes = 0, trims = 0, rebuilds = 0, longLists = 0, longReadSteps = 0,
+      batchedReads = 0, twoHeadLists = 0;
+  const kvc::emu::Counters atStart = kvc::emu::counters();
   // Per head of the batch: the runtime's page count after the last step,
   // before the check-out evicted victims.
   std::vector<int32_t> pagesBefore(kBatch * kHeads, 0);
@@ -363,19 +365,54 @@ void run(bool kivi) {
     const int32_t positions[kBatch] = {kPrompt + step, kPrompt + 2 * step};
     // The mirrors after the last step (kept unless a metadata read settled
     // them), for the KIVI count of key blocks quantized on kept tables.
+    // Also the victim buffers whose lists the check-out reads from the
+    // device (a head with more victims than its host row holds).
     bool kept[kBatch];
+    int longReads = 0;
     for (int b = 0; b < kBatch; ++b) {
       kvc_attachment_t a{};
       CHECK(kvc_detach(ctx, sequences[b], 0, &a) == KVC_STATUS_OK, "detach");
       kept[b] = a.data != nullptr;
-      if (a.data)
-        CHECK(kvc_attach(ctx, sequences[b], 0, &a) == KVC_STATUS_OK,
-              "attach");
+      if (!a.data)
+        continue;
+      const auto &m = *static_cast<const kvc::cuda::TableMirror *>(a.data);
+      for (int32_t age = kivi ? 0 : 1; age < kvc::cuda::kVictimBuffers;
+           ++age) {
+        const int32_t buffer = m.bufferOf(age);
+        bool longList = false;
+        for (int h = 0; h < kHeads && m.pending[buffer]; ++h)
+          longList = longList || m.hostVictimsOf(buffer)[h * (
+                                     1 + kvc::cuda::kInlineVictims)] >
+                                     kvc::cuda::kInlineVictims;
+        longReads += longList;
+      }
+      CHECK(kvc_attach(ctx, sequences[b], 0, &a) == KVC_STATUS_OK, "attach");
     }
+    const kvc::emu::Counters beforeCheckOut = kvc::emu::counters();
     kvc::cuda::DeviceTables tables;
     CHECK(tables.checkOut(ctx, kBatch, sequences, 0, kHeads, true, true, true,
                           "test", kivi) == KVC_STATUS_OK,
           "check out");
+    // The long lists of the batch came in one copy per victim buffer on
+    // kvc's own stream, and one wait for them all; nothing else was
+    // copied, and nothing went through the legacy default stream.
+    const kvc::emu::Counters &afterCheckOut = kvc::emu::counters();
+    const uint64_t listCopies =
+        afterCheckOut.asyncCopies - beforeCheckOut.asyncCopies;
+    const uint64_t listWaits =
+        afterCheckOut.nonBlockingWaits - beforeCheckOut.nonBlockingWaits;
+    CHECK(listCopies == static_cast<uint64_t>(longReads) &&
+              listWaits == (longReads > 0 ? 1u : 0u) &&
+              afterCheckOut.syncCopies == beforeCheckOut.syncCopies,
+          "step %d: the check-out read %d buffers' long victim lists with "
+          "%llu copies, %llu waits on its own stream and %llu synchronous "
+          "copies",
+          step, longReads, static_cast<unsigned long long>(listCopies),
+          static_cast<unsigned long long>(listWaits),
+          static_cast<unsigned long long>(afterCheckOut.syncCopies -
+                                          beforeCheckOut.syncCopies));
+    longReadSteps += longReads > 0;
+    batchedReads += longReads > 1;
     // The runtime has evicted the victims of the step before the last now
     // (of the last step too on a KIVI pool), at the check-out or at the
     // metadata read that settled the mirror: a trailing page they emptied
@@ -448,12 +485,17 @@ void run(bool kivi) {
       // The second sequence stops evicting halfway: its table grows.
       const int roll = static_cast<int>(rng() % 10) +
                        (i / kHeads == 1 && step > kSteps / 2 ? 10 : 0);
-      if (step % 16 == 5 && i % kHeads == 0 && liveSlots.size() > 16) {
-        // Now and then more victims than a step downloads with the counts
-        // (a budget that shrank): the list is read from the device.
+      // Now and then more victims than a step downloads with the counts
+      // (a budget that shrank): the list is read from the device. Head 0,
+      // head 1, then both, with lists of different lengths; not from the
+      // sequence that stopped evicting.
+      const int longHeads = (step / 8 + 2) % 3;
+      const size_t longCount = kvc::cuda::kInlineVictims + 1 + 2 * (i % kHeads);
+      if (step % 8 == 5 && (longHeads == 2 || i % kHeads == longHeads) &&
+          !(i / kHeads == 1 && step > kSteps / 2) &&
+          liveSlots.size() >= longCount + 2) {
         std::shuffle(liveSlots.begin(), liveSlots.end(), rng);
-        chosen[i].assign(liveSlots.begin(),
-                         liveSlots.begin() + kvc::cuda::kInlineVictims + 2);
+        chosen[i].assign(liveSlots.begin(), liveSlots.begin() + longCount);
       } else if (roll < 3 && liveSlots.size() > 4) {
         chosen[i].push_back(liveSlots[rng() % liveSlots.size()]);
       } else if (roll < 5 && liveSlots.size() > 8) {
@@ -476,6 +518,9 @@ void run(bool kivi) {
       holes += chosen[i].size() > 1 &&
                chosen[i].size() <= static_cast<size_t>(kPageSize);
       longLists += chosen[i].size() > kvc::cuda::kInlineVictims;
+      twoHeadLists += i % kHeads == 1 &&
+                      chosen[i].size() > kvc::cuda::kInlineVictims &&
+                      chosen[i - 1].size() > kvc::cuda::kInlineVictims;
     }
     for (int b = 0; b < kBatch; ++b)
       expectMirror(ctx, kivi, b, sequences[b], step, &chosen[b * kHeads],
@@ -498,19 +543,31 @@ void run(bool kivi) {
   }
   verifyState(kSteps);
   CHECK(holes > 3 && trims > 0 && rebuilds > 3 && growths > 0 &&
-            longLists > 0,
+            longReadSteps > 0 && batchedReads > 0 && twoHeadLists > 0,
         "the run made %d page evictions, %d trims, %d write-backs, %d "
-        "mirrors outgrown, %d long victim lists",
-        holes, trims, rebuilds, growths, longLists);
+        "mirrors outgrown, %d long victim lists (%d check-outs read some, "
+        "%d of several sequences; %d steps with both heads')",
+        holes, trims, rebuilds, growths, longLists, longReadSteps,
+        batchedReads, twoHeadLists);
+  // The write-backs too read the device on kvc's own stream: the only
+  // synchronous copies (on the legacy default stream) are the test's own
+  // victim flags, one per step (endStep).
+  CHECK(kvc::emu::counters().syncCopies - atStart.syncCopies == kSteps,
+        "%llu synchronous copies in %d steps",
+        static_cast<unsigned long long>(kvc::emu::counters().syncCopies -
+                                        atStart.syncCopies),
+        kSteps);
   kvc_context_destroy(ctx);
   cudaFree(victims);
   cudaFree(region);
   cudaFree(pool);
   std::printf("device tables%s: %d steps, %d page evictions, %d trims, %d "
               "write-backs, %d mirrors outgrown (%d to %d pages), %d long "
-              "victim lists: ok\n",
+              "victim lists (read by %d check-outs, %d of several "
+              "sequences; both heads' in %d): ok\n",
               kivi ? " (KIVI)" : "", kSteps, holes, trims, rebuilds, growths,
-              minCapacity, maxCapacity, longLists);
+              minCapacity, maxCapacity, longLists, longReadSteps,
+              batchedReads, twoHeadLists);
 }
 
 /// Sequences joining and leaving the batch, as a serving engine decodes

@@ -7,7 +7,8 @@
 //  - __syncthreads orders shared memory: a block reverses an array through
 //    it; threads that exit early do not hold the barrier;
 //  - built-in variables of a 3-D grid of 2-D blocks;
-//  - launch limits set cudaErrorInvalidConfiguration.
+//  - launch limits set cudaErrorInvalidConfiguration;
+//  - a wait for a non-blocking stream finishes no other stream's event.
 // With an argument, it runs one kernel that must be reported instead (ctest
 // matches the report):
 //  - `deadlock`: lanes of a warp wait at different barriers;
@@ -186,6 +187,34 @@ void checkLimits() {
   expect(cudaGetLastError() == cudaSuccess, "the error is cleared once read");
 }
 
+/// A wait for a non-blocking stream waits for that stream's work only:
+/// an event recorded on another stream and held unfinished stays so, until
+/// a wait for the legacy default stream.
+void checkStreams() {
+  cudaStream_t own = nullptr;
+  cudaEvent_t event = nullptr;
+  expect(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) ==
+                 cudaSuccess &&
+             cudaEventCreate(&event) == cudaSuccess,
+         "a non-blocking stream and an event");
+  kvc::emu::holdEvents(true);
+  cudaEventRecord(event, nullptr);
+  const uint64_t waits = kvc::emu::counters().nonBlockingWaits;
+  expect(cudaStreamSynchronize(own) == cudaSuccess &&
+             kvc::emu::counters().nonBlockingWaits == waits + 1,
+         "a wait for a non-blocking stream is counted as one");
+  expect(cudaEventQuery(event) == cudaErrorNotReady,
+         "a wait for a non-blocking stream leaves another stream's event "
+         "unfinished");
+  cudaStreamSynchronize(nullptr);
+  expect(cudaEventQuery(event) == cudaSuccess &&
+             kvc::emu::counters().nonBlockingWaits == waits + 1,
+         "a wait for the default stream finishes it");
+  kvc::emu::holdEvents(false);
+  cudaEventDestroy(event);
+  cudaStreamDestroy(own);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -211,6 +240,7 @@ int main(int argc, char **argv) {
   checkBarriers();
   checkIndices();
   checkLimits();
+  checkStreams();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

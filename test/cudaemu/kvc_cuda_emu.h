@@ -110,6 +110,11 @@ struct Counters {
   uint64_t unfinishedSourceCopies = 0;
   /// cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize.
   uint64_t waits = 0;
+  /// Of those, cudaStreamSynchronize on a stream made with
+  /// cudaStreamNonBlocking, which waits for that stream's own work only
+  /// (not for the events recorded on others, which stay unfinished while
+  /// held).
+  uint64_t nonBlockingWaits = 0;
   /// Resources made or released: cudaMalloc, cudaMallocHost, cudaFree,
   /// cudaFreeHost, cudaEventCreate(WithFlags), cudaEventDestroy,
   /// cudaMemPoolCreate, cudaMemPoolDestroy. On a device the allocations
