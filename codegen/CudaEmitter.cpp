@@ -877,8 +877,11 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
                       "The HeadTables and the words that change the slot "
                       "tables kept on the\n  /// device (DeviceTables)."});
   if (decode) {
-    fields.push_back({"float", "logits", "kKvHeads * kGroup * stride",
-                      "Per head, G rows of unnormalized logits per slot."});
+    // Only the statistics read the logits; without them the attention
+    // stores none.
+    if (foldsStatistics())
+      fields.push_back({"float", "logits", "kKvHeads * kGroup * stride",
+                        "Per head, G rows of unnormalized logits per slot."});
     fields.push_back(
         {"float", "partials",
          "kKvHeads * kMaxSplits * kGroup * "
@@ -1788,7 +1791,9 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << "), q,\n"
          "                                    kSoftmaxScale, "
          "plan.slotsPerSplit, plan.splits, stride,\n"
-         "                                    w.logits, w.partials};\n";
+         "                                    "
+      << (foldsStatistics() ? "w.logits" : "/*logits=*/nullptr")
+      << ", w.partials};\n";
   if (kivi)
     out << "    // KIVI: packed int codes dequantized in registers, the window "
            "read from\n"

@@ -943,7 +943,10 @@ struct DecodeSplitArgs {
   int32_t splitSlots; ///< Slots per split.
   int32_t numSplits;
   int64_t stride; ///< Row stride of `logits` (>= every head's num_slots).
-  /// Per head, G rows of `stride` unnormalized logits (-inf: free slot).
+  /// Per head, G rows of `stride` unnormalized logits (-inf: free slot),
+  /// for the statistics that the fold kernel forms from them; null when no
+  /// statistic reads them (a decode without attention statistics), and then
+  /// no logit is stored: 4 G bytes per slot less written.
   float *logits;
   /// Per (head, split, g): {m, z, acc[D]}: the split's maximum logit, its
   /// sum of exp(l - m), and its exp-weighted value sum.
@@ -1172,7 +1175,7 @@ decodeSplitRows(const DecodeSplitArgs &a, int32_t h, int32_t split,
         l[g] += __shfl_xor_sync(kFullMask, l[g], o);
       l[g] = r.live ? l[g] * a.scale : kNegInf;
     }
-    if (r.inRange && lane == 0)
+    if (a.logits && r.inRange && lane == 0)
 #pragma unroll
       for (int g = 0; g < G; ++g)
         a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + r.slot] = l[g];
@@ -1438,7 +1441,7 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
         for (int o = Shape::kLanes / 2; o > 0; o /= 2)
           l[p][g] += __shfl_xor_sync(kFullMask, l[p][g], o);
         l[p][g] = live ? l[p][g] * a.scale : kNegInf;
-        if (rowLane == 0 && slot < end)
+        if (a.logits && rowLane == 0 && slot < end)
           a.logits[(static_cast<int64_t>(h) * G + g0 + g) * a.stride + slot] =
               l[p][g];
       }
@@ -1835,7 +1838,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
       const int row = row0 + 2 * tq + e;
       l[e] = liveRow[st][row] ? s[e] + s[2 + e] : kNegInf;
       const int32_t slot = begin + i * kTileRows + row;
-      if (g < G && slot < end)
+      if (a.logits && g < G && slot < end)
         a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] = l[e];
     }
     // The maximum over the warp's eight rows (the four lanes of head g),
@@ -1943,7 +1946,8 @@ constexpr int DecodeMinBlocks =
 /// key and value of the split once, with 128-bit loads, dequantizing in
 /// registers. kLanes lanes share a row; the block's rows run an online
 /// softmax each, combined at the end into the split's partial record. Every
-/// slot's logit is stored so that the merge can form exact probabilities.
+/// slot's logit is stored (where a.logits is not null) so that the fold
+/// can form exact probabilities.
 /// A group that divides among the block's warps (one storage class) goes
 /// through shared-memory tiles instead (decodeStagedRows), with the same
 /// outputs.
@@ -2553,7 +2557,7 @@ template <int G, typename Tiles> struct KiviTileWalk {
     ahead = x.base + kStride;
     aheadPage = ahead < end ? t.pages[a.layout.pages.page(ahead)] : 0;
     if (__ballot_sync(kFullMask, x.live) == 0) {
-      if (x.inRange)
+      if (a.logits && x.inRange)
 #pragma unroll
         for (int g = 0; g < G; ++g)
           a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + x.slot] =
@@ -2800,7 +2804,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       l[g] = live ? l[g] * a.scale : kNegInf;
-      if (inRange)
+      if (a.logits && inRange)
         a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] = l[g];
     }
 
@@ -3121,9 +3125,11 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   const uint32_t valueBytes =
       static_cast<uint32_t>(g % 4) | static_cast<uint32_t>(4 + g % 4) << 8;
 
-  // Head g's row of logits (g < G).
+  // Head g's row of logits (g < G; null when none are stored).
   float *const headLogits =
-      a.logits + (static_cast<int64_t>(h) * G + (g < G ? g : 0)) * a.stride;
+      a.logits ? a.logits + (static_cast<int64_t>(h) * G + (g < G ? g : 0)) *
+                                a.stride
+               : nullptr;
   KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp);
   typename KiviTileWalk<G, Tiles>::Tile tile;
   while (walk.more(end)) {
@@ -3303,7 +3309,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       takeLogits(std::false_type{});
     else
       takeLogits(std::true_type{});
-    if (g < G) {
+    if (headLogits && g < G) {
       float *row = headLogits + base + 2 * tq;
       if (base >= begin && base + kWarpSize <= end) {
 #pragma unroll

@@ -37,6 +37,7 @@
 // RUN: FileCheck %s --check-prefix=RPC --input-file=%t/p/kvc_rpc_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
 // RUN: FileCheck %s --check-prefix=KIVI --input-file=%t/p/kvc_kivi2_cuda.cu
+// RUN: FileCheck %s --check-prefix=NOLOGITS --input-file=%t/p/kvc_kivi2_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/snapkv_kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
 // RUN: FileCheck %s --check-prefix=SNAPKIVI --input-file=%t/p/kvc_snapkv_kivi2_cuda.cu
 // RUN: mkdir -p %t/u
@@ -147,6 +148,8 @@
 // CHECK-NEXT: kKvStride, s, "kvc_heavy_cuda_decode_batch")));
 // CHECK-NOT: StoreEntry
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
+// The statistics read every slot's logits: the attention stores them.
+// CHECK: w.logits, w.partials};
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
 // CHECK: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
@@ -405,6 +408,12 @@ kvc.policy @heavy {
     kvc.evict %keep
   }
 }
+
+// A decode without attention statistics stores no logits and its workspace
+// has none.
+// NOLOGITS-NOT: logits
+// NOLOGITS: /*logits=*/nullptr, w.partials};
+// NOLOGITS-NOT: logits
 
 // KIVI storage on device pools, the runtime records the work of each append
 // (kvc_kivi_pending_work); the kernels quantize, stage and dequantize.

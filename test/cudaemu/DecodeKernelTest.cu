@@ -14,7 +14,9 @@
 // split size that is not a multiple of the tile. The references use the kernel's own decoding of
 // the stored bytes (Codec), so that only the attention arithmetic is under
 // test: every slot's logit and the merged split records
-// (DecodeReference.h).
+// (DecodeReference.h). Each case runs again without a logits row, as a
+// decode without statistics does: the same records, bit for bit, and no
+// logit stored.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -151,6 +153,10 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
   char prefix[64];
   std::snprintf(prefix, sizeof prefix, "G=%d D=%d %s", G, D, name);
   batch.check(prefix, keys, values, scale);
+  batch.checkWithoutLogits(prefix, args, [&](kvc::cuda::DecodeSplitArgs a) {
+    kvc::cuda::decodeAttentionSplit<G, D, S, kThreads>
+        <<<dim3(heads, numSplits), kThreads>>>(a);
+  });
   std::printf("decode G=%d D=%d %s (%s): ok\n", G, D, name,
               kvc::cuda::MmaDecode<G, D, S, kThreads>::kApplies
                   ? "tensor cores"

@@ -167,6 +167,30 @@ struct DecodeBatch {
                                       scale,        splitSlots, numSplits,
                                       stride,       logits,    partials};
   }
+  /// Runs `launch(args)` again without a logits row (a decode whose
+  /// statistics do not read them, kvc-emit's plain decode): every split
+  /// record must be the run's before it, bit for bit, and not one logit
+  /// written. Call it after check().
+  template <typename Launch>
+  void checkWithoutLogits(const char *prefix, kvc::cuda::DecodeSplitArgs args,
+                          Launch launch) {
+    const size_t records = static_cast<size_t>(heads) * numSplits * G * (D + 2);
+    const size_t logitCount = static_cast<size_t>(heads) * G * stride;
+    const std::vector<float> withLogits(partials, partials + records);
+    std::memset(partials, 0, sizeof(float) * records);
+    for (size_t i = 0; i < logitCount; ++i)
+      logits[i] = kSentinel;
+    args.logits = nullptr;
+    launch(args);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch without logits");
+    CHECK(std::memcmp(withLogits.data(), partials, sizeof(float) * records) ==
+              0,
+          "%s: the split records without logits differ from those with them",
+          prefix);
+    for (size_t i = 0; i < logitCount; ++i)
+      CHECK(logits[i] == kSentinel,
+            "%s: a logit was stored without a logits row (%zu)", prefix, i);
+  }
   /// checkDecodeOutputs for every (head, query head), labelled
   /// "<prefix> head h g g"; keys[h] and values[h] per slot of head h.
   template <typename Row>

@@ -21,7 +21,9 @@
 // walks many tiles). The reference dequantizes as
 // x = code * scale + min in double and reads window rows with the kernel's
 // Codec, and checks every slot's logit and the merged split records
-// (DecodeReference.h).
+// (DecodeReference.h); each case runs again without a logits row (as the
+// KIVI policies' decode, which has no statistics): the same records, bit
+// for bit, and no logit stored.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -224,6 +226,14 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
                 D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
                 splitSlots);
   batch.check(prefix, keys, values, scale);
+  batch.checkWithoutLogits(prefix, args, [&](kvc::cuda::DecodeSplitArgs a) {
+    if (path == Path::Tiles)
+      decodeKiviTilesOnly<G, D, kBits, KG, T, kThreads>
+          <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
+    else
+      kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
+          <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
+  });
   std::printf("%s: ok\n", prefix);
 }
 
