@@ -145,18 +145,18 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const kvc::cuda::DecodeSplitArgs args =
       batch.args(tables, layout, q, scale);
-  kvc::cuda::decodeAttentionSplit<G, D, S, kThreads>
-      <<<dim3(heads, numSplits), kThreads>>>(args);
+  auto launch = [&](const kvc::cuda::DecodeSplitArgs &a) {
+    kvc::cuda::decodeAttentionSplit<G, D, S, kThreads>
+        <<<dim3(heads, numSplits), kThreads>>>(a);
+  };
+  launch(args);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
 
   const char *name = storageName(S);
   char prefix[64];
   std::snprintf(prefix, sizeof prefix, "G=%d D=%d %s", G, D, name);
   batch.check(prefix, keys, values, scale);
-  batch.checkWithoutLogits(prefix, args, [&](kvc::cuda::DecodeSplitArgs a) {
-    kvc::cuda::decodeAttentionSplit<G, D, S, kThreads>
-        <<<dim3(heads, numSplits), kThreads>>>(a);
-  });
+  batch.checkWithoutLogits(prefix, args, launch);
   std::printf("decode G=%d D=%d %s (%s): ok\n", G, D, name,
               kvc::cuda::MmaDecode<G, D, S, kThreads>::kApplies
                   ? "tensor cores"

@@ -212,12 +212,15 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const kvc::cuda::DecodeSplitArgs args =
       batch.args(tables, layout, q, scale);
-  if (path == Path::Tiles)
-    decodeKiviTilesOnly<G, D, kBits, KG, T, kThreads>
-        <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
-  else
-    kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
-        <<<dim3(heads, numSplits), kThreads>>>(args, kResidual);
+  auto launch = [&](const kvc::cuda::DecodeSplitArgs &a) {
+    if (path == Path::Tiles)
+      decodeKiviTilesOnly<G, D, kBits, KG, T, kThreads>
+          <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
+    else
+      kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
+          <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
+  };
+  launch(args);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
 
   char prefix[112];
@@ -226,14 +229,7 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
                 D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
                 splitSlots);
   batch.check(prefix, keys, values, scale);
-  batch.checkWithoutLogits(prefix, args, [&](kvc::cuda::DecodeSplitArgs a) {
-    if (path == Path::Tiles)
-      decodeKiviTilesOnly<G, D, kBits, KG, T, kThreads>
-          <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
-    else
-      kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
-          <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
-  });
+  batch.checkWithoutLogits(prefix, args, launch);
   std::printf("%s: ok\n", prefix);
 }
 
