@@ -74,10 +74,11 @@
 //  - KVC_CUDA_KIVI_MMA_BLOCKS (default 4): blocks of 128 threads per SM
 //    that the launch bounds of the tensor-core KIVI decode ask for
 //    (KiviMma::kMinBlocks); 0 leaves its registers to ptxas.
-//  - KVC_CUDA_PREFILL_MMA (default 0): 1 runs prefill attention and the
-//    prefill statistics on tensor cores (prefillAttentionMma,
-//    prefillColumnStatsMma: float operands split into two bf16 parts)
-//    instead of CUDA cores (prefillAttentionTiles, prefillColumnStatsTiles).
+//  - KVC_CUDA_PREFILL_MMA (default 1): prefill attention and the prefill
+//    statistics run on tensor cores (prefillAttentionMma,
+//    prefillColumnStatsMma: float operands split into two bf16 parts); 0
+//    runs them on CUDA cores (prefillAttentionTiles,
+//    prefillColumnStatsTiles).
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -85,7 +86,7 @@
 #define KVC_CUDA_KIVI_MMA_BLOCKS 4
 #endif
 #ifndef KVC_CUDA_PREFILL_MMA
-#define KVC_CUDA_PREFILL_MMA 0
+#define KVC_CUDA_PREFILL_MMA 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -102,7 +103,7 @@
 // benchmark timing both side by side): a kernel instantiation means one
 // body per program.
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
-    KVC_CUDA_PREFILL_MMA != 0
+    KVC_CUDA_PREFILL_MMA != 1
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill)                          \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill)                           \
@@ -1559,6 +1560,59 @@ template <Storage S> __device__ float dotPair(uint32_t a, uint32_t b) {
   return E::value(a) * E::value(b) + E::value(a >> 16) * E::value(b >> 16);
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 800 || defined(KVC_CUDA_EMULATED)
+/// The products of mmaK8 away from tensor cores (the emulator, the host
+/// pass), from the rows of A and columns of B that lane (g, t) needs: rowA
+/// and rowA8 are rows g and g + 8 of A, colB and colB1 columns 2t and 2t +
+/// 1 of B, each as the four lanes' pairs. The sums of one tile are formed
+/// first and added to C after, as the mma's.
+template <Storage S>
+__device__ __forceinline__ void mmaK8Products(float (&c)[4],
+                                              const uint32_t (&rowA)[4],
+                                              const uint32_t (&rowA8)[4],
+                                              const uint32_t (&colB)[4],
+                                              const uint32_t (&colB1)[4]) {
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    d[0] += dotPair<S>(rowA[s], colB[s]);
+    d[1] += dotPair<S>(rowA[s], colB1[s]);
+    d[2] += dotPair<S>(rowA8[s], colB[s]);
+    d[3] += dotPair<S>(rowA8[s], colB1[s]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    c[i] += d[i];
+}
+#endif
+
+#if defined(KVC_CUDA_EMULATED)
+/// mmaK8 (half = 0) and mmaK16 (half = 0, then 1) on the emulator: every
+/// lane's registers in one exchange (words: {a0 | a1 << 32, a2 | a3 << 32,
+/// b0 | b1 << 32}) instead of a shuffle per register and source lane.
+template <Storage S>
+__device__ __forceinline__ void mmaEmulated(float (&c)[4],
+                                            const uint64_t (&words)[3],
+                                            int halves) {
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const uint64_t *w = ::kvc::emu::publishWords(kFullMask, words, 3);
+  const auto word = [&](int source, int i) {
+    return w[source * ::kvc::emu::kPublishWords + i];
+  };
+  for (int h = 0; h < halves; ++h) {
+    uint32_t rowA[4], rowA8[4], colB[4], colB1[4];
+    for (int s = 0; s < 4; ++s) {
+      rowA[s] = static_cast<uint32_t>(word(4 * g + s, h));
+      rowA8[s] = static_cast<uint32_t>(word(4 * g + s, h) >> 32);
+      colB[s] = static_cast<uint32_t>(word(4 * (2 * t) + s, 2) >> (32 * h));
+      colB1[s] =
+          static_cast<uint32_t>(word(4 * (2 * t + 1) + s, 2) >> (32 * h));
+    }
+    mmaK8Products<S>(c, rowA, rowA8, colB, colB1);
+  }
+}
+#endif
+
 /// C += A B for one 16x8x8 tile (mma.sync m16n8k8, float accumulators),
 /// in the fragment layout of the PTX ISA: lane (g, t) = (lane / 4,
 /// lane % 4) holds a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], b0 =
@@ -1578,31 +1632,15 @@ __device__ __forceinline__ void mmaK8(float (&c)[4], uint32_t a0, uint32_t a1,
                  "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(b0));
+#elif defined(KVC_CUDA_EMULATED)
+  const uint64_t words[3] = {a0 | uint64_t{a1} << 32, 0, b0};
+  mmaEmulated<S>(c, words, 1);
 #else
-  // Elsewhere (the emulator, the host pass): the same products from the
-  // warp's registers. Row g of A is in lanes 4g .. 4g+3, column n of B in
-  // lanes 4n .. 4n+3.
+  // Elsewhere (devices before sm_80, the host pass): the same products
+  // from the warp's registers. Row g of A is in lanes 4g .. 4g+3, column n
+  // of B in lanes 4n .. 4n+3.
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   uint32_t rowA[4], rowA8[4], colB[4], colB1[4];
-#if defined(KVC_CUDA_EMULATED)
-  uint64_t a[kWarpSize], b[kWarpSize];
-  {
-    const uint64_t *w = ::kvc::emu::publish(kFullMask, a0 | uint64_t{a1} << 32);
-    for (int i = 0; i < kWarpSize; ++i)
-      a[i] = w[i];
-  }
-  {
-    const uint64_t *w = ::kvc::emu::publish(kFullMask, b0);
-    for (int i = 0; i < kWarpSize; ++i)
-      b[i] = w[i];
-  }
-  for (int s = 0; s < 4; ++s) {
-    rowA[s] = static_cast<uint32_t>(a[4 * g + s]);
-    rowA8[s] = static_cast<uint32_t>(a[4 * g + s] >> 32);
-    colB[s] = static_cast<uint32_t>(b[4 * (2 * t) + s]);
-    colB1[s] = static_cast<uint32_t>(b[4 * (2 * t + 1) + s]);
-  }
-#else
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     rowA[s] = __shfl_sync(kFullMask, a0, 4 * g + s);
@@ -1610,18 +1648,7 @@ __device__ __forceinline__ void mmaK8(float (&c)[4], uint32_t a0, uint32_t a1,
     colB[s] = __shfl_sync(kFullMask, b0, 4 * (2 * t) + s);
     colB1[s] = __shfl_sync(kFullMask, b0, 4 * (2 * t + 1) + s);
   }
-#endif
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    d[0] += dotPair<S>(rowA[s], colB[s]);
-    d[1] += dotPair<S>(rowA[s], colB1[s]);
-    d[2] += dotPair<S>(rowA8[s], colB[s]);
-    d[3] += dotPair<S>(rowA8[s], colB1[s]);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    c[i] += d[i];
+  mmaK8Products<S>(c, rowA, rowA8, colB, colB1);
 #endif
 }
 
@@ -1646,6 +1673,12 @@ __device__ __forceinline__ void mmaK16(float (&c)[4], const uint32_t (&a)[4],
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
                    "r"(b1));
+#elif defined(KVC_CUDA_EMULATED)
+  // Columns 0-7 of A with rows 0-7 of B, then the rest.
+  const uint64_t words[3] = {a[0] | uint64_t{a[1]} << 32,
+                             a[2] | uint64_t{a[3]} << 32,
+                             b0 | uint64_t{b1} << 32};
+  mmaEmulated<S>(c, words, 2);
 #else
   // Columns 0-7 of A with rows 0-7 of B, then the rest.
   mmaK8<S>(c, a[0], a[1], b0);

@@ -12,15 +12,16 @@
 #    statistics, last-query, merging, KIVI pages, two page classes), and
 #    kvc-bench-gpu-smoke (f16, head dim 128, G=4; batch 2, context 1k,
 #    prefill 1k, and the kernel alternatives at 1k: the decodes on CUDA
-#    cores that the tensor-core paths replaced, and the prefills on tensor
-#    cores, prefill_tc and h2o_tc);
+#    cores that the tensor-core paths replaced, and the prefills on CUDA
+#    cores, prefill_cc and h2o_cc);
 #  - racecheck: kvc-gpu-tests-g1 and kvc-gpu-tests-g8 on
 #    KVC_SANITIZE_RACE_POLICIES (H2O: its prefill and decode kernels use
 #    every shared-memory tile and reduction of the backend; g8's decode
 #    attention runs on tensor cores, decodeMmaRows; about 5 minutes on an
-#    H100 for g8), and kvc-bench-gpu-smoke's prefill table at 1k with one
-#    small plain decode (the tensor-core prefill kernels' shared-memory
-#    tiles: prefillAttentionMma, prefillColumnStatsMma; not timed yet).
+#    H100 for g8; both prefill on tensor cores, prefillAttentionMma and
+#    prefillColumnStatsMma), and kvc-bench-gpu-smoke's prefill table at 1k
+#    with one small plain decode (the CUDA-core prefill kernels' shared-
+#    memory tiles: prefillAttentionTiles, prefillColumnStatsTiles).
 # The test executables take the policy list from KVC_GPU_TEST_POLICIES.
 #
 # Usage: scripts/gpu-sanitize.sh
@@ -59,7 +60,7 @@ fi
 gpu_executables kvc-gpu-tests-g1 kvc-gpu-tests-g8 kvc-bench-gpu-smoke || exit 1
 
 bench_args=(--batch=2 --context=1k --prefill-context=1k --alt-context=1k --min-ms=1 --steps=2)
-# racecheck: the prefill table (every prefill, the tensor-core ones
+# racecheck: the prefill table (every prefill, the CUDA-core ones
 # included) and the least of the rest that --check allows.
 race_bench_args=(--check --variants=plain --model-context=none --alt-context=none --prefill-context=1k)
 failures=0

@@ -17,9 +17,10 @@ Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [-DNAME=VALUE ...]
         'prefillAttention<8,128>' or 'prefillColumnStats<8,128>'; without
         any, the decode kernels docs/performance.md quotes.
   -D: a build-time override of runtime/kvc_cuda.cuh, e.g.
-        -DKVC_CUDA_PREFILL_MMA=1 with --filter=prefill and the two prefill
-        kernels for the tensor-core prefill counts of docs/codegen-cuda.md
-        (their main loop includes both staging paths, float4 and float).
+        -DKVC_CUDA_PREFILL_MMA=0 with --filter=prefill and the two prefill
+        kernels for the CUDA-core prefill counts of docs/codegen-cuda.md
+        (without it, the tensor-core ones, whose main loop includes both
+        staging paths, float4 and float).
 Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
 $CUOBJDUMP). The CUDA toolkit of the build machine has no cuobjdump; the
 PyPI wheel nvidia-cuda-cuobjdump carries one (nvidia/cu13/bin/cuobjdump).

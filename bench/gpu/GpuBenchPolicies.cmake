@@ -32,19 +32,19 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   kivi2_cc    kivi2's decode on CUDA cores (decodeKiviTiles)
 #   kivi2_free  kivi2's tensor-core decode without launch bounds
 #               (KVC_CUDA_KIVI_MMA_BLOCKS=0: registers left to ptxas)
-#   prefill_tc  fused's plain prefill with its attention on tensor cores
-#               (KVC_CUDA_PREFILL_MMA=1: prefillAttentionMma)
-#   h2o_tc      h2o's prefill with attention and accumulated statistics on
-#               tensor cores (KVC_CUDA_PREFILL_MMA=1: prefillAttentionMma,
-#               prefillColumnStatsMma)
-set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_tc h2o_tc)
+#   prefill_cc  fused's plain prefill with its attention on CUDA cores
+#               (KVC_CUDA_PREFILL_MMA=0: prefillAttentionTiles)
+#   h2o_cc      h2o's prefill with attention and accumulated statistics on
+#               CUDA cores (KVC_CUDA_PREFILL_MMA=0: prefillAttentionTiles,
+#               prefillColumnStatsTiles)
+set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
 set(gpu_bench_alternative_defines_kivi2_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_free ${gpu_bench_policy_kivi2})
 set(gpu_bench_alternative_defines_kivi2_free KVC_CUDA_KIVI_MMA_BLOCKS=0)
-set(gpu_bench_alternative_policy_prefill_tc ${gpu_bench_policy_fused})
-set(gpu_bench_alternative_defines_prefill_tc KVC_CUDA_PREFILL_MMA=1)
-set(gpu_bench_alternative_policy_h2o_tc ${gpu_bench_policy_h2o})
-set(gpu_bench_alternative_defines_h2o_tc KVC_CUDA_PREFILL_MMA=1)
+set(gpu_bench_alternative_policy_prefill_cc ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_prefill_cc KVC_CUDA_PREFILL_MMA=0)
+set(gpu_bench_alternative_policy_h2o_cc ${gpu_bench_policy_h2o})
+set(gpu_bench_alternative_defines_h2o_cc KVC_CUDA_PREFILL_MMA=0)

@@ -100,18 +100,18 @@ struct BenchGeometry {
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc) and on tensor cores without launch bounds
-  /// (kivi2_free); the plain prefill with tensor-core attention
-  /// (prefill_tc) and H2O's prefill with tensor-core attention and
-  /// statistics (h2o_tc).
+  /// (kivi2_free); the plain prefill with CUDA-core attention
+  /// (prefill_cc) and H2O's prefill with CUDA-core attention and
+  /// statistics (h2o_cc).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
   BatchBytesFn kivi2AltBytes[2] = {};
   DecodeFn kivi2AltDecode[2] = {};
-  BytesFn prefillTcBytes = nullptr;
-  PrefillFn prefillTc = nullptr;
-  BytesFn h2oTcBytes = nullptr;
-  PrefillFn h2oTc = nullptr;
+  BytesFn prefillCcBytes = nullptr;
+  PrefillFn prefillCc = nullptr;
+  BytesFn h2oCcBytes = nullptr;
+  PrefillFn h2oCc = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -129,10 +129,10 @@ struct BenchGeometry {
          KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes)},              \
         {KVC_GB(kivi2_cc, d, g, decode_batch),                                 \
          KVC_GB(kivi2_free, d, g, decode_batch)},                              \
-        KVC_GB(prefill_tc, d, g, prefill_workspace_bytes),                     \
-        KVC_GB(prefill_tc, d, g, prefill),                                     \
-        KVC_GB(h2o_tc, d, g, prefill_workspace_bytes),                         \
-        KVC_GB(h2o_tc, d, g, prefill)                                          \
+        KVC_GB(prefill_cc, d, g, prefill_workspace_bytes),                     \
+        KVC_GB(prefill_cc, d, g, prefill),                                     \
+        KVC_GB(h2o_cc, d, g, prefill_workspace_bytes),                         \
+        KVC_GB(h2o_cc, d, g, prefill)                                          \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -842,18 +842,18 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
 
 //===--- Prefill ------------------------------------------------------------===//
 
-/// plain_tc, h2o_tc: the plain and H2O prefills on tensor cores
-/// (prefill_tc, h2o_tc), where compiled in.
+/// prefill_cc, h2o_cc: the plain and H2O prefills on CUDA cores
+/// (KVC_CUDA_PREFILL_MMA=0), where compiled in.
 enum PrefillVariant {
   kPrefillPlain = 0,
   kPrefillSnapKV,
   kPrefillH2O,
-  kPrefillPlainTc,
-  kPrefillH2OTc,
+  kPrefillPlainCc,
+  kPrefillH2OCc,
   kNumPrefill
 };
-const char *kPrefillNames[] = {"plain", "snapkv", "h2o", "plain_tc",
-                               "h2o_tc"};
+const char *kPrefillNames[] = {"plain", "snapkv", "h2o", "prefill_cc",
+                               "h2o_cc"};
 
 struct PrefillResult {
   bool ok[kNumPrefill] = {};
@@ -868,8 +868,8 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
   Context ctx(g.configure[kFused], g.dim, buffers, 1, 0, n, o.pageSize);
   const uint64_t wsBytes = std::max(
       {g.plainPrefillBytes(n), g.snapkvPrefillBytes(n), g.h2oPrefillBytes(n),
-       g.prefillTcBytes ? g.prefillTcBytes(n) : uint64_t{0},
-       g.h2oTcBytes ? g.h2oTcBytes(n) : uint64_t{0}});
+       g.prefillCcBytes ? g.prefillCcBytes(n) : uint64_t{0},
+       g.h2oCcBytes ? g.h2oCcBytes(n) : uint64_t{0}});
   buffers.workspace.reserve(wsBytes);
   const size_t qFloats = size_t(n) * qHeads * g.dim;
   const size_t kvFloats = size_t(n) * kKvHeads * g.dim;
@@ -886,8 +886,8 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
     PrefillFn fn = variant == kPrefillPlain    ? g.plainPrefill
                    : variant == kPrefillSnapKV ? g.snapkvPrefill
                    : variant == kPrefillH2O    ? g.h2oPrefill
-                   : variant == kPrefillPlainTc ? g.prefillTc
-                                                : g.h2oTc;
+                   : variant == kPrefillPlainCc ? g.prefillCc
+                                                : g.h2oCc;
     if (!fn)
       continue; // not compiled in: r.ok stays false, no error
     try {
@@ -1404,8 +1404,8 @@ void printList(const Options &o) {
     std::printf("kernel alternatives (geometries with G >= 2): plain_cc "
                 "(plain's decode, KVC_CUDA_TENSOR_CORES=0), kivi2_cc (kivi2, "
                 "KVC_CUDA_TENSOR_CORES=0), kivi2_free (kivi2, "
-                "KVC_CUDA_KIVI_MMA_BLOCKS=0), contexts %s; prefill_tc and "
-                "h2o_tc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=1) "
+                "KVC_CUDA_KIVI_MMA_BLOCKS=0), contexts %s; prefill_cc and "
+                "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
   else
@@ -1477,8 +1477,8 @@ int main(int argc, char **argv) {
     // microseconds per token (every layer) of the fused policy pipelined,
     // then synchronized, then of the plain decode pipelined; alt_<name>
     // rows (kernel alternatives): that decode's microseconds per step;
-    // alt_prefill_tc rows: milliseconds per call of the plain and the H2O
-    // prefill on tensor cores; host rows: CPU microseconds per call of the
+    // alt_prefill_cc rows: milliseconds per call of the plain and the H2O
+    // prefill on CUDA cores; host rows: CPU microseconds per call of the
     // plain and the fused decode (the host side, kernels excluded).
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
         "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
@@ -1806,17 +1806,20 @@ int main(int argc, char **argv) {
           "the last 64 queries, pooling, top-1024); h2o = policies/h2o.mlir "
           "(accumulated attention over every query, top-1024). frac = "
           "(policy - plain) / plain, the compression's share on top of plain "
-          "prefill. Tensor cores (KVC_CUDA_PREFILL_MMA=1, geometries with "
-          "G >= 2): tc = the plain prefill with prefillAttentionMma "
-          "(prefill_tc), tc/plain its time over plain's; h2o tc = H2O's "
-          "prefill with prefillAttentionMma and prefillColumnStatsMma "
-          "(h2o_tc), frac its share on top of tc. cudaEvent time per call, "
+          "prefill. plain, snapkv and h2o run their attention and "
+          "statistics on tensor cores (prefillAttentionMma, "
+          "prefillColumnStatsMma). CUDA cores (KVC_CUDA_PREFILL_MMA=0, "
+          "geometries with G >= 2): cc = the plain prefill with "
+          "prefillAttentionTiles (prefill_cc), cc/plain its time over "
+          "plain's; h2o cc = H2O's prefill with prefillAttentionTiles and "
+          "prefillColumnStatsTiles (h2o_cc), frac its share on top of cc. "
+          "cudaEvent time per call, "
           ">= %g ms and >= 3 calls.\n\n",
           o.minMs);
       std::printf("%4s %3s %4s %7s | %9s | %9s %8s | %9s %8s | %9s %8s | "
                   "%9s %8s\n",
                   "dim", "G", "qh", "prompt", "plain ms", "snapkv ms", "frac",
-                  "h2o ms", "frac", "tc ms", "tc/plain", "h2o tc ms", "frac");
+                  "h2o ms", "frac", "cc ms", "cc/plain", "h2o cc ms", "frac");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
           continue;
@@ -1837,14 +1840,14 @@ int main(int argc, char **argv) {
                                 100 * (r.ms[v] / r.ms[kPrefillPlain] - 1))
                        : std::string("error");
           };
-          // The tensor-core columns: "-" where not compiled in.
-          const bool tc = g.prefillTc != nullptr && g.h2oTc != nullptr;
-          auto tcCell = [&](int v) {
-            return tc ? cell(r.ok[v], "%.3f", r.ms[v]) : std::string("-");
+          // The CUDA-core columns: "-" where not compiled in.
+          const bool cc = g.prefillCc != nullptr && g.h2oCc != nullptr;
+          auto ccCell = [&](int v) {
+            return cc ? cell(r.ok[v], "%.3f", r.ms[v]) : std::string("-");
           };
-          auto tcRatio = [&](int v, int base, const char *fmt, double scale,
+          auto ccRatio = [&](int v, int base, const char *fmt, double scale,
                              double shift) {
-            return !tc ? std::string("-")
+            return !cc ? std::string("-")
                    : r.ok[v] && r.ok[base]
                        ? format(fmt, scale * (r.ms[v] / r.ms[base] - shift))
                        : std::string("error");
@@ -1855,11 +1858,11 @@ int main(int argc, char **argv) {
                       cell(r.ok[0], "%.3f", r.ms[0]).c_str(),
                       cell(r.ok[1], "%.3f", r.ms[1]).c_str(), frac(1).c_str(),
                       cell(r.ok[2], "%.3f", r.ms[2]).c_str(), frac(2).c_str(),
-                      tcCell(kPrefillPlainTc).c_str(),
-                      tcRatio(kPrefillPlainTc, kPrefillPlain, "%.2fx", 1, 0)
+                      ccCell(kPrefillPlainCc).c_str(),
+                      ccRatio(kPrefillPlainCc, kPrefillPlain, "%.2fx", 1, 0)
                           .c_str(),
-                      tcCell(kPrefillH2OTc).c_str(),
-                      tcRatio(kPrefillH2OTc, kPrefillPlainTc, "%+.1f%%", 100, 1)
+                      ccCell(kPrefillH2OCc).c_str(),
+                      ccRatio(kPrefillH2OCc, kPrefillPlainCc, "%+.1f%%", 100, 1)
                           .c_str());
           for (int v = 0; v < kNumPrefill; ++v)
             if (!r.ok[v] && !r.error[v].empty())
@@ -1867,13 +1870,13 @@ int main(int argc, char **argv) {
           csv("prefill,%d,%d,%d,1,%d,,ms,%.4f,%.4f,%.4f,,\n", g.dim, g.group,
               kKvHeads * g.group, n, r.ok[0] ? r.ms[0] : NAN,
               r.ok[1] ? r.ms[1] : NAN, r.ok[2] ? r.ms[2] : NAN);
-          // Tensor cores: t_plain is prefill_tc's time, t_unfused_or_h2o
-          // h2o_tc's.
-          if (r.ok[kPrefillPlainTc] || r.ok[kPrefillH2OTc])
-            csv("alt_prefill_tc,%d,%d,%d,1,%d,,ms,%.4f,,%.4f,,\n", g.dim,
+          // CUDA cores: t_plain is prefill_cc's time, t_unfused_or_h2o
+          // h2o_cc's.
+          if (r.ok[kPrefillPlainCc] || r.ok[kPrefillH2OCc])
+            csv("alt_prefill_cc,%d,%d,%d,1,%d,,ms,%.4f,,%.4f,,\n", g.dim,
                 g.group, kKvHeads * g.group, n,
-                r.ok[kPrefillPlainTc] ? r.ms[kPrefillPlainTc] : NAN,
-                r.ok[kPrefillH2OTc] ? r.ms[kPrefillH2OTc] : NAN);
+                r.ok[kPrefillPlainCc] ? r.ms[kPrefillPlainCc] : NAN,
+                r.ok[kPrefillH2OCc] ? r.ms[kPrefillH2OCc] : NAN);
           std::fflush(stdout);
         }
       }

@@ -134,6 +134,10 @@ struct BlockRun {
   // other buffer, so the words of this one stay valid for the slower lanes
   // until they too pass the next barrier.
   std::vector<uint64_t> words[2];
+  // The same for publishWords, kPublishWords per thread. It shares the
+  // lanes' parity with publish: a lane can be at most one collective ahead
+  // of the slowest, whichever kind each is.
+  std::vector<uint64_t> wideWords[2];
   void *scheduler = nullptr;   // the scheduler's saved stack pointer
   // The scheduler's stack (the calling thread's), for AddressSanitizer.
   const void *schedulerBottom = nullptr;
@@ -407,6 +411,23 @@ const uint64_t *publish(unsigned mask, uint64_t value) {
   return words.data() + f.linear / kWarpSize * kWarpSize;
 }
 
+const uint64_t *publishWords(unsigned mask, const uint64_t *values,
+                             int count) {
+  if (!active || !active->current)
+    fatal("warp collective outside a kernel");
+  checkMask(mask);
+  if (count < 1 || count > kPublishWords)
+    fatal("publishWords of other than 1 to kPublishWords words");
+  Fiber &f = *active->current;
+  std::vector<uint64_t> &words = active->wideWords[f.parity];
+  f.parity ^= 1;
+  std::memcpy(words.data() + static_cast<size_t>(f.linear) * kPublishWords,
+              values, sizeof(uint64_t) * static_cast<size_t>(count));
+  waitAt(State::AtWarpBarrier);
+  return words.data() +
+         static_cast<size_t>(f.linear / kWarpSize * kWarpSize) * kPublishWords;
+}
+
 void run(const char *file, int line, const char *kernel, dim3 grid,
          dim3 block, const std::function<void()> &body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -434,6 +455,8 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   run.fibers.resize(threads);
   run.words[0].assign(threads, 0);
   run.words[1].assign(threads, 0);
+  run.wideWords[0].assign(threads * kPublishWords, 0);
+  run.wideWords[1].assign(threads * kPublishWords, 0);
   pthread_attr_t attributes;
   void *bottom = nullptr;
   if (pthread_getattr_np(pthread_self(), &attributes) == 0) {

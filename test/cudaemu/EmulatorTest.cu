@@ -3,7 +3,9 @@
 // Kernels whose results on a device are known exactly, run on the emulator
 // (built like the GPU test: launches rewritten, kvc_cuda_emu.h first):
 //  - warp collectives: __shfl_sync, __shfl_xor_sync, __shfl_up_sync with a
-//    width, __ballot_sync, __match_any_sync;
+//    width, __ballot_sync, __match_any_sync; the emulator's publishWords
+//    (several words per lane, what the emulated mma.sync exchanges)
+//    alternating with shuffles;
 //  - __syncthreads orders shared memory: a block reverses an array through
 //    it; threads that exit early do not hold the barrier;
 //  - built-in variables of a 3-D grid of 2-D blocks;
@@ -51,6 +53,29 @@ __global__ void collectives(int *out) {
     sum += __shfl_xor_sync(kFull, sum, o);
   out[base + 5] = sum;
   out[base + 6] = static_cast<int>(__match_any_sync(kFull, lane / 5));
+}
+
+/// Rounds of two three-word exchanges and a shuffle: in round r lane l
+/// reads word r % 3 of lane (l + r + 1) % 32 in the first exchange, word (r
+/// + 1) % 3 of lane (l + 31 - r) % 32 in the second, then the shuffled word
+/// of lane (l + 5) % 32. A lane runs ahead of its warp to its next
+/// collective, so neither exchange may overwrite what a slower lane has
+/// still to read of the one before.
+__global__ void wideExchange(uint64_t *out) {
+  constexpr int kRounds = 4;
+  const int t = threadIdx.x, lane = t % 32;
+  for (int r = 0; r < kRounds; ++r) {
+    uint64_t *o = out + (t * kRounds + r) * 3;
+    for (int e = 0; e < 2; ++e) {
+      uint64_t words[3];
+      for (int i = 0; i < 3; ++i)
+        words[i] = uint64_t(t) << 32 | uint64_t(100 * e + 3 * r + i);
+      const uint64_t *w = ::kvc::emu::publishWords(kFull, words, 3);
+      const int source = e == 0 ? (lane + r + 1) % 32 : (lane + 31 - r) % 32;
+      o[e] = w[source * ::kvc::emu::kPublishWords + (r + e) % 3];
+    }
+    o[2] = __shfl_sync(kFull, uint64_t(t) * 1000 + r, (lane + 5) % 32);
+  }
 }
 
 __global__ void reverse(const int *in, int *out, int n) {
@@ -133,6 +158,29 @@ void checkCollectives() {
     ok &= static_cast<unsigned>(r[6]) == peers;
   }
   expect(ok, "warp collectives");
+}
+
+void checkWideExchange() {
+  constexpr int kThreads = 64, kRounds = 4;
+  uint64_t *d = nullptr;
+  cudaMalloc(&d, sizeof(uint64_t) * kThreads * kRounds * 3);
+  wideExchange<<<1, kThreads>>>(d);
+  std::vector<uint64_t> h(kThreads * kRounds * 3);
+  cudaMemcpy(h.data(), d, sizeof(uint64_t) * h.size(), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  bool ok = true;
+  for (int t = 0; t < kThreads; ++t) {
+    const int lane = t % 32, warp0 = t - lane;
+    for (int r = 0; r < kRounds; ++r) {
+      const uint64_t *o = &h[(t * kRounds + r) * 3];
+      const uint64_t first = warp0 + (lane + r + 1) % 32;
+      const uint64_t second = warp0 + (lane + 31 - r) % 32;
+      ok &= o[0] == (first << 32 | uint64_t(3 * r + r % 3));
+      ok &= o[1] == (second << 32 | uint64_t(100 + 3 * r + (r + 1) % 3));
+      ok &= o[2] == uint64_t(warp0 + (lane + 5) % 32) * 1000 + r;
+    }
+  }
+  expect(ok, "publishWords twice, then a shuffle");
 }
 
 void checkBarriers() {
@@ -237,6 +285,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   checkCollectives();
+  checkWideExchange();
   checkBarriers();
   checkIndices();
   checkLimits();

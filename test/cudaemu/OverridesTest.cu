@@ -3,9 +3,9 @@
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS and
 // KVC_CUDA_PREFILL_MMA (docs/codegen-cuda.md, "Build-time overrides"): a
 // translation unit built with them selects the CUDA-core decodes, no KIVI
-// launch bounds and the tensor-core prefill attention (64-query tiles), one
+// launch bounds and the CUDA-core prefill attention (16-query tiles), one
 // built without them the tensor-core decodes, four blocks per SM and the
-// CUDA-core prefill attention (16-query tiles), and
+// tensor-core prefill attention (64-query tiles), and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -35,11 +35,11 @@ int main() {
          "KVC_CUDA_TENSOR_CORES=0 takes the CUDA-core decodes");
   expect(overridden.kiviMinBlocks == 0,
          "KVC_CUDA_KIVI_MMA_BLOCKS=0 leaves the KIVI decode unbounded");
-  expect(!shipped.tensorCorePrefill && shipped.prefillQueryTile == 16,
-         "the defaults run prefill attention on CUDA cores, 16 queries a "
+  expect(shipped.tensorCorePrefill && shipped.prefillQueryTile == 64,
+         "the defaults run prefill attention on tensor cores, 64 queries a "
          "block");
-  expect(overridden.tensorCorePrefill && overridden.prefillQueryTile == 64,
-         "KVC_CUDA_PREFILL_MMA=1 runs prefill attention on tensor cores, 64 "
+  expect(!overridden.tensorCorePrefill && overridden.prefillQueryTile == 16,
+         "KVC_CUDA_PREFILL_MMA=0 runs prefill attention on CUDA cores, 16 "
          "queries a block");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");

@@ -74,6 +74,14 @@ void syncWarp(unsigned mask);
 /// collective. Lanes past the block's last thread have no word: callers
 /// read only lanes below lanes().
 const uint64_t *publish(unsigned mask, uint64_t value);
+/// The most words a lane stores in one publishWords.
+constexpr int kPublishWords = 4;
+/// publish of `count` (1 to kPublishWords) words per lane in one barrier:
+/// lane i's words are at [i * kPublishWords, i * kPublishWords + count).
+/// For the emulated tensor-core operations, whose operands span several
+/// registers of every lane.
+const uint64_t *publishWords(unsigned mask, const uint64_t *values,
+                             int count);
 /// cp.async of the calling thread: copyAsync records a copy of `bytes`
 /// (4, 8 or 16, both addresses aligned to it) into shared memory,
 /// commitCopies closes the group of the copies recorded since the last,
