@@ -1,19 +1,20 @@
 // The generated CUDA of mixed precision (a low page class of per-token int2 /
-// int4 in channel groups beside the storage format) compiles with nvcc for
-// sm_80 and sm_90a: the bundled policies/mixed_precision.mlir (int8 high,
-// int2 low in groups of 32) at SmolLM2's geometry and at head_dim 128 in
-// bf16, and the policy below (full-precision high, int4 low in groups of 4,
-// after a SnapKV selection) in f32 and f16, whose 16-byte vectors hold 4 and
-// 8 channels, so that one group spans several vectors or one vector several
-// groups. No GPU is needed.
+// int4 in channel groups beside the storage format) compiles with nvcc
+// (architectures: see cuda-nvcc.mlir): the bundled
+// policies/mixed_precision.mlir (int8 high, int2 low in groups of 32) at
+// SmolLM2's geometry and at head_dim 128 in bf16, and the policy below
+// (full-precision high, int4 low in groups of 4, after a SnapKV selection)
+// in f32 and f16, whose 16-byte vectors hold 4 and 8 channels, so that one
+// group spans several vectors or one vector several groups. No GPU is
+// needed.
 //
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t/smollm2 %t/d128 %t/f32 %t/f16
 // RUN: kvc-opt %kvc_src_root/policies/mixed_precision.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/smollm2" -o /dev/null
 // RUN: FileCheck %s --input-file=%t/smollm2/kvc_mixed_precision_cuda.cu
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/smollm2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/smollm2/kvc_mixed_precision_cuda.cu -o %t/mixed_precision.o
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/smollm2 -gencode arch=compute_90a,code=sm_90a -c %t/smollm2/kvc_mixed_precision_cuda.cu -o %t/mixed_precision.o
 // RUN: kvc-opt %kvc_src_root/policies/mixed_precision.mlir "--kvc-specialize=layers=2 q-heads=8 kv-heads=1 head-dim=128 dtype=bf16" --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/d128" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/d128 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/d128/kvc_mixed_precision_cuda.cu -o %t/mixed_precision_d128.o
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/d128 -gencode arch=compute_90a,code=sm_90a -c %t/d128/kvc_mixed_precision_cuda.cu -o %t/mixed_precision_d128.o
 // RUN: kvc-opt %s "--kvc-specialize=layers=2 q-heads=4 kv-heads=2 head-dim=64 dtype=f32" --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f32" -o /dev/null
 // RUN: FileCheck %s --check-prefix=SELECT --input-file=%t/f32/kvc_mixed_select_cuda.cu
 // RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f32 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f32/kvc_mixed_select_cuda.cu -o %t/mixed_select_f32.o

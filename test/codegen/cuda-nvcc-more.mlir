@@ -1,6 +1,6 @@
 // The generated CUDA of the remaining bundled policies with a device format
-// compiles with nvcc for sm_80 and sm_90a (a second file so that lit runs it
-// beside cuda-nvcc.mlir). No GPU is needed.
+// compiles with nvcc for sm_80 and sm_90a (none of them is in the GPU test
+// suite; see cuda-nvcc.mlir). No GPU is needed.
 //
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t

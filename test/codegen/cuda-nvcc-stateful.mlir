@@ -1,15 +1,14 @@
 // The generated CUDA of the policies whose decode kernel folds per-entry
-// state besides the accumulated attention compiles with nvcc for sm_80 and
-// sm_90a: Scissorhands (importance bits in the runtime's history metadata),
-// RPC (a periodic window sum) and the global budget (a stored score and a
-// host select kernel), fused and unfused, in the f16/G=3,
-// bf16/G=8/d128 and f32/G=1 geometries (a file of its own so that lit runs
-// it beside the other cuda-nvcc tests). No GPU is needed.
+// state besides the accumulated attention compiles with nvcc (architectures:
+// see cuda-nvcc.mlir): Scissorhands (importance bits in the runtime's
+// history metadata), RPC (a periodic window sum) and the global budget (a
+// stored score and a host select kernel), fused and unfused, in the
+// f16/G=3, bf16/G=8/d128 and f32/G=1 geometries. No GPU is needed.
 //
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t/f16 %t/bf16 %t/f32
 // RUN: kvc-opt %kvc_src_root/policies/scissorhands.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_scissorhands_cuda.cu -o %t/scissorhands.o
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_scissorhands_cuda.cu -o %t/scissorhands.o
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
 // RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_rpc_cuda.cu -o %t/rpc.o
 // Unfused, G=8, head_dim 128, bf16: prefill_scoring and decode_scoring.
@@ -17,12 +16,12 @@
 // RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/bf16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/bf16/kvc_scissorhands_cuda.cu -o %t/scissorhands_unfused.o
 // f32, G=1: the oracle comparison's small period.
 // RUN: kvc-opt %kvc_src_root/test/codegen/policies/rpc_small.mlir "--kvc-specialize=layers=1 q-heads=2 kv-heads=2 head-dim=64 dtype=f32" --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f32" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f32 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f32/kvc_rpc_small_cuda.cu -o %t/rpc_small.o
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f32 -gencode arch=compute_90a,code=sm_90a -c %t/f32/kvc_rpc_small_cuda.cu -o %t/rpc_small.o
 // The global budget: the prefill downloads each entry's score, the select
 // entry point is host code over the runtime's metadata.
 // RUN: kvc-opt %kvc_src_root/policies/snapkv_global.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
 // RUN: FileCheck %s --input-file=%t/f16/kvc_snapkv_global_cuda.cu
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_snapkv_global_cuda.cu -o %t/snapkv_global.o
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_snapkv_global_cuda.cu -o %t/snapkv_global.o
 
 // CHECK-LABEL: kvc_status_t kvc_snapkv_global_cuda_prefill(
 // CHECK:         cudaMemcpyAsync(storedScore.data(), w.s2,
