@@ -1161,7 +1161,9 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
 
 //===--- Output --------------------------------------------------------------===//
 
-/// Prints to stdout and, when open, mirrors CSV rows to a file.
+/// Prints to stdout and, when open, mirrors CSV rows to a file. Each row
+/// reaches the file when it is written, so that a run stopped from outside
+/// (a time limit) keeps every row it measured.
 FILE *gCsv = nullptr;
 
 void csv(const char *fmt, ...) {
@@ -1171,6 +1173,7 @@ void csv(const char *fmt, ...) {
   va_start(args, fmt);
   std::vfprintf(gCsv, fmt, args);
   va_end(args);
+  std::fflush(gCsv);
 }
 
 const char *mark(bool applies, bool met) {

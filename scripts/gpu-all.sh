@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Every GPU check in one command under one time limit, most important
+# first: the GPU suite (scripts/gpu-test.sh), the benchmark sweep with the
+# SDPA baseline (scripts/gpu-bench.sh), compute-sanitizer memcheck on its
+# default subset, then racecheck (scripts/gpu-sanitize.sh). Each phase gets
+# at most its own cap and what is left of the whole limit, so a slow phase
+# cuts the later ones short instead of the whole run; each phase's output
+# is written to its own file as it runs, so a run stopped from outside
+# still leaves what it measured.
+#
+# Usage: scripts/gpu-all.sh [SECONDS]   (the whole limit, default 570)
+# Environment: KVC_GPU_ALL_OUT (folder of the logs, default build/gpu-all),
+#        KVC_GPU_BIN and the other variables of the scripts it runs.
+# Output: OUT/summary.txt (one line per phase: status and seconds),
+#        OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/memcheck.log,
+#        OUT/racecheck.log.
+# Exit status: 0 when every phase that ran passed, 1 otherwise, 77 when no
+#        GPU is usable.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+limit=${1:-570}
+out=$(realpath -m "${KVC_GPU_ALL_OUT:-$root/build/gpu-all}")
+mkdir -p "$out"
+start=$(date +%s)
+summary=$out/summary.txt
+: > "$summary"
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu-all: SKIP: no CUDA device (nvidia-smi lists none)" | tee -a "$summary"
+  exit 77
+fi
+{
+  echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(hostname), kernel $(uname -r)"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.memory,power.limit \
+    --format=csv,noheader | sed 's/^/# /'
+} >> "$summary"
+
+failed=0
+# phase NAME CAP LOG COMMAND...: runs COMMAND for at most CAP seconds and
+# what is left of the limit, its output to LOG and the terminal.
+phase() {
+  local name=$1 cap=$2 log=$3
+  shift 3
+  local left=$((limit - ($(date +%s) - start)))
+  [ "$cap" -gt "$left" ] && cap=$left
+  if [ "$cap" -lt 20 ]; then
+    echo "$name: not run ($left s left of $limit)" | tee -a "$summary"
+    return
+  fi
+  local t0
+  t0=$(date +%s)
+  echo "== gpu-all: $name (at most $cap s) =="
+  timeout "$cap" "$@" 2>&1 | tee "$log"
+  local status=${PIPESTATUS[0]}
+  local took=$(($(date +%s) - t0))
+  case $status in
+    0) echo "$name: passed ($took s)" ;;
+    77) echo "$name: skipped ($took s)" ;;
+    124) echo "$name: TIMEOUT after $took s (cap $cap s)"; failed=1 ;;
+    *) echo "$name: FAILED, status $status ($took s)"; failed=1 ;;
+  esac | tee -a "$summary"
+}
+
+phase test 200 "$out/test.log" "$root/scripts/gpu-test.sh"
+KVC_GPU_BENCH_OUT=$out/gpu-bench.txt KVC_GPU_BENCH_NSYS=0 \
+  phase bench 320 "$out/bench.log" "$root/scripts/gpu-bench.sh"
+KVC_SANITIZE_TOOLS=memcheck \
+  phase memcheck 90 "$out/memcheck.log" "$root/scripts/gpu-sanitize.sh"
+KVC_SANITIZE_TOOLS=racecheck \
+  phase racecheck 600 "$out/racecheck.log" "$root/scripts/gpu-sanitize.sh"
+
+echo "gpu-all: $(($(date +%s) - start)) s; logs in $out" | tee -a "$summary"
+exit "$failed"
