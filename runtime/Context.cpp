@@ -1279,15 +1279,21 @@ void prepareAppend(const kvc_context *ctx, HeadState &h, int32_t count,
   planAppend(ctx, h, count, low, plan);
   if (plan.tableSize != h.pages.size())
     reserveTable(ctx, h, plan.tableSize);
-  prepared.work.reset();
-  if (ctx->isKivi()) {
+  if (!ctx->isKivi()) {
+    prepared.work.reset();
+  } else {
     // Bounds: one value per entry; the keys flushed in this call are at
     // most the R - 1 unflushed ones plus the new entries, (count + R) / G
-    // blocks.
+    // blocks. The record's vectors are those of the head's record before
+    // the last commit that used `prepared` (commitAppend swaps them), so a
+    // decode step's append allocates nothing once they have the room.
     const size_t r = static_cast<size_t>(ctx->config.residual_length);
     const size_t g = static_cast<size_t>(ctx->config.group_size);
     const size_t n = static_cast<size_t>(count);
-    prepared.work.emplace();
+    if (prepared.work)
+      prepared.work->clear();
+    else
+      prepared.work.emplace();
     prepared.work->values.reserve(n);
     prepared.work->members.reserve(n + r);
     prepared.work->blockBegin.reserve((n + r) / g + 2);
@@ -1316,7 +1322,7 @@ void commitAppend(kvc_context *ctx, const HeadRef &ref, int32_t format,
   const int32_t p = c.page_size;
   const int64_t firstAppended = h.appended;
   if (ctx->isKivi())
-    h.work = std::move(*prepared.work);
+    std::swap(h.work, *prepared.work);
   for (int32_t i = 0; i < count; ++i) {
     int32_t slot = plan.slots[i];
     h.position[slot] = positions[i];

@@ -5461,10 +5461,27 @@ struct KiviWindowRow {
   }
 };
 
-/// Reads the residual window of one KIVI head (kvc_kivi_pending_work) into
-/// `rows` (R of them): a row's word is -1 once both parts of its entry are
-/// quantized (decode then reads the pages), else the row with kKiviKeyFull
-/// and kKiviValueFull for the parts still in full precision.
+/// The window row `r` of one KIVI head as the device tables hold it (its
+/// slot, or -1 when the row is free or its entry was evicted; a row's word
+/// is -1 once both parts of its entry are quantized, so that decode reads
+/// the pages, else the row with kKiviKeyFull and kKiviValueFull for the
+/// parts still in full precision), from the head's pending work
+/// (kvc_kivi_pending_work) and metadata.
+inline KiviWindowRow kiviWindowRow(const kvc_kivi_work_t &work,
+                                   const kvc_metadata_t &meta, int32_t r) {
+  const int32_t s = work.residual_slot[r];
+  if (s < 0 || s >= meta.num_slots)
+    return KiviWindowRow{-1, -1};
+  int32_t word = r;
+  if (meta.key_format[s] == KVC_FORMAT_FULL)
+    word |= kKiviKeyFull;
+  if (meta.value_format[s] == KVC_FORMAT_FULL)
+    word |= kKiviValueFull;
+  return KiviWindowRow{s, word == r ? -1 : word};
+}
+
+/// Reads the residual window of one KIVI head into `rows` (R of them,
+/// kiviWindowRow each) and the address of its residual region.
 inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
                                    int32_t layer, int32_t head,
                                    std::vector<KiviWindowRow> &rows,
@@ -5475,22 +5492,13 @@ inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
   KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, head, &meta));
   *residual = static_cast<const uint8_t *>(work.residual);
   try {
-    rows.assign(work.residual_length, KiviWindowRow{-1, -1});
+    rows.resize(static_cast<size_t>(work.residual_length));
   } catch (const std::bad_alloc &) {
     return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                             "kvc cuda: host table allocation failed");
   }
-  for (int32_t r = 0; r < work.residual_length; ++r) {
-    const int32_t s = work.residual_slot[r];
-    if (s < 0 || s >= meta.num_slots)
-      continue;
-    int32_t word = r;
-    if (meta.key_format[s] == KVC_FORMAT_FULL)
-      word |= kKiviKeyFull;
-    if (meta.value_format[s] == KVC_FORMAT_FULL)
-      word |= kKiviValueFull;
-    rows[r] = KiviWindowRow{s, word == r ? -1 : word};
-  }
+  for (int32_t r = 0; r < work.residual_length; ++r)
+    rows[r] = kiviWindowRow(work, meta, r);
   return KVC_STATUS_OK;
 }
 
@@ -6979,47 +6987,64 @@ private:
 
   /// KIVI: the words of the slots whose residual-window rows changed since
   /// the device's copy: each such slot gets the word of the row that holds
-  /// it now, or -1 (quantized, or no longer in the window).
+  /// it now, or -1 (quantized, or no longer in the window). One pass over
+  /// the R rows against the mirror's copy, in place: a decode step changes
+  /// one row (the new entry takes the row of the value that leaves the
+  /// window) and, every G steps, the words of a block of keys.
   kvc_status_t refreshWindow(TableMirror &m, uint64_t sequence, int32_t h,
                              std::vector<TableWord> &words) {
-    std::vector<KiviWindowRow> now;
-    KVC_CUDA_TRY(readKiviWindow(context_, sequence, layer_, h, now,
-                                &m.residual[h]));
-    std::vector<KiviWindowRow> &before = m.window[h];
-    if (before.size() != now.size())
-      before.assign(now.size(), KiviWindowRow{-1, -1});
-    // The slots that moved, with the word each holds now.
-    std::vector<KiviWindowRow> changed;
-    for (size_t r = 0; r < now.size(); ++r) {
-      if (now[r] == before[r])
-        continue;
-      if (before[r].slot >= 0)
-        changed.push_back(KiviWindowRow{before[r].slot, -1});
-      if (now[r].slot >= 0)
-        changed.push_back(KiviWindowRow{now[r].slot, -1});
+    kvc_kivi_work_t work;
+    KVC_CUDA_TRY(kvc_kivi_pending_work(context_, sequence, layer_, h, &work));
+    kvc_metadata_t meta;
+    KVC_CUDA_TRY(kvc_get_metadata(context_, sequence, layer_, h, &meta));
+    m.residual[h] = static_cast<const uint8_t *>(work.residual);
+    std::vector<KiviWindowRow> &rows = m.window[h];
+    // The slots that left a row (their old row) and those that arrived in
+    // one or kept it with another word (their new row).
+    std::vector<KiviWindowRow> &left = windowLeft_;
+    std::vector<KiviWindowRow> &arrived = windowArrived_;
+    left.clear();
+    arrived.clear();
+    try {
+      if (rows.size() != static_cast<size_t>(work.residual_length))
+        rows.assign(static_cast<size_t>(work.residual_length),
+                    KiviWindowRow{-1, -1});
+      for (int32_t r = 0; r < work.residual_length; ++r) {
+        const KiviWindowRow now = kiviWindowRow(work, meta, r);
+        if (now == rows[r])
+          continue;
+        if (rows[r].slot >= 0)
+          left.push_back(rows[r]);
+        if (now.slot >= 0)
+          arrived.push_back(now);
+        rows[r] = now;
+      }
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host table allocation failed");
     }
-    if (changed.empty())
+    if (left.empty() && arrived.empty())
       return KVC_STATUS_OK;
-    std::sort(changed.begin(), changed.end(),
-              [](const KiviWindowRow &a, const KiviWindowRow &b) {
-                return a.slot < b.slot;
-              });
-    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-    for (const KiviWindowRow &row : now) {
-      if (row.slot < 0)
+    // A slot is in at most one row, so each slot gets one word: the word of
+    // the row it arrived in, else -1.
+    auto bySlot = [](const KiviWindowRow &a, const KiviWindowRow &b) {
+      return a.slot < b.slot;
+    };
+    std::sort(arrived.begin(), arrived.end(), bySlot);
+    for (const KiviWindowRow &row : left) {
+      if (std::binary_search(arrived.begin(), arrived.end(),
+                             KiviWindowRow{row.slot, -1}, bySlot))
         continue;
-      auto it = std::lower_bound(
-          changed.begin(), changed.end(), row.slot,
-          [](const KiviWindowRow &a, int32_t s) { return a.slot < s; });
-      if (it != changed.end() && it->slot == row.slot)
-        it->word = row.word;
+      if (row.slot < m.capSlots())
+        words.push_back(
+            TableWord{reinterpret_cast<uint64_t>(m.kiviRowsOf(h) + row.slot),
+                      static_cast<uint32_t>(-1)});
     }
-    for (const KiviWindowRow &c : changed)
-      if (c.slot < m.capSlots())
-        words.push_back(TableWord{
-            reinterpret_cast<uint64_t>(m.kiviRowsOf(h) + c.slot),
-            static_cast<uint32_t>(c.word)});
-    before = std::move(now);
+    for (const KiviWindowRow &row : arrived)
+      if (row.slot < m.capSlots())
+        words.push_back(
+            TableWord{reinterpret_cast<uint64_t>(m.kiviRowsOf(h) + row.slot),
+                      static_cast<uint32_t>(row.word)});
     return KVC_STATUS_OK;
   }
 
@@ -7225,6 +7250,8 @@ private:
   bool downloadVictims_ = false;
   /// refresh's page counts of a sequence and page-table entries of a head.
   std::vector<int32_t> numPages_, check_;
+  /// refreshWindow's working lists, reused across heads and steps.
+  std::vector<KiviWindowRow> windowLeft_, windowArrived_;
   /// Mirrors that grow moved out of, released at checkIn.
   std::vector<TableMirror *> grown_;
   /// The pinned staging blocks this step copied from, which its event
