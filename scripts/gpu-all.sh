@@ -14,8 +14,9 @@
 # Output: OUT/summary.txt (one line per phase: status and seconds),
 #        OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/memcheck.log,
 #        OUT/racecheck.log.
-# Exit status: 0 when every phase that ran passed, 1 otherwise, 77 when no
-#        GPU is usable.
+# Exit status: 0 when every phase ran and passed (or skipped itself: no
+#        compute-sanitizer), 1 when one failed, timed out or did not fit
+#        in the limit (fewer than 20 s left), 77 when no GPU is usable.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 limit=${1:-570}
@@ -45,6 +46,7 @@ phase() {
   [ "$cap" -gt "$left" ] && cap=$left
   if [ "$cap" -lt 20 ]; then
     echo "$name: not run ($left s left of $limit)" | tee -a "$summary"
+    failed=1
     return
   fi
   local t0
