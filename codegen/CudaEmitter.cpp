@@ -409,18 +409,9 @@ static std::string protectionGuess(ProtectOp protect) {
 }
 
 void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
-  std::string body;
-  llvm::raw_string_ostream os(body);
-  if (foldsStatistics() || attention.getOutput())
-    os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n"
-          "  kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, "
-          "numSplits, h, maxLogit, invSum);\n";
-  if (attention.getOutput())
-    os << "  // The output rows of the group, spread over the head's "
-          "blocks.\n"
-          "  kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(\n"
-          "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
-          "numSplits);\n";
+  // The statistics and the selection's summaries over the block's slots.
+  std::string slotWork;
+  llvm::raw_string_ostream os(slotWork);
   if (attention.getAccumulate())
     os << "  kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(\n"
           "      positions, t.state, r, logits, stride, maxLogit, invSum, "
@@ -460,6 +451,48 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
        << ",\n      [&](int32_t i) { return " << oneVictimScore
        << "; },\n      &w.selection[h * numSplits + blockIdx.y]);\n";
   }
+
+  std::string body;
+  llvm::raw_string_ostream bs(body);
+  // The slot arrays that the slot work reads, asked of L2 before the merge
+  // of the splits loads its records, at the steps where that work runs.
+  SmallVector<std::string> arrays;
+  if (usesWord(slotWork, "positions"))
+    arrays.push_back("kvc::cuda::slotArray(positions)");
+  for (StringRef word : {"t.state", "t.history"})
+    if (usesWord(slotWork, word))
+      arrays.push_back(("kvc::cuda::slotArray(" + word + ")").str());
+  if (usesWord(slotWork, "logits"))
+    arrays.push_back("kvc::cuda::slotArray(logits, kGroup, stride)");
+  if (!arrays.empty()) {
+    const bool everyStep = attention.getAccumulate() ||
+                           attention.getPersistence() || needsProbs ||
+                           (oneVictim && !periodic);
+    std::string indent = "  ";
+    bs << "  // The lines of the block's slots into L2 while the splits' "
+          "records load.\n";
+    if (!everyStep) {
+      bs << (attention.getWindow()
+                 ? "  if (position % kPeriod >= kPeriod - kWindow)\n"
+                 : "  if ((position + 1) % kPeriod == 0)\n");
+      indent = "    ";
+    }
+    bs << indent
+       << "kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(\n"
+       << indent << "    r, {"
+       << llvm::join(arrays, ",\n" + indent + "        ") << "});\n";
+  }
+  if (foldsStatistics() || attention.getOutput())
+    bs << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n"
+          "  kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, "
+          "numSplits, h, maxLogit, invSum);\n";
+  if (attention.getOutput())
+    bs << "  // The output rows of the group, spread over the head's "
+          "blocks.\n"
+          "  kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(\n"
+          "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
+          "numSplits);\n";
+  bs << slotWork;
 
   SmallVector<std::pair<std::string, std::string>> decls;
   decls.push_back({"h", "  // Head h of the batch, slots of split blockIdx.y.\n"

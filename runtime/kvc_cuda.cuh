@@ -3552,13 +3552,31 @@ __device__ void splitStatistics(const float *partials, int32_t numSplits,
   const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int warps = blockDim.x / kWarpSize;
+  // The lane's first kCached splits stay in registers from the first pass
+  // to the second (64 splits: the decode's kMaxSplits), so that both loads
+  // of each record issue at once; the sums keep the split order.
+  constexpr int kCached = 2;
   for (int g = warp; g < G; g += warps) {
+    float cm[kCached], cz[kCached];
+#pragma unroll
+    for (int j = 0; j < kCached; ++j) {
+      const int s = lane + j * kWarpSize;
+      cm[j] = s < numSplits ? head[(s * G + g) * kRecord] : kNegInf;
+      cz[j] = s < numSplits ? head[(s * G + g) * kRecord + 1] : 0.0f;
+    }
     float bm = kNegInf;
-    for (int s = lane; s < numSplits; s += kWarpSize)
+#pragma unroll
+    for (int j = 0; j < kCached; ++j)
+      bm = fmaxf(bm, cm[j]);
+    for (int s = lane + kCached * kWarpSize; s < numSplits; s += kWarpSize)
       bm = fmaxf(bm, head[(s * G + g) * kRecord]);
     bm = warpMax(bm);
     float bz = 0.0f;
-    for (int s = lane; s < numSplits; s += kWarpSize) {
+#pragma unroll
+    for (int j = 0; j < kCached; ++j)
+      if (cm[j] != kNegInf)
+        bz += cz[j] * expf(cm[j] - bm);
+    for (int s = lane + kCached * kWarpSize; s < numSplits; s += kWarpSize) {
       const float ms = head[(s * G + g) * kRecord];
       if (ms != kNegInf)
         bz += head[(s * G + g) * kRecord + 1] * expf(ms - bm);
@@ -3597,9 +3615,12 @@ __device__ void mergeOutput(const float *partials, int32_t numSplits,
     const int g = i / D, c = i % D;
     float sum = 0.0f;
     for (int s = k; s < numSplits; s += step) {
+      // Both words of the record load at once (every split has a record;
+      // an empty split's sum is not used).
       const float ms = head[(s * G + g) * kRecord];
+      const float acc = head[(s * G + g) * kRecord + 2 + c];
       if (ms != kNegInf)
-        sum += head[(s * G + g) * kRecord + 2 + c] * expf(ms - maxLogit[g]);
+        sum += acc * expf(ms - maxLogit[g]);
     }
     return sum;
   };
@@ -3639,15 +3660,6 @@ __device__ void mergeSplits(const float *partials, int32_t numSplits,
   __syncthreads();
 }
 
-/// Normalized weight of slot s for query head g once the splits are merged:
-/// exactly exp(l - M) / Z of the single-pass softmax (0 for a free slot).
-__device__ inline float probability(const float *logits, int64_t stride,
-                                    int g, int32_t s, const float *maxLogit,
-                                    const float *invSum) {
-  const float l = logits[g * stride + s];
-  return l == kNegInf ? 0.0f : expf(l - maxLogit[g]) * invSum[g];
-}
-
 /// Threads of a decode fold block: one block per head of the batch and
 /// attention split, whose kMinSlotsPerSplit (256 or more) slots it walks
 /// once.
@@ -3667,32 +3679,164 @@ __device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerSplit) {
           static_cast<int32_t>(last < numSlots ? last : numSlots)};
 }
 
+/// Slots a thread of a fold block takes per pass at group size G (kThreads
+/// apart, so that a warp's loads stay coalesced): every load of the pass
+/// issues before any result is used, so that a block waits for its slots'
+/// memory once per pass. At most 8 logits per thread and pass (G = 8: one
+/// slot, whose ten loads still issue together), which keeps the H2O fold
+/// within 64 registers (four blocks of 256 threads per SM) at every G.
+template <int G>
+__host__ __device__ constexpr int foldUnroll() {
+  return G >= 8 ? 1 : G >= 4 ? 2 : 4;
+}
+
+/// One array of per-slot elements that a fold block reads: `rows` rows of
+/// `elementBytes`-byte elements, `rowStride` elements apart.
+struct SlotArray {
+  const void *base;
+  int32_t elementBytes, rows;
+  int64_t rowStride;
+};
+
+template <typename T>
+__device__ inline SlotArray slotArray(const T *base, int32_t rows = 1,
+                                      int64_t rowStride = 0) {
+  return {base, static_cast<int32_t>(sizeof(T)), rows, rowStride};
+}
+
+/// Calls visit(address) for this thread's share of the 128-byte lines that
+/// hold an element of the slots in `r` of the `arrays` (a null base is
+/// skipped): the block's lines in array and row order, taken by its threads
+/// in turn, each line once. The address is the line's start, or the range's
+/// first element for the line that holds it, so that it lies in the range.
+template <int kThreads, int N, typename Visit>
+__device__ void forSlotLines(SlotRange r, const SlotArray (&arrays)[N],
+                             Visit visit) {
+  if (r.last <= r.first)
+    return;
+  int64_t before = 0; // lines of the rows before this one
+  for (int a = 0; a < N; ++a) {
+    const SlotArray &x = arrays[a];
+    if (!x.base)
+      continue;
+    for (int32_t row = 0; row < x.rows; ++row) {
+      const char *lo = static_cast<const char *>(x.base) +
+                       (row * x.rowStride + r.first) * x.elementBytes;
+      const char *hi = static_cast<const char *>(x.base) +
+                       (row * x.rowStride + r.last) * x.elementBytes - 1;
+      const uintptr_t first = reinterpret_cast<uintptr_t>(lo) / 128;
+      const int64_t lines =
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(hi) / 128 - first) +
+          1;
+      // This thread's lines j of the row: before + j = threadIdx.x (mod
+      // kThreads).
+      int64_t j = (static_cast<int64_t>(threadIdx.x) - before) % kThreads;
+      if (j < 0)
+        j += kThreads;
+      for (; j < lines; j += kThreads)
+        visit(j == 0 ? lo : reinterpret_cast<const char *>((first + j) * 128));
+      before += lines;
+    }
+  }
+}
+
+/// Asks L2 for every line of the slots in `r` of the `arrays`
+/// (forSlotLines), so that the loads of the fold that follows the merge of
+/// the splits hit L2 rather than wait for device memory behind the merge's
+/// own loads. A hint: no effect on results.
+template <int kThreads, int N>
+__device__ void prefetchSlotLines(SlotRange r, const SlotArray (&arrays)[N]) {
+  forSlotLines<kThreads>(r, arrays,
+                         [](const char *line) { prefetchL2(line); });
+}
+
+/// The normalized weight of query head g from its logit l once the splits
+/// are merged: exactly exp(l - M) / Z of the single-pass softmax (0 for a
+/// free slot, whose logit is kNegInf).
+__device__ inline float weightOf(float l, int g, const float *maxLogit,
+                                 const float *invSum) {
+  return l == kNegInf ? 0.0f : expf(l - maxLogit[g]) * invSum[g];
+}
+
+/// reduce_g(p_g) of a slot from the logits of its G query heads: the sum,
+/// the maximum, or the mean over the group.
+template <int G>
+__device__ float groupWeight(const float (&l)[G], const float *maxLogit,
+                             const float *invSum, Reduce kind) {
+  float r = kind == Reduce::Max ? kNegInf : 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float p = weightOf(l[g], g, maxLogit, invSum);
+    r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+  }
+  return kind == Reduce::Mean ? r / G : r;
+}
+
+/// Loads the G logits of slot s (rows `stride` apart); kNegInf (a free
+/// slot's) outside the range.
+template <int G>
+__device__ __forceinline__ void loadLogits(const float *logits, int64_t stride,
+                                           int32_t s, bool in, float (&l)[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    l[g] = in ? logits[g * stride + s] : kNegInf;
+}
+
 /// Writes the probabilities of the G query heads (rows `stride` apart) of
 /// the slots in `r`.
 template <int G, int kThreads>
 __device__ void writeProbabilities(const float *logits, int64_t stride,
                                    SlotRange r, const float *maxLogit,
                                    const float *invSum, float *probs) {
-  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
+  constexpr int U = foldUnroll<G>();
+  for (int32_t s0 = r.first + threadIdx.x; s0 < r.last;
+       s0 += U * kThreads) {
+    float l[U][G];
 #pragma unroll
-    for (int g = 0; g < G; ++g)
-      probs[g * stride + s] = probability(logits, stride, g, s, maxLogit, invSum);
+    for (int u = 0; u < U; ++u)
+      loadLogits<G>(logits, stride, s0 + u * kThreads,
+                    s0 + u * kThreads < r.last, l[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t s = s0 + u * kThreads;
+      if (s < r.last)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          probs[g * stride + s] = weightOf(l[u][g], g, maxLogit, invSum);
+    }
+  }
   __syncthreads();
 }
 
-/// reduce_g(p_g) of slot s: the sum, the maximum, or the mean over the G
-/// query heads of the group.
-template <int G>
-__device__ float groupWeight(const float *logits, int64_t stride, int32_t s,
-                             const float *maxLogit, const float *invSum,
-                             Reduce kind) {
-  float r = kind == Reduce::Max ? kNegInf : 0.0f;
+/// values[s] <- update(values[s], reduce_g(p_g)) for every live slot s in
+/// `r`, foldUnroll<G>() slots per thread at a time: their positions, values
+/// and logits load together, then the updates store.
+template <int G, int kThreads, typename T, typename Update>
+__device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
+                          const float *logits, int64_t stride,
+                          const float *maxLogit, const float *invSum,
+                          Reduce kind, Update update) {
+  constexpr int U = foldUnroll<G>();
+  for (int32_t s0 = r.first + threadIdx.x; s0 < r.last;
+       s0 += U * kThreads) {
+    int32_t pos[U];
+    T old[U];
+    float l[U][G];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const float p = probability(logits, stride, g, s, maxLogit, invSum);
-    r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+    for (int u = 0; u < U; ++u) {
+      const int32_t s = s0 + u * kThreads;
+      const bool in = s < r.last;
+      pos[u] = in ? positions[s] : KVC_POSITION_NONE;
+      old[u] = in ? values[s] : T{};
+      loadLogits<G>(logits, stride, s, in, l[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (pos[u] != KVC_POSITION_NONE)
+        values[s0 + u * kThreads] =
+            update(old[u], groupWeight<G>(l[u], maxLogit, invSum, kind));
   }
-  return kind == Reduce::Mean ? r / G : r;
+  __syncthreads();
 }
 
 /// Folds this step's probabilities into the score state of every live
@@ -3702,11 +3846,10 @@ __device__ void foldAccumulated(const int32_t *positions, float *state,
                                 SlotRange r, const float *logits, int64_t stride,
                                 const float *maxLogit, const float *invSum,
                                 float decay, Reduce kind) {
-  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
-    if (positions[s] != KVC_POSITION_NONE)
-      state[s] = decay * state[s] +
-                 groupWeight<G>(logits, stride, s, maxLogit, invSum, kind);
-  __syncthreads();
+  foldSlots<G, kThreads>(positions, state, r, logits, stride, maxLogit, invSum,
+                         kind, [&](float old, float weight) {
+                           return decay * old + weight;
+                         });
 }
 
 /// Shifts this step into the importance bits of every live slot in `r`
@@ -3717,14 +3860,10 @@ __device__ void foldPersistence(const int32_t *positions, uint64_t *bits,
                                 SlotRange r, const float *logits, int64_t stride,
                                 const float *maxLogit, const float *invSum,
                                 float threshold, Reduce kind) {
-  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
-    if (positions[s] != KVC_POSITION_NONE)
-      bits[s] = (bits[s] << 1) |
-                (groupWeight<G>(logits, stride, s, maxLogit, invSum, kind) >
-                         threshold
-                     ? 1u
-                     : 0u);
-  __syncthreads();
+  foldSlots<G, kThreads>(positions, bits, r, logits, stride, maxLogit, invSum,
+                         kind, [&](uint64_t old, float weight) -> uint64_t {
+                           return (old << 1) | (weight > threshold ? 1u : 0u);
+                         });
 }
 
 /// Adds this step's group-mean weights to the score state of every live
@@ -3735,12 +3874,10 @@ __device__ void foldWindowSum(const int32_t *positions, float *state,
                               SlotRange r, const float *logits, int64_t stride,
                               const float *maxLogit, const float *invSum,
                               bool restart) {
-  for (int32_t s = r.first + threadIdx.x; s < r.last; s += kThreads)
-    if (positions[s] != KVC_POSITION_NONE)
-      state[s] = (restart ? 0.0f : state[s]) +
-                 groupWeight<G>(logits, stride, s, maxLogit, invSum,
-                                Reduce::Mean);
-  __syncthreads();
+  foldSlots<G, kThreads>(positions, state, r, logits, stride, maxLogit, invSum,
+                         Reduce::Mean, [&](float old, float weight) {
+                           return (restart ? 0.0f : old) + weight;
+                         });
 }
 
 /// Number of set bits among the lowest `history` (<= 64) bits of `bits`.
@@ -4919,9 +5056,18 @@ struct SelectionSummary {
   int32_t slot, live, sinks, recent;
 };
 
+/// Bits of each count in summarizeSelection's packed sum.
+constexpr int kCountBits = 21;
+/// Slots a thread of summarizeSelection takes per pass (kThreads apart):
+/// their positions and scores load together.
+constexpr int kSummaryUnroll = 4;
+
 /// Summarizes the live slots of `r` into *out (thread 0 writes it).
 /// score(i) is the policy's score of live slot i before kvc.protect; a slot
-/// the guess protects scores +infinity, as protect writes it.
+/// the guess protects scores +infinity, as protect writes it. score(i) is
+/// also evaluated, and its value ignored, for the free slots of `r` (so that
+/// it loads with the positions, kSummaryUnroll slots per thread at a time):
+/// it must read only slot i's entries.
 template <int kThreads, typename Score>
 __device__ void summarizeSelection(const int32_t *positions, SlotRange r,
                                    ProtectGuess guess, bool tieRecent,
@@ -4929,27 +5075,52 @@ __device__ void summarizeSelection(const int32_t *positions, SlotRange r,
   unsigned long long best = ~0ull;
   int32_t bestSlot = INT32_MAX, live = 0, sinks = 0, recent = 0;
   // Each thread's slots ascend, so on equal keys it keeps the lowest.
-  for (int32_t i = r.first + threadIdx.x; i < r.last; i += kThreads) {
-    const int32_t pos = positions[i];
-    if (pos == KVC_POSITION_NONE)
-      continue;
-    const bool sink = pos <= guess.lowCut, young = pos >= guess.highCut;
-    ++live;
-    sinks += sink;
-    recent += young;
-    const unsigned long long key =
-        selectionKey(sink || young ? kPosInf : score(i), pos, tieRecent);
-    if (key < best) {
-      best = key;
-      bestSlot = i;
+  for (int32_t i0 = r.first + threadIdx.x; i0 < r.last;
+       i0 += kSummaryUnroll * kThreads) {
+    int32_t pos[kSummaryUnroll];
+    float scores[kSummaryUnroll];
+#pragma unroll
+    for (int u = 0; u < kSummaryUnroll; ++u) {
+      const int32_t i = i0 + u * kThreads;
+      const bool in = i < r.last;
+      pos[u] = in ? positions[i] : KVC_POSITION_NONE;
+      scores[u] = in ? score(i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kSummaryUnroll; ++u) {
+      if (pos[u] == KVC_POSITION_NONE)
+        continue;
+      const bool sink = pos[u] <= guess.lowCut,
+                 young = pos[u] >= guess.highCut;
+      ++live;
+      sinks += sink;
+      recent += young;
+      const unsigned long long key = selectionKey(
+          sink || young ? kPosInf : scores[u], pos[u], tieRecent);
+      if (key < best) {
+        best = key;
+        bestSlot = i0 + u * kThreads;
+      }
     }
   }
   const unsigned long long blockBest = ~blockReduce<kThreads, true>(~best);
   const int32_t slot =
       -blockReduce<kThreads, true>(best == blockBest ? -bestSlot : -INT32_MAX);
-  live = blockReduce<kThreads>(live);
-  sinks = blockReduce<kThreads>(sinks);
-  recent = blockReduce<kThreads>(recent);
+  if (r.last - r.first < (int32_t{1} << kCountBits)) {
+    // The three counts (each at most the range's length) in one sum.
+    const unsigned long long counts = blockReduce<kThreads>(
+        static_cast<unsigned long long>(live) |
+        static_cast<unsigned long long>(sinks) << kCountBits |
+        static_cast<unsigned long long>(recent) << 2 * kCountBits);
+    constexpr unsigned long long kMask = (1ull << kCountBits) - 1;
+    live = static_cast<int32_t>(counts & kMask);
+    sinks = static_cast<int32_t>(counts >> kCountBits & kMask);
+    recent = static_cast<int32_t>(counts >> 2 * kCountBits & kMask);
+  } else {
+    live = blockReduce<kThreads>(live);
+    sinks = blockReduce<kThreads>(sinks);
+    recent = blockReduce<kThreads>(recent);
+  }
   if (threadIdx.x == 0)
     *out = {blockBest, live > 0 && slot != INT32_MAX ? slot : -1, live, sinks,
             recent};

@@ -72,6 +72,13 @@
 // CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
 // CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, float *out) {
 // CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
+// The lines of the slots the fold reads, asked of L2 ahead of the merge:
+// CHECK: // The lines of the block's slots into L2 while the splits' records load.
+// CHECK-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: r, {kvc::cuda::slotArray(positions),
+// CHECK-NEXT: kvc::cuda::slotArray(t.state),
+// CHECK-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
+// CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // CHECK: kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, numSplits, h, maxLogit, invSum);
 // CHECK-NEXT: // The output rows of the group, spread over the head's blocks.
 // CHECK-NEXT: kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(
@@ -218,6 +225,8 @@
 // TOVA-NEXT: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: //===--- kvc_tova_cuda_decode: device part ---===//
 // TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, float *out) {
+// TOVA: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
+// TOVA-NEXT: r, {kvc::cuda::slotArray(logits, kGroup, stride)});
 // TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
 // TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
 // TOVA-NEXT: }
@@ -301,6 +310,10 @@
 // SCISSORHANDS-NOT: w.victims = c.take
 // SCISSORHANDS: }
 // SCISSORHANDS: decodeFold(
+// SCISSORHANDS: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
+// SCISSORHANDS-NEXT: r, {kvc::cuda::slotArray(positions),
+// SCISSORHANDS-NEXT: kvc::cuda::slotArray(t.history),
+// SCISSORHANDS-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
 // SCISSORHANDS: kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(
 // SCISSORHANDS-NEXT: positions, t.history, r, logits, stride, maxLogit, invSum, kThreshold,
 // SCISSORHANDS-NEXT: kvc::cuda::Reduce::Mean);
@@ -339,6 +352,13 @@
 // RPC-LABEL: //===--- kvc_rpc_cuda_decode: device part ---===//
 // The window folds at every step; the summaries only at a period's end.
 // RPC: decodeFold(
+// The prefetch only at the window's steps, where the fold reads the slots.
+// RPC: if (position % kPeriod >= kPeriod - kWindow)
+// RPC-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
+// RPC-NEXT: r, {kvc::cuda::slotArray(positions),
+// RPC-NEXT: kvc::cuda::slotArray(t.state),
+// RPC-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
+// RPC-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // RPC: // The window: the group-mean weights of the last kWindow queries of
 // RPC-NEXT: // each period, summed in the score state.
 // RPC-NEXT: if (position % kPeriod >= kPeriod - kWindow)

@@ -251,6 +251,16 @@ int main() {
     d.budget = liveCount(d) - 1;
     cases.push_back(d);
   }
+  // Splits of 3000 slots (3130 in all): each thread takes several passes
+  // of kSummaryUnroll slots (the lowest slot of a key still wins).
+  for (int levels : {1000000, 3}) {
+    Case c = decoded(levels > 3 ? "splits of 3000 slots"
+                                : "splits of 3000 slots, ties",
+                     rng, 3000, 40, 130, levels);
+    c.slotsPerSplit = 3000;
+    c.budget = liveCount(c) - 1;
+    cases.push_back(c);
+  }
   // No kvc.protect: nothing to guess.
   {
     Case c = decoded("no protection", rng, 2000, 10, 50, 1000);
