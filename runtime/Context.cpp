@@ -110,6 +110,9 @@ struct HeadState {
   /// without one (the bits are a cache of that search, not state).
   mutable std::vector<uint64_t> openPages;
   KiviWork work;
+  /// Changes of `work` (kvc_kivi_work_t::serial): each append records a new
+  /// record, each kvc_evict of some entry and each kvc_compact clears it.
+  uint64_t workSerial = 0;
 };
 
 struct Sequence {
@@ -1321,8 +1324,10 @@ void commitAppend(kvc_context *ctx, const HeadRef &ref, int32_t format,
   const kvc_config_t &c = ctx->config;
   const int32_t p = c.page_size;
   const int64_t firstAppended = h.appended;
-  if (ctx->isKivi())
+  if (ctx->isKivi()) {
     std::swap(h.work, *prepared.work);
+    ++h.workSerial;
+  }
   for (int32_t i = 0; i < count; ++i) {
     int32_t slot = plan.slots[i];
     h.position[slot] = positions[i];
@@ -1585,6 +1590,7 @@ extern "C" kvc_status_t kvc_evict(kvc_context_t *ctx, uint64_t sequence,
     }
     trimTable(ctx, h);
     h.work.clear();
+    ++h.workSerial;
     return KVC_STATUS_OK;
   });
 }
@@ -1784,6 +1790,7 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
       if (released[page])
         ctx->releasePage(h.pages[page]);
     packed.work.clear();
+    ++packed.workSerial;
     *ref.head = std::move(packed);
     if (moves)
       std::copy(report.begin(), report.end(), moves);
@@ -1985,6 +1992,7 @@ extern "C" kvc_status_t kvc_kivi_pending_work(const kvc_context_t *ctx,
     work->key_members = w.members.data();
     work->num_stages = static_cast<int32_t>(w.stages.size());
     work->stages = w.stages.data();
+    work->serial = h.workSerial;
     return KVC_STATUS_OK;
   });
 }

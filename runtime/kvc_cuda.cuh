@@ -5257,7 +5257,7 @@ __device__ void adaptiveBudgets(const float *scores, IsLive isLive, int32_t n,
     for (int32_t h = 0; h < kHeads; ++h) {
       int32_t won = 0;
       for (int32_t i = threadIdx.x; i < n; i += kThreads) {
-        uint64_t key;
+        uint64_t key = 0; // set by candidateKey when it returns true
         won += candidateKey(h * n + i, &key) && key >= threshold;
       }
       won = blockReduce<kThreads>(won);
@@ -5652,16 +5652,18 @@ inline KiviWindowRow kiviWindowRow(const kvc_kivi_work_t &work,
 }
 
 /// Reads the residual window of one KIVI head into `rows` (R of them,
-/// kiviWindowRow each) and the address of its residual region.
+/// kiviWindowRow each), the address of its residual region and the serial
+/// of its work record (kvc_kivi_work_t::serial) that the rows reflect.
 inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
                                    int32_t layer, int32_t head,
                                    std::vector<KiviWindowRow> &rows,
-                                   const uint8_t **residual) {
+                                   const uint8_t **residual, uint64_t *serial) {
   kvc_kivi_work_t work;
   KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, head, &work));
   kvc_metadata_t meta;
   KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, head, &meta));
   *residual = static_cast<const uint8_t *>(work.residual);
+  *serial = work.serial;
   try {
     rows.resize(static_cast<size_t>(work.residual_length));
   } catch (const std::bad_alloc &) {
@@ -6104,6 +6106,9 @@ struct TableMirror {
   /// the address of the head's residual region.
   std::vector<std::vector<KiviWindowRow>> window;
   std::vector<const uint8_t *> residual;
+  /// KIVI: per head, the serial of the runtime's work record
+  /// (kvc_kivi_work_t::serial) when `window` was last brought up to date.
+  std::vector<uint64_t> windowSerial;
 
   static uint64_t align(uint64_t x) { return (x + 15) / 16 * 16; }
   /// Bytes of hostVictims.
@@ -7158,10 +7163,17 @@ private:
 
   /// KIVI: the words of the slots whose residual-window rows changed since
   /// the device's copy: each such slot gets the word of the row that holds
-  /// it now, or -1 (quantized, or no longer in the window). One pass over
-  /// the R rows against the mirror's copy, in place: a decode step changes
-  /// one row (the new entry takes the row of the value that leaves the
-  /// window) and, every G steps, the words of a block of keys.
+  /// it now, or -1 (quantized, or no longer in the window). The rows are
+  /// compared with the mirror's copy in place. When the only change to the
+  /// head since the copy is the append its work record describes (the
+  /// record's serial is one past the copy's and it holds stages: a decode
+  /// step's append), only the rows the record names can have changed (its
+  /// stages, the values it quantized and the members of the key blocks it
+  /// quantized; kvc_kivi_work_t), and only those are compared: a step
+  /// changes one row (the new entry takes the row of the value that leaves
+  /// the window) and, every G steps, the words of a block of keys.
+  /// Otherwise (an eviction or a compaction since, or more than one append)
+  /// all R rows are.
   kvc_status_t refreshWindow(TableMirror &m, uint64_t sequence, int32_t h,
                              std::vector<TableWord> &words) {
     kvc_kivi_work_t work;
@@ -7176,24 +7188,43 @@ private:
     std::vector<KiviWindowRow> &arrived = windowArrived_;
     left.clear();
     arrived.clear();
+    const bool onlyRecorded =
+        work.serial == m.windowSerial[h] + 1 && work.num_stages > 0 &&
+        rows.size() == static_cast<size_t>(work.residual_length);
     try {
-      if (rows.size() != static_cast<size_t>(work.residual_length))
-        rows.assign(static_cast<size_t>(work.residual_length),
-                    KiviWindowRow{-1, -1});
-      for (int32_t r = 0; r < work.residual_length; ++r) {
+      auto compare = [&](int32_t r) {
+        if (r < 0 || r >= work.residual_length)
+          return;
         const KiviWindowRow now = kiviWindowRow(work, meta, r);
         if (now == rows[r])
-          continue;
+          return;
         if (rows[r].slot >= 0)
           left.push_back(rows[r]);
         if (now.slot >= 0)
           arrived.push_back(now);
         rows[r] = now;
+      };
+      if (onlyRecorded) {
+        // A row named twice compares equal the second time.
+        for (int32_t i = 0; i < work.num_stages; ++i)
+          compare(work.stages[i].residual_row);
+        for (int32_t i = 0; i < work.num_values; ++i)
+          compare(work.values[i].residual_row);
+        for (int32_t i = 0; i < work.key_block_begin[work.num_key_blocks];
+             ++i)
+          compare(work.key_members[i].residual_row);
+      } else {
+        if (rows.size() != static_cast<size_t>(work.residual_length))
+          rows.assign(static_cast<size_t>(work.residual_length),
+                      KiviWindowRow{-1, -1});
+        for (int32_t r = 0; r < work.residual_length; ++r)
+          compare(r);
       }
     } catch (const std::bad_alloc &) {
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host table allocation failed");
     }
+    m.windowSerial[h] = work.serial;
     if (left.empty() && arrived.empty())
       return KVC_STATUS_OK;
     // A slot is in at most one row, so each slot gets one word: the word of
@@ -7271,6 +7302,7 @@ private:
     m.recheck = std::move(old->recheck);
     m.window = std::move(old->window);
     m.residual = std::move(old->residual);
+    m.windowSerial = std::move(old->windowSerial);
     m.hostVictims = old->hostVictims;
     old->hostVictims = nullptr;
     grown_.push_back(old);
@@ -7341,6 +7373,7 @@ private:
     if (withKivi_) {
       m->window.resize(heads_);
       m->residual.assign(heads_, nullptr);
+      m->windowSerial.assign(heads_, 0);
     }
     KVC_CUDA_TRY(MirrorMemory::instance().allocateRegion(
         m->headBytes * heads_, stream_, name_, &m->device, &m->deviceId));
@@ -7393,7 +7426,8 @@ private:
         for (int64_t s = 0; s < m->capSlots(); ++s)
           rows[s] = -1;
         KVC_CUDA_TRY(readKiviWindow(context_, sequence, layer_, h,
-                                    m->window[h], &m->residual[h]));
+                                    m->window[h], &m->residual[h],
+                                    &m->windowSerial[h]));
         for (const KiviWindowRow &row : m->window[h])
           if (row.slot >= 0 && row.slot < m->capSlots())
             rows[row.slot] = row.word;

@@ -542,6 +542,13 @@ typedef struct kvc_kivi_work_t {
   const kvc_kivi_row_t *key_members;
   int32_t num_stages;
   const kvc_kivi_row_t *stages;
+  /// Counts the changes of this record: one more with every call that
+  /// records a new one (each append) or clears it (each kvc_evict of at
+  /// least one entry, each kvc_compact), which are the only calls that
+  /// change the residual window or the formats of its entries. Two readings
+  /// whose serials differ by one saw exactly one such call: the recorded
+  /// append when the record holds stages.
+  uint64_t serial;
 } kvc_kivi_work_t;
 
 /// Fills `work` for one head of a KIVI context (KVC_STATUS_UNSUPPORTED for

@@ -418,6 +418,8 @@ TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
       << kvc_last_error();
   kvc_kivi_work_t w{};
   ASSERT_EQ(kvc_kivi_pending_work(ctx, 3, 1, 1, &w), KVC_STATUS_OK);
+  // The serial counts the record's changes: one append so far.
+  EXPECT_EQ(w.serial, 1u);
   EXPECT_EQ(w.residual_length, 8);
   EXPECT_EQ(static_cast<uint8_t *>(w.residual),
             static_cast<uint8_t *>(fake) + w.residual_offset);
@@ -449,11 +451,26 @@ TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
   // decode step: entry 10 pushes entry 2's value out of the window, read
   // from its residual row.
   int32_t victim = 3;
+  // Evicting nothing changes nothing; an eviction clears the record.
+  ASSERT_EQ(kvc_evict(ctx, 3, 1, 1, 0, &victim), KVC_STATUS_OK);
+  ASSERT_EQ(kvc_kivi_pending_work(ctx, 3, 1, 1, &w), KVC_STATUS_OK);
+  EXPECT_EQ(w.serial, 1u);
+  EXPECT_EQ(w.num_stages, 8);
   ASSERT_EQ(kvc_evict(ctx, 3, 1, 1, 1, &victim), KVC_STATUS_OK);
+  ASSERT_EQ(kvc_kivi_pending_work(ctx, 3, 1, 1, &w), KVC_STATUS_OK);
+  EXPECT_EQ(w.serial, 2u);
+  EXPECT_EQ(w.num_stages, 0);
+  // Another head's calls leave this head's serial alone.
+  ASSERT_EQ(kvc_append(ctx, 3, 1, 0, 1, 8, nullptr, nullptr, &victim,
+                       nullptr),
+            KVC_STATUS_OK);
+  ASSERT_EQ(kvc_kivi_pending_work(ctx, 3, 1, 1, &w), KVC_STATUS_OK);
+  EXPECT_EQ(w.serial, 2u);
   int32_t p = 10, slot = -1;
   ASSERT_EQ(kvc_append(ctx, 3, 1, 1, 1, 8, nullptr, nullptr, &p, &slot),
             KVC_STATUS_OK);
   ASSERT_EQ(kvc_kivi_pending_work(ctx, 3, 1, 1, &w), KVC_STATUS_OK);
+  EXPECT_EQ(w.serial, 3u);
   ASSERT_EQ(w.num_values, 1);
   EXPECT_EQ(w.values[0].slot, 2);
   EXPECT_EQ(w.values[0].residual_row, 2);
@@ -477,6 +494,18 @@ TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
   EXPECT_EQ(w.key_members[0].input, -1); // entry 8, from residual row 0
   EXPECT_EQ(w.key_members[0].residual_row, 0);
   EXPECT_EQ(w.key_members[3].input, 0); // entry 11, the call's first
+  EXPECT_EQ(w.serial, 4u);
+  // A compaction clears the record.
+  std::vector<kvc_move_t> moves(64);
+  int32_t moved = 0, released = 0;
+  ASSERT_EQ(kvc_compact(ctx, 3, 1, 1, 1.0f, moves.data(), 64, &moved,
+                        &released),
+            KVC_STATUS_OK)
+      << kvc_last_error();
+  ASSERT_EQ(kvc_kivi_pending_work(ctx, 3, 1, 1, &w), KVC_STATUS_OK);
+  EXPECT_EQ(w.serial, 5u);
+  EXPECT_EQ(w.num_stages, 0);
+  EXPECT_EQ(w.num_values, 0);
   kvc_context_destroy(ctx);
 
   kvc_kivi_work_t none{};
