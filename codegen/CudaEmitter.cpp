@@ -409,6 +409,10 @@ static std::string protectionGuess(ProtectOp protect) {
 }
 
 void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
+  // The steps of a periodic kernel's window (its fold, and the prefetch for
+  // it) and the step that ends a period (its selection's summaries).
+  const char *inWindow = "position % kPeriod >= kPeriod - kWindow";
+  const char *periodEnd = "(position + 1) % kPeriod == 0";
   // The statistics and the selection's summaries over the block's slots.
   std::string slotWork;
   llvm::raw_string_ostream os(slotWork);
@@ -426,7 +430,9 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   if (attention.getWindow())
     os << "  // The window: the group-mean weights of the last kWindow queries "
           "of\n  // each period, summed in the score state.\n"
-          "  if (position % kPeriod >= kPeriod - kWindow)\n"
+          "  if ("
+       << inWindow
+       << ")\n"
           "    kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(\n"
           "        positions, t.state, r, logits, stride, maxLogit, invSum,\n"
           "        position % kPeriod == kPeriod - kWindow);\n";
@@ -472,9 +478,8 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
     bs << "  // The lines of the block's slots into L2 while the splits' "
           "records load.\n";
     if (!everyStep) {
-      bs << (attention.getWindow()
-                 ? "  if (position % kPeriod >= kPeriod - kWindow)\n"
-                 : "  if ((position + 1) % kPeriod == 0)\n");
+      bs << "  if (" << (attention.getWindow() ? inWindow : periodEnd)
+         << ")\n";
       indent = "    ";
     }
     bs << indent
