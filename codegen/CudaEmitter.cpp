@@ -1787,14 +1787,13 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "                                 positions, newSlots.data(), "
            "numPages.data()));\n";
     if (kivi)
-      out << "    kvc::cuda::KiviWorkPlan kivi;\n"
-             "    for (int32_t i = 0; i < heads; ++i) {\n"
-             "      const int32_t row = i / kKvHeads;\n"
-             "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, "
-             "sequences[row], layer, i % kKvHeads, layout,\n"
-             "                                               "
-             "config.page_size, kKiviGroup, &row, k, v, kKvStride)));\n"
-             "    }\n"
+      out << "    // The batch's work records in one call; the device "
+             "tables read them too.\n"
+             "    kvc::cuda::KiviWorkPlan kivi;\n"
+             "    KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, "
+             "layer, batch, sequences, kKvHeads, layout,\n"
+             "                                                   "
+             "config.page_size, kKiviGroup, k, v, kKvStride)));\n"
              "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
              "kDtype>(\n"
              "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
@@ -1808,7 +1807,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << ", w.tables,\n"
          "                               kvc::cuda::deviceTableBytes(heads, "
          "stride"
-      << (kivi ? ", kResidual" : "") << "), s, &w.heads));\n";
+      << (kivi ? ", kResidual" : "") << "), s, &w.heads"
+      << (kivi && append ? ", kivi.records()" : "") << "));\n";
   if (append && !kivi)
     out << "    // The new rows, at the slots the uploaded tables name.\n"
            "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "

@@ -1964,6 +1964,35 @@ extern "C" kvc_status_t kvc_detach(kvc_context_t *ctx, uint64_t sequence,
   });
 }
 
+namespace {
+
+/// The KIVI record of head `ref` (kvc_kivi_work_t).
+void fillKiviWork(const kvc_context *ctx, const HeadRef &ref,
+                  kvc_kivi_work_t &work) {
+  const HeadState &h = *ref.head;
+  const KiviWork &w = h.work;
+  uint8_t *residual = ctx->residualKey(ref.sequence->index, ref.headIndex, 0);
+  work.residual = residual;
+  work.residual_offset = static_cast<uint64_t>(residual - ctx->pool);
+  work.residual_length = ctx->config.residual_length;
+  work.residual_slot = h.residualSlot.data();
+  work.num_values = static_cast<int32_t>(w.values.size());
+  work.values = w.values.data();
+  work.num_key_blocks = static_cast<int32_t>(w.blockBegin.size()) - 1;
+  work.key_block_begin = w.blockBegin.data();
+  work.key_members = w.members.data();
+  work.num_stages = static_cast<int32_t>(w.stages.size());
+  work.stages = w.stages.data();
+  work.serial = h.workSerial;
+  work.num_slots = static_cast<int32_t>(h.position.size());
+  work.key_format = h.keyFormat.data();
+  work.value_format = h.valueFormat.data();
+  work.num_pages = static_cast<int32_t>(h.pages.size());
+  work.pages = h.pages.data();
+}
+
+} // namespace
+
 extern "C" kvc_status_t kvc_kivi_pending_work(const kvc_context_t *ctx,
                                               uint64_t sequence, int32_t layer,
                                               int32_t head,
@@ -1978,21 +2007,56 @@ extern "C" kvc_status_t kvc_kivi_pending_work(const kvc_context_t *ctx,
     if (!ctx->isKivi())
       return fail(KVC_STATUS_UNSUPPORTED, "%s: the context's format is not KIVI",
                   name);
-    const HeadState &h = *ref.head;
-    const KiviWork &w = h.work;
-    uint8_t *residual = ctx->residualKey(ref.sequence->index, ref.headIndex, 0);
-    work->residual = residual;
-    work->residual_offset = static_cast<uint64_t>(residual - ctx->pool);
-    work->residual_length = ctx->config.residual_length;
-    work->residual_slot = h.residualSlot.data();
-    work->num_values = static_cast<int32_t>(w.values.size());
-    work->values = w.values.data();
-    work->num_key_blocks = static_cast<int32_t>(w.blockBegin.size()) - 1;
-    work->key_block_begin = w.blockBegin.data();
-    work->key_members = w.members.data();
-    work->num_stages = static_cast<int32_t>(w.stages.size());
-    work->stages = w.stages.data();
-    work->serial = h.workSerial;
+    fillKiviWork(ctx, ref, *work);
+    return KVC_STATUS_OK;
+  });
+}
+
+extern "C" kvc_status_t kvc_kivi_step_work(const kvc_context_t *ctx,
+                                           int32_t layer, int32_t batch,
+                                           const uint64_t *sequences,
+                                           kvc_kivi_work_t *works) {
+  const char *name = "kvc_kivi_step_work";
+  return guarded(name, [&] {
+    if (!ctx)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: context is NULL", name);
+    if (!sequences || !works)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: %s is NULL", name,
+                  sequences ? "works" : "sequences");
+    if (batch <= 0)
+      return fail(KVC_STATUS_INVALID_ARGUMENT,
+                  "%s: batch must be > 0 (got %d)", name, batch);
+    if (layer < 0 || layer >= ctx->config.num_layers)
+      return fail(KVC_STATUS_OUT_OF_RANGE, "%s: layer %d out of range [0, %d)",
+                  name, layer, ctx->config.num_layers);
+    // Every sequence is looked up and settled before any record is written.
+    auto find = [&](int32_t b) {
+      return const_cast<kvc_context *>(ctx)->sequences.find(sequences[b]);
+    };
+    for (int32_t b = 0; b < batch; ++b) {
+      auto it = find(b);
+      if (it == ctx->sequences.end())
+        return fail(KVC_STATUS_OUT_OF_RANGE,
+                    "%s: unknown sequence %llu (batch index %d)", name,
+                    static_cast<unsigned long long>(sequences[b]), b);
+      HeadRef ref;
+      ref.sequence = &it->second;
+      KVC_CHECK(settleForQuery(ctx, sequences[b], ref, layer));
+    }
+    if (!ctx->isKivi())
+      return fail(KVC_STATUS_UNSUPPORTED, "%s: the context's format is not KIVI",
+                  name);
+    const int32_t kvHeads = ctx->config.num_kv_heads;
+    for (int32_t b = 0; b < batch; ++b) {
+      Sequence &seq = find(b)->second;
+      for (int32_t head = 0; head < kvHeads; ++head) {
+        HeadRef ref;
+        ref.sequence = &seq;
+        ref.headIndex = layer * kvHeads + head;
+        ref.head = &seq.heads[ref.headIndex];
+        fillKiviWork(ctx, ref, works[static_cast<int64_t>(b) * kvHeads + head]);
+      }
+    }
     return KVC_STATUS_OK;
   });
 }

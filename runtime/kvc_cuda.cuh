@@ -5636,17 +5636,16 @@ struct KiviWindowRow {
 /// slot, or -1 when the row is free or its entry was evicted; a row's word
 /// is -1 once both parts of its entry are quantized, so that decode reads
 /// the pages, else the row with kKiviKeyFull and kKiviValueFull for the
-/// parts still in full precision), from the head's pending work
-/// (kvc_kivi_pending_work) and metadata.
-inline KiviWindowRow kiviWindowRow(const kvc_kivi_work_t &work,
-                                   const kvc_metadata_t &meta, int32_t r) {
+/// parts still in full precision), from the head's work record
+/// (kvc_kivi_pending_work), which carries the slots' formats.
+inline KiviWindowRow kiviWindowRow(const kvc_kivi_work_t &work, int32_t r) {
   const int32_t s = work.residual_slot[r];
-  if (s < 0 || s >= meta.num_slots)
+  if (s < 0 || s >= work.num_slots)
     return KiviWindowRow{-1, -1};
   int32_t word = r;
-  if (meta.key_format[s] == KVC_FORMAT_FULL)
+  if (work.key_format[s] == KVC_FORMAT_FULL)
     word |= kKiviKeyFull;
-  if (meta.value_format[s] == KVC_FORMAT_FULL)
+  if (work.value_format[s] == KVC_FORMAT_FULL)
     word |= kKiviValueFull;
   return KiviWindowRow{s, word == r ? -1 : word};
 }
@@ -5660,8 +5659,6 @@ inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
                                    const uint8_t **residual, uint64_t *serial) {
   kvc_kivi_work_t work;
   KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, head, &work));
-  kvc_metadata_t meta;
-  KVC_CUDA_TRY(kvc_get_metadata(context, sequence, layer, head, &meta));
   *residual = static_cast<const uint8_t *>(work.residual);
   *serial = work.serial;
   try {
@@ -5671,7 +5668,7 @@ inline kvc_status_t readKiviWindow(kvc_context_t *context, uint64_t sequence,
                             "kvc cuda: host table allocation failed");
   }
   for (int32_t r = 0; r < work.residual_length; ++r)
-    rows[r] = kiviWindowRow(work, meta, r);
+    rows[r] = kiviWindowRow(work, r);
   return KVC_STATUS_OK;
 }
 
@@ -6837,11 +6834,14 @@ public:
   /// ones, and uploads the HeadTable of every head of the batch into
   /// `region` (`capacity` bytes of device workspace) on `stream`; *out
   /// receives that array. `sameEntries`: a layer-wide policy, whose heads
-  /// of a sequence must hold the same entries (checked).
+  /// of a sequence must hold the same entries (checked). `kiviWork`: for
+  /// KIVI tables, the work record of every head of the batch as read after
+  /// the appends (KiviWorkPlan::records; null to ask the runtime per head).
   kvc_status_t upload(const int32_t *queryPositions, const int32_t *newSlots,
                       const int32_t *numPages, bool sameEntries, void *region,
                       uint64_t capacity, cudaStream_t stream,
-                      const HeadTable **out) {
+                      const HeadTable **out,
+                      const kvc_kivi_work_t *kiviWork = nullptr) {
     stream_ = stream;
     // Memory of released mirrors whose steps have finished goes back to
     // the pool before this step builds any.
@@ -6867,7 +6867,9 @@ public:
                       .c_str());
         KVC_CUDA_TRY(refresh(b, queryPositions[b], slots,
                              numPages ? numPages + b * heads_ : nullptr,
-                             sameEntries, words));
+                             sameEntries,
+                             kiviWork ? kiviWork + b * heads_ : nullptr,
+                             words));
         const TableMirror &m = *mirrors_[b];
         for (int32_t h = 0; h < heads_; ++h) {
           const int32_t i = b * heads_ + h;
@@ -7085,6 +7087,7 @@ private:
   /// runtime.
   kvc_status_t refresh(int32_t b, int32_t position, const int32_t *newSlots,
                        const int32_t *knownPages, bool sameEntries,
+                       const kvc_kivi_work_t *kiviWork,
                        std::vector<TableWord> &words) {
     const uint64_t sequence = sequences_[b];
     // Working lists reused across the batch's sequences and heads.
@@ -7157,7 +7160,8 @@ private:
     m->recheck.clear();
     if (m->withKivi)
       for (int32_t h = 0; h < heads_; ++h)
-        KVC_CUDA_TRY(refreshWindow(*m, sequence, h, words));
+        KVC_CUDA_TRY(refreshWindow(*m, sequence, h,
+                                   kiviWork ? kiviWork + h : nullptr, words));
     return KVC_STATUS_OK;
   }
 
@@ -7173,13 +7177,16 @@ private:
   /// changes one row (the new entry takes the row of the value that leaves
   /// the window) and, every G steps, the words of a block of keys.
   /// Otherwise (an eviction or a compaction since, or more than one append)
-  /// all R rows are.
+  /// all R rows are. `given`: the head's record as the step read it
+  /// (KiviWorkPlan::records), else null to ask the runtime.
   kvc_status_t refreshWindow(TableMirror &m, uint64_t sequence, int32_t h,
+                             const kvc_kivi_work_t *given,
                              std::vector<TableWord> &words) {
-    kvc_kivi_work_t work;
-    KVC_CUDA_TRY(kvc_kivi_pending_work(context_, sequence, layer_, h, &work));
-    kvc_metadata_t meta;
-    KVC_CUDA_TRY(kvc_get_metadata(context_, sequence, layer_, h, &meta));
+    kvc_kivi_work_t queried;
+    if (!given)
+      KVC_CUDA_TRY(
+          kvc_kivi_pending_work(context_, sequence, layer_, h, &queried));
+    const kvc_kivi_work_t &work = given ? *given : queried;
     m.residual[h] = static_cast<const uint8_t *>(work.residual);
     std::vector<KiviWindowRow> &rows = m.window[h];
     // The slots that left a row (their old row) and those that arrived in
@@ -7195,7 +7202,7 @@ private:
       auto compare = [&](int32_t r) {
         if (r < 0 || r >= work.residual_length)
           return;
-        const KiviWindowRow now = kiviWindowRow(work, meta, r);
+        const KiviWindowRow now = kiviWindowRow(work, r);
         if (now == rows[r])
           return;
         if (rows[r].slot >= 0)
@@ -7626,8 +7633,54 @@ public:
                    const float *k, const float *v, int64_t kvStride) {
     kvc_kivi_work_t work;
     KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, head, &work));
+    return addRecord<D, T>(work, head, layout, pageSize, group, inputRows, k,
+                           v, kvStride);
+  }
+
+  /// Adds the work of a decode step's appends (kvc_append_step: one entry
+  /// per kv-head of each sequence, input row b for sequences[b]), read in
+  /// one call (kvc_kivi_step_work); records() then holds the records, in
+  /// the order of the batch's heads.
+  template <int D, kvc_dtype_t T>
+  kvc_status_t addStep(kvc_context_t *context, int32_t layer, int32_t batch,
+                       const uint64_t *sequences, int32_t kvHeads,
+                       const kvc_page_layout_t &layout, int32_t pageSize,
+                       int32_t group, const float *k, const float *v,
+                       int64_t kvStride) {
+    try {
+      records_.resize(static_cast<size_t>(batch) * kvHeads);
+    } catch (const std::bad_alloc &) {
+      return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                              "kvc cuda: host KIVI work allocation failed");
+    }
+    KVC_CUDA_TRY(
+        kvc_kivi_step_work(context, layer, batch, sequences, records_.data()));
+    for (int32_t i = 0; i < batch * kvHeads; ++i) {
+      const int32_t row = i / kvHeads;
+      KVC_CUDA_TRY((addRecord<D, T>(records_[i], i % kvHeads, layout, pageSize,
+                                    group, &row, k, v, kvStride)));
+    }
+    return KVC_STATUS_OK;
+  }
+
+  /// The records addStep read (one per head of the batch), for the device
+  /// tables' window words (DeviceTables::upload); null before addStep.
+  const kvc_kivi_work_t *records() const {
+    return records_.empty() ? nullptr : records_.data();
+  }
+
+private:
+  /// The jobs of one head's record. A job's page address comes from the
+  /// record's page ids (one page class: byte pages_offset + id * page_bytes
+  /// of the pool).
+  template <int D, kvc_dtype_t T>
+  kvc_status_t addRecord(const kvc_kivi_work_t &work, int32_t head,
+                         const kvc_page_layout_t &layout, int32_t pageSize,
+                         int32_t group, const int32_t *inputRows,
+                         const float *k, const float *v, int64_t kvStride) {
     const uint64_t rowBytes = static_cast<uint64_t>(D) * Element<T>::kBytes;
     const uint64_t residual = reinterpret_cast<uint64_t>(work.residual);
+    const uint64_t pool = residual - work.residual_offset;
     const uint64_t valueRows = static_cast<uint64_t>(work.residual_length);
     auto inputRow = [&](const float *x, int32_t input) {
       const int64_t row = inputRows ? inputRows[input] : input;
@@ -7642,17 +7695,15 @@ public:
                                        rowBytes,
                         0, 0};
     };
-    int32_t cachedPage = -1;
-    uint64_t cachedAddress = 0;
     auto pageOf = [&](int32_t slot, uint64_t *address) -> kvc_status_t {
-      if (slot / pageSize != cachedPage) {
-        void *p = nullptr;
-        KVC_CUDA_TRY(kvc_get_page(context, sequence, layer, head,
-                                  slot / pageSize, nullptr, nullptr, &p));
-        cachedPage = slot / pageSize;
-        cachedAddress = reinterpret_cast<uint64_t>(p);
-      }
-      *address = cachedAddress;
+      const int32_t p = slot / pageSize;
+      const int32_t id = p >= 0 && p < work.num_pages ? work.pages[p] : -1;
+      if (id < 0)
+        return kvc_report_error(
+            KVC_STATUS_INTERNAL,
+            "kvc cuda: a KIVI work row names a slot of an unmapped page");
+      *address = pool + layout.pages_offset +
+                 static_cast<uint64_t>(id) * layout.page_bytes;
       return KVC_STATUS_OK;
     };
     try {
@@ -7698,6 +7749,7 @@ public:
     return KVC_STATUS_OK;
   }
 
+public:
   /// Uploads the jobs into `region` (`bytes` long, kiviWorkBytes) and
   /// launches the quantization, then the staging, on `stream`.
   template <int D, int kBits, int KG, kvc_dtype_t T>
@@ -7752,6 +7804,7 @@ private:
   std::vector<KiviJob> jobs_;
   std::vector<KiviMember> members_;
   std::vector<KiviStage> stages_;
+  std::vector<kvc_kivi_work_t> records_;
 };
 
 KVC_CUDA_OVERRIDES_END

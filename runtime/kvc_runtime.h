@@ -386,8 +386,8 @@ kvc_status_t kvc_compact(kvc_context_t *context, uint64_t sequence,
 /// accessor of any head of the layer (kvc_get_num_entries,
 /// kvc_get_num_slots, kvc_get_num_pages, kvc_get_page, kvc_get_page_format,
 /// kvc_get_slot_location, kvc_get_metadata, kvc_read_entry,
-/// kvc_kivi_pending_work), kvc_append, kvc_append_format, kvc_append_step
-/// (every sequence of its batch), kvc_evict,
+/// kvc_kivi_pending_work), kvc_kivi_step_work and kvc_append_step (every
+/// sequence of their batch), kvc_append, kvc_append_format, kvc_evict,
 /// kvc_compact, kvc_set_budget and kvc_write_entry; kvc_pool_stats and
 /// kvc_pool_check settle every record of the context. So every call reports
 /// the cache as the backend left it. Settling detaches the record, calls
@@ -549,13 +549,36 @@ typedef struct kvc_kivi_work_t {
   /// whose serials differ by one saw exactly one such call: the recorded
   /// append when the record holds stages.
   uint64_t serial;
+  /// The head's per-slot key and value formats (num_slots of each, as
+  /// kvc_get_metadata gives them), so that which rows of the window are
+  /// still read in full precision follows from the record alone.
+  int32_t num_slots;
+  const uint8_t *key_format;
+  const uint8_t *value_format;
+  /// Pool page id of each of the head's num_pages page-table entries (-1:
+  /// a hole). Page id p starts at byte pages_offset + p * page_bytes of the
+  /// pool (kvc_page_layout; a KIVI context has one page class), that is at
+  /// (uint8_t *)residual - residual_offset + that offset.
+  int32_t num_pages;
+  const int32_t *pages;
 } kvc_kivi_work_t;
 
 /// Fills `work` for one head of a KIVI context (KVC_STATUS_UNSUPPORTED for
-/// other formats). A query: it changes nothing.
+/// other formats). A query: it changes nothing. Every pointer in it stays
+/// valid until the next call that changes the head (an append, an
+/// eviction, a compaction, the sequence's removal).
 kvc_status_t kvc_kivi_pending_work(const kvc_context_t *context,
                                    uint64_t sequence, int32_t layer,
                                    int32_t head, kvc_kivi_work_t *work);
+
+/// kvc_kivi_pending_work for every kv-head of `batch` sequences in one
+/// call (a decode step's, after kvc_append_step): works[b * num_kv_heads +
+/// h] receives the record of kv-head h of sequences[b] in `layer`. Each
+/// sequence is looked up once; all or nothing (nothing is written when an
+/// argument is wrong).
+kvc_status_t kvc_kivi_step_work(const kvc_context_t *context, int32_t layer,
+                                int32_t batch, const uint64_t *sequences,
+                                kvc_kivi_work_t *works);
 
 /// One live entry competing for a budget that several heads share (a
 /// global budget's select kernel): its score, original position, head

@@ -461,16 +461,14 @@ kvc.policy @heavy {
 // KIVI: std::vector<int32_t> newSlots(heads), numPages(heads);
 // KIVI-NEXT: KVC_CUDA_TRY(kvc_append_step(context, layer, batch, sequences, kHeadDim, nullptr, nullptr,
 // KIVI-NEXT: positions, newSlots.data(), numPages.data()));
+// KIVI-NEXT: // The batch's work records in one call; the device tables read them too.
 // KIVI-NEXT: kvc::cuda::KiviWorkPlan kivi;
-// KIVI-NEXT: for (int32_t i = 0; i < heads; ++i) {
-// KIVI-NEXT: const int32_t row = i / kKvHeads;
-// KIVI-NEXT: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequences[row], layer, i % kKvHeads, layout,
-// KIVI-NEXT: config.page_size, kKiviGroup, &row, k, v, kKvStride)));
-// KIVI-NEXT: }
+// KIVI-NEXT: KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, layer, batch, sequences, kKvHeads, layout,
+// KIVI-NEXT: config.page_size, kKiviGroup, k, v, kKvStride)));
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NOT: storeEntry
 // KIVI: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
-// KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads));
+// KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads, kivi.records()));
 // KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>
 // KIVI-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args, kResidual);

@@ -134,7 +134,8 @@ TEST(Attachment, EveryHostAccessOfTheLayerSettles) {
   uint64_t offset = 0;
   void *address = nullptr;
   kvc_metadata_t meta;
-  kvc_kivi_work_t work;
+  kvc_kivi_work_t work, works[8];
+  const uint64_t sequenceOne = 1;
   float key[8], value[8];
   const std::vector<Call> calls = {
       {"kvc_get_num_entries",
@@ -162,6 +163,9 @@ TEST(Attachment, EveryHostAccessOfTheLayerSettles) {
        KVC_STATUS_UNSUPPORTED},
       {"kvc_kivi_pending_work",
        [&] { return kvc_kivi_pending_work(f.ctx, 1, 0, 0, &work); },
+       KVC_STATUS_UNSUPPORTED},
+      {"kvc_kivi_step_work",
+       [&] { return kvc_kivi_step_work(f.ctx, 0, 1, &sequenceOne, works); },
        KVC_STATUS_UNSUPPORTED},
       {"kvc_append",
        [&] {

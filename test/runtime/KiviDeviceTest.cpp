@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -395,17 +396,29 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{KVC_FORMAT_KIVI_INT2, KVC_DTYPE_BF16, 32, 8, 16, 16},
                       Case{KVC_FORMAT_KIVI_INT4, KVC_DTYPE_F32, 16, 2, 4, 4}));
 
-/// The first appends of a head, written out: R = 8, G = 4.
-TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
+/// A KIVI int2 configuration over a device pool (R = 8, G = 4).
+kvc_config_t deviceKiviConfig() {
   kvc_config_t c = smallConfig(KVC_FORMAT_KIVI_INT2);
   c.memory = KVC_MEMORY_DEVICE;
+  return c;
+}
+
+/// An address no host code may touch: any dereference would crash.
+void *const kUntouchable = reinterpret_cast<void *>(uintptr_t{1} << 44);
+
+/// A context over the device pool of `c`, which lives at kUntouchable.
+void createDeviceContext(const kvc_config_t &c, kvc_context_t **ctx) {
   uint64_t bytes = 0;
   ASSERT_EQ(kvc_pool_bytes_required(&c, &bytes), KVC_STATUS_OK);
-  // An address no host code may touch: any dereference would crash.
-  void *fake = reinterpret_cast<void *>(uintptr_t{1} << 44);
-  kvc_context_t *ctx = nullptr;
-  ASSERT_EQ(kvc_context_create(&c, fake, bytes, &ctx), KVC_STATUS_OK)
+  ASSERT_EQ(kvc_context_create(&c, kUntouchable, bytes, ctx), KVC_STATUS_OK)
       << kvc_last_error();
+}
+
+/// The first appends of a head, written out: R = 8, G = 4.
+TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
+  const kvc_config_t c = deviceKiviConfig();
+  kvc_context_t *ctx = nullptr;
+  ASSERT_NO_FATAL_FAILURE(createDeviceContext(c, &ctx));
   ASSERT_EQ(kvc_sequence_add(ctx, 3), KVC_STATUS_OK);
   // 10 entries: keys of entries 0..7 are flushed as two blocks, no value
   // is (the first value leaves when the 8th newer entry arrives), and the
@@ -422,7 +435,7 @@ TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
   EXPECT_EQ(w.serial, 1u);
   EXPECT_EQ(w.residual_length, 8);
   EXPECT_EQ(static_cast<uint8_t *>(w.residual),
-            static_cast<uint8_t *>(fake) + w.residual_offset);
+            static_cast<uint8_t *>(kUntouchable) + w.residual_offset);
   EXPECT_EQ(w.num_values, 2);
   EXPECT_EQ(w.values[0].slot, 0);
   EXPECT_EQ(w.values[0].input, 0);
@@ -446,6 +459,29 @@ TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
   EXPECT_EQ(m.key_format[8], KVC_FORMAT_FULL);
   EXPECT_EQ(m.value_format[1], KVC_FORMAT_KIVI_INT2);
   EXPECT_EQ(m.value_format[2], KVC_FORMAT_FULL);
+  // The record carries the formats and the page table.
+  EXPECT_EQ(w.num_slots, m.num_slots);
+  EXPECT_EQ(w.key_format, m.key_format);
+  EXPECT_EQ(w.value_format, m.value_format);
+  int32_t numPages = 0;
+  ASSERT_EQ(kvc_get_num_pages(ctx, 3, 1, 1, &numPages), KVC_STATUS_OK);
+  ASSERT_EQ(w.num_pages, numPages);
+  ASSERT_EQ(numPages, 2);
+  kvc_page_layout_t layout{};
+  ASSERT_EQ(kvc_page_layout(&c, &layout), KVC_STATUS_OK);
+  for (int32_t p = 0; p < numPages; ++p) {
+    int32_t poolPage = -1;
+    void *address = nullptr;
+    ASSERT_EQ(kvc_get_page(ctx, 3, 1, 1, p, &poolPage, nullptr, &address),
+              KVC_STATUS_OK);
+    EXPECT_EQ(w.pages[p], poolPage) << "page " << p;
+    // The address the record's documentation derives.
+    EXPECT_EQ(static_cast<uint8_t *>(w.residual) - w.residual_offset +
+                  layout.pages_offset +
+                  static_cast<uint64_t>(w.pages[p]) * layout.page_bytes,
+              static_cast<uint8_t *>(address))
+        << "page " << p;
+  }
 
   // Evict entry 3 (its key is quantized, its value in the window), then one
   // decode step: entry 10 pushes entry 2's value out of the window, read
@@ -518,6 +554,132 @@ TEST(KiviDevice, WorkOfAPrefillAndADecodeStep) {
   EXPECT_EQ(kvc_kivi_pending_work(ctx, 0, 0, 0, nullptr),
             KVC_STATUS_NULL_POINTER);
   EXPECT_EQ(kvc_kivi_pending_work(ctx, 9, 0, 0, &none), KVC_STATUS_OUT_OF_RANGE);
+  kvc_context_destroy(ctx);
+}
+
+/// kvc_kivi_step_work gives, in one call, the record kvc_kivi_pending_work
+/// gives for each kv-head of each sequence of a decode step's batch.
+TEST(KiviDevice, StepWorkIsEachHeadsRecord) {
+  const kvc_config_t c = deviceKiviConfig();
+  kvc_context_t *ctx = nullptr;
+  ASSERT_NO_FATAL_FAILURE(createDeviceContext(c, &ctx));
+  const uint64_t batch[] = {7, 2, 5};
+  for (uint64_t s : batch)
+    ASSERT_EQ(kvc_sequence_add(ctx, s), KVC_STATUS_OK);
+  // Different histories per sequence: 11, 3 and 17 entries in layer 1,
+  // then three decode steps of the batch, the last after an eviction.
+  const int32_t prompt[] = {11, 3, 17};
+  for (int32_t b = 0; b < 3; ++b)
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      std::vector<int32_t> pos(static_cast<size_t>(prompt[b]));
+      for (int32_t i = 0; i < prompt[b]; ++i)
+        pos[i] = i;
+      ASSERT_EQ(kvc_append(ctx, batch[b], 1, h, prompt[b], 8, nullptr,
+                           nullptr, pos.data(), nullptr),
+                KVC_STATUS_OK)
+          << kvc_last_error();
+    }
+  const int32_t heads = 3 * c.num_kv_heads;
+  std::vector<kvc_kivi_work_t> works(static_cast<size_t>(heads));
+  auto compare = [&](const char *when) {
+    for (int32_t i = 0; i < heads; ++i) {
+      kvc_kivi_work_t one{};
+      ASSERT_EQ(kvc_kivi_pending_work(ctx, batch[i / c.num_kv_heads], 1,
+                                      i % c.num_kv_heads, &one),
+                KVC_STATUS_OK);
+      const kvc_kivi_work_t &w = works[i];
+      SCOPED_TRACE(std::string(when) + ", head " + std::to_string(i));
+      EXPECT_EQ(w.residual, one.residual);
+      EXPECT_EQ(w.residual_offset, one.residual_offset);
+      EXPECT_EQ(w.residual_length, one.residual_length);
+      EXPECT_EQ(w.residual_slot, one.residual_slot);
+      EXPECT_EQ(w.num_values, one.num_values);
+      EXPECT_EQ(w.values, one.values);
+      EXPECT_EQ(w.num_key_blocks, one.num_key_blocks);
+      EXPECT_EQ(w.key_block_begin, one.key_block_begin);
+      EXPECT_EQ(w.key_members, one.key_members);
+      EXPECT_EQ(w.num_stages, one.num_stages);
+      EXPECT_EQ(w.stages, one.stages);
+      EXPECT_EQ(w.serial, one.serial);
+      EXPECT_EQ(w.num_slots, one.num_slots);
+      EXPECT_EQ(w.key_format, one.key_format);
+      EXPECT_EQ(w.value_format, one.value_format);
+      EXPECT_EQ(w.num_pages, one.num_pages);
+      EXPECT_EQ(w.pages, one.pages);
+    }
+  };
+  std::vector<int32_t> slots(static_cast<size_t>(heads));
+  for (int32_t step = 0; step < 3; ++step) {
+    if (step == 2) {
+      int32_t victim = 1;
+      ASSERT_EQ(kvc_evict(ctx, 2, 1, 1, 1, &victim), KVC_STATUS_OK);
+    }
+    const int32_t positions[] = {100 + step, 200 + step, 300 + step};
+    ASSERT_EQ(kvc_append_step(ctx, 1, 3, batch, 8, nullptr, nullptr,
+                              positions, slots.data(), nullptr),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+    ASSERT_EQ(kvc_kivi_step_work(ctx, 1, 3, batch, works.data()),
+              KVC_STATUS_OK)
+        << kvc_last_error();
+    compare(("step " + std::to_string(step)).c_str());
+    // A decode step's record: its entry staged at the slot it was given.
+    for (int32_t i = 0; i < heads; ++i) {
+      ASSERT_EQ(works[i].num_stages, 1) << "head " << i;
+      EXPECT_EQ(works[i].stages[0].slot, slots[i]) << "head " << i;
+    }
+  }
+  // A batch in another order, and of one sequence.
+  const uint64_t reversed[] = {5, 2, 7};
+  ASSERT_EQ(kvc_kivi_step_work(ctx, 1, 3, reversed, works.data()),
+            KVC_STATUS_OK);
+  kvc_kivi_work_t one{};
+  ASSERT_EQ(kvc_kivi_pending_work(ctx, 5, 1, 1, &one), KVC_STATUS_OK);
+  EXPECT_EQ(works[1].stages, one.stages);
+  EXPECT_EQ(works[1].serial, one.serial);
+  ASSERT_EQ(kvc_kivi_step_work(ctx, 0, 1, &batch[1], works.data()),
+            KVC_STATUS_OK);
+  ASSERT_EQ(kvc_kivi_pending_work(ctx, 2, 0, 0, &one), KVC_STATUS_OK);
+  // Layer 0 of sequence 2 holds nothing.
+  EXPECT_EQ(works[0].serial, one.serial);
+  EXPECT_EQ(works[0].serial, 0u);
+  EXPECT_EQ(works[0].num_pages, 0);
+
+  // Wrong arguments: a located error, and nothing written.
+  kvc_kivi_work_t sentinel{};
+  sentinel.num_values = -7;
+  std::fill(works.begin(), works.end(), sentinel);
+  const uint64_t unknown[] = {7, 9, 5};
+  EXPECT_EQ(kvc_kivi_step_work(ctx, 1, 3, unknown, works.data()),
+            KVC_STATUS_OUT_OF_RANGE);
+  EXPECT_NE(std::string(kvc_last_error()).find("unknown sequence 9 (batch "
+                                               "index 1)"),
+            std::string::npos)
+      << kvc_last_error();
+  for (const kvc_kivi_work_t &w : works)
+    EXPECT_EQ(w.num_values, -7);
+  EXPECT_EQ(kvc_kivi_step_work(ctx, 2, 3, batch, works.data()),
+            KVC_STATUS_OUT_OF_RANGE);
+  EXPECT_EQ(kvc_kivi_step_work(ctx, 1, 0, batch, works.data()),
+            KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(kvc_kivi_step_work(ctx, 1, 3, nullptr, works.data()),
+            KVC_STATUS_NULL_POINTER);
+  EXPECT_EQ(kvc_kivi_step_work(ctx, 1, 3, batch, nullptr),
+            KVC_STATUS_NULL_POINTER);
+  EXPECT_EQ(kvc_kivi_step_work(nullptr, 1, 3, batch, works.data()),
+            KVC_STATUS_NULL_POINTER);
+  for (const kvc_kivi_work_t &w : works)
+    EXPECT_EQ(w.num_values, -7);
+  kvc_context_destroy(ctx);
+
+  kvc_config_t full = smallConfig(KVC_FORMAT_INT8);
+  PoolBuffer buffer(1 << 16);
+  ASSERT_EQ(kvc_context_create(&full, buffer.data, buffer.bytes, &ctx),
+            KVC_STATUS_OK);
+  ASSERT_EQ(kvc_sequence_add(ctx, 0), KVC_STATUS_OK);
+  const uint64_t zero = 0;
+  EXPECT_EQ(kvc_kivi_step_work(ctx, 0, 1, &zero, works.data()),
+            KVC_STATUS_UNSUPPORTED);
   kvc_context_destroy(ctx);
 }
 
