@@ -58,6 +58,14 @@ struct KiviWork {
   }
 };
 
+/// v.reserve(n), without the call when the capacity suffices: a decode
+/// step's appends reserve the same room for every head at every step.
+template <typename T>
+inline void reserveAtLeast(std::vector<T> &v, size_t n) {
+  if (v.capacity() < n)
+    v.reserve(n);
+}
+
 /// Where the next `count` entries of a head go, computed without changing
 /// anything: the slots in order and the page-table entries to map.
 struct AppendPlan {
@@ -953,7 +961,7 @@ void freeSlot(kvc_context *ctx, HeadState &h, int32_t slot) {
 void planAppend(const kvc_context *ctx, const HeadState &h, int32_t count,
                 bool low, AppendPlan &plan) {
   const int32_t p = ctx->config.page_size, u = ctx->unit;
-  plan.slots.reserve(static_cast<size_t>(count));
+  reserveAtLeast(plan.slots, static_cast<size_t>(count));
   plan.tableSize = h.pages.size();
   auto need = [&] { return count - static_cast<int32_t>(plan.slots.size()); };
   auto takeUnit = [&](int32_t first) {
@@ -1297,10 +1305,10 @@ void prepareAppend(const kvc_context *ctx, HeadState &h, int32_t count,
       prepared.work->clear();
     else
       prepared.work.emplace();
-    prepared.work->values.reserve(n);
-    prepared.work->members.reserve(n + r);
-    prepared.work->blockBegin.reserve((n + r) / g + 2);
-    prepared.work->stages.reserve(std::min(n, r));
+    reserveAtLeast(prepared.work->values, n);
+    reserveAtLeast(prepared.work->members, n + r);
+    reserveAtLeast(prepared.work->blockBegin, (n + r) / g + 2);
+    reserveAtLeast(prepared.work->stages, std::min(n, r));
   }
 }
 

@@ -7647,8 +7647,14 @@ public:
                        const kvc_page_layout_t &layout, int32_t pageSize,
                        int32_t group, const float *k, const float *v,
                        int64_t kvStride) {
+    // A step's work per head: a stage and at most one value, and every G
+    // steps a block of G keys.
+    const size_t heads = static_cast<size_t>(batch) * kvHeads;
     try {
-      records_.resize(static_cast<size_t>(batch) * kvHeads);
+      records_.resize(heads);
+      jobs_.reserve(jobs_.size() + 2 * heads);
+      members_.reserve(members_.size() + 2 * heads);
+      stages_.reserve(stages_.size() + heads);
     } catch (const std::bad_alloc &) {
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host KIVI work allocation failed");
