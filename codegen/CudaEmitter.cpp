@@ -227,6 +227,16 @@ private:
   bool state = false, history = false;
   /// A generated stages kernel exists.
   bool stagesKernel = false;
+  /// Decode: the stages run in the fold kernel, in the last of each head's
+  /// blocks to finish (kvc::cuda::lastArrival), instead of a kernel of
+  /// their own: a fold kernel without a periodic early exit and no
+  /// cross-head op.
+  bool stagesInFold = false;
+  /// Decode: the only stage is the merge of the splits (a decode of
+  /// attention alone: no statistics, no selection), which the last of each
+  /// head's attention blocks performs (DecodeSplitArgs::mergeOut) instead
+  /// of a stages kernel.
+  bool mergeInAttention = false;
 };
 
 std::string CudaKernelEmitter::documentation() {
@@ -498,6 +508,16 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
           "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
           "numSplits);\n";
   bs << slotWork;
+  std::string stagesFn = camel;
+  stagesFn[0] = static_cast<char>(std::tolower(stagesFn[0]));
+  stagesFn += "Stages";
+  if (stagesInFold)
+    bs << "  // The last of the head's blocks to finish runs the policy's "
+          "stages for it.\n"
+          "  if (kvc::cuda::lastArrival(t.arrivals, numSplits))\n"
+          "    "
+       << stagesFn << "<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, "
+       << (attention.getOutput() ? "out" : "/*out=*/nullptr") << ");\n";
 
   SmallVector<std::pair<std::string, std::string>> decls;
   decls.push_back({"h", "  // Head h of the batch, slots of split blockIdx.y.\n"
@@ -518,11 +538,13 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       << ": the exact merge of the splits and the\n/// statistics over their "
          "slot ranges, one block per (head of the batch, split)"
       << (oneVictim ? ",\n/// and the summaries of the selection" : "")
+      << (stagesInFold ? "; the last block of a head runs its stages" : "")
       << ".\n"
       << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)\n    "
       << fn << "Fold(" << camel
       << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
          "slotsPerSplit"
+      << (stagesInFold ? ", int32_t layer" : "")
       << (attention.getOutput() ? ", float *out" : "") << ") {\n"
       << usedDeclarations(decls, body) << body << "}\n\n";
 }
@@ -864,7 +886,10 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
                 "      n, [&](int32_t i) { return victim[i] != 0; }, "
                 "t.victims + 1, t.victims);\n"
                 "  // The same eviction in the device tables.\n"
-                "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n";
+                "  kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);\n"
+                "  // The head's victim row for the host (no download "
+                "launch).\n"
+                "  kvc::cuda::publishVictims<kStageThreads>(t);\n";
         else
           os << "  // The gather below skips the victims.\n";
         return success();
@@ -1141,8 +1166,10 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
             "* numSplits, numSplits, "
          << budgets.lookup(oneVictim.getBudget()) << ",\n"
          << "                                               "
-         << protectionGuess(oneVictimProtect) << "))\n"
-         << "    return;\n";
+         << protectionGuess(oneVictimProtect) << ")) {\n"
+         << "    kvc::cuda::publishVictims<kStageThreads>(t);\n"
+         << "    return;\n"
+         << "  }\n";
     }
   }
   // Budgets of the first kernel that the second reads are declared again.
@@ -1183,12 +1210,17 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   if (foldOnly)
     body.clear();
   stagesKernel = decode ? !foldOnly : !body.empty();
+  stagesInFold = decode && foldKernel && stagesKernel && !crossOp && !periodic;
+  mergeInAttention =
+      decode && stagesKernel && !foldKernel && !crossOp && !periodic &&
+      llvm::all_of(kernel.getBody().front(), [](Operation &op) {
+        return isa<AppendOp, AttentionPassOp>(op) ||
+               op.hasTrait<OpTrait::IsTerminator>();
+      });
 
   out << "//===--- " << name << ": device part ---===//\n\n";
   emitWorkspace(out);
   out << deviceDecls;
-  if (foldKernel)
-    emitFoldKernel(out);
 
   // The per-kv-head prologue of a stages kernel: the declarations its body
   // reads.
@@ -1253,7 +1285,20 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
       out << "int32_t n, int32_t layer, const float *k, const float *v) {\n";
   };
 
-  if (stagesKernel) {
+  if (stagesInFold) {
+    out << "/// The stages of " << name
+        << " for head blockIdx.x of the batch, in the order of\n/// the "
+           "policy: run by the last of the head's fold blocks, kStageThreads "
+           "threads.\n"
+        << "template <int kStageThreads>\n__device__ void " << fn << "("
+        << camel
+        << "Workspace w, int64_t stride, int32_t numSplits, int32_t layer, "
+           "float *out) {\n"
+        << prologue(body) << body << "}\n\n";
+  }
+  if (foldKernel)
+    emitFoldKernel(out);
+  if (stagesKernel && !stagesInFold && !mergeInAttention) {
     out << "/// The stages of " << name << ", one block per "
         << (decode ? "head of the batch" : "kv-head") << ", in the "
         << "order of the policy" << (crossOp ? ", up to the cross-head op" : "")
@@ -1808,12 +1853,18 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "                               kvc::cuda::deviceTableBytes(heads, "
          "stride"
       << (kivi ? ", kResidual" : "") << "), s, &w.heads"
-      << (kivi && append ? ", kivi.records()" : "") << "));\n";
+      << (kivi && append ? ", kivi.records()" : "")
+      << (append && !kivi
+              ? ",\n                               /*kiviWork=*/nullptr, "
+                "/*storesWriteWords=*/true"
+              : "")
+      << "));\n";
   if (append && !kivi)
-    out << "    // The new rows, at the slots the uploaded tables name.\n"
+    out << "    // The new rows, at the slots the uploaded tables name, and "
+           "the tables' words\n    // in the same launch.\n"
            "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "
            "kStorage>(\n"
-           "        w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout("
+           "        tables, w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout("
            "config, layout), k, v,\n"
            "        kKvStride, s, \""
         << name << "\")));\n";
@@ -1831,7 +1882,11 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "plan.slotsPerSplit, plan.splits, stride,\n"
          "                                    "
       << (foldsStatistics() ? "w.logits" : "/*logits=*/nullptr")
-      << ", w.partials};\n";
+      << ", w.partials"
+      << (mergeInAttention ? ",\n                                    /*mergeOut=*/" +
+                                 outArg
+                           : std::string())
+      << "};\n";
   if (kivi)
     out << "    // KIVI: packed int codes dequantized in registers, the window "
            "read from\n"
@@ -1862,14 +1917,20 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     out << "    // Exact merge of the splits and the statistics over their "
            "slot ranges"
         << (oneVictim ? ",\n    // and the selection's summaries" : "")
-        << ", one block per (head of the batch, split).\n"
+        << ", one block per (head of the batch, split)"
+        << (stagesInFold ? ";\n    // the last block of a head runs the "
+                           "policy's stages for it.\n"
+                         : ".\n")
         << "    " << foldName
         << "Fold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, "
            "s>>>(w, stride, plan.splits,\n"
-        << "        plan.slotsPerSplit" << (attention.getOutput() ? ", out" : "")
-        << ");\n";
+        << "        plan.slotsPerSplit" << (stagesInFold ? ", layer" : "")
+        << (attention.getOutput() ? ", out" : "") << ");\n";
   }
-  if (stagesKernel)
+  if (mergeInAttention)
+    out << "    // The last of each head's blocks merges the head's splits "
+           "(mergeOut): no kernel\n    // follows.\n";
+  if (stagesKernel && !stagesInFold && !mergeInAttention)
     out << (foldKernel ? "    // The policy's stages, one block per head of "
                          "the batch.\n"
                        : "    // Exact merge of the splits, then the "
@@ -1929,7 +1990,9 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       out << "      if ((positions[b] + 1) % kPeriod == 0)\n  ";
     out << "      KVC_CUDA_TRY(tables.keepVictims(b));\n";
   }
-  out << "    KVC_CUDA_TRY(tables.checkIn());\n";
+  // The stages that list a head's victims write its host row too.
+  out << "    KVC_CUDA_TRY(tables.checkIn("
+      << (selects ? "/*victimsPublished=*/true" : "") << "));\n";
   out << "  } catch (const std::bad_alloc &) {\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
       << name << ": host allocation failed\");\n  }\n";

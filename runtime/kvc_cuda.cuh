@@ -525,7 +525,36 @@ struct HeadTable {
   /// new entry (storeAppended writes its key and value there), -1 when the
   /// step appends nothing.
   int32_t appendSlot;
+  /// Decode on device-resident tables: the device address of appendSlot's
+  /// page (pages[] after the step's words, without kLowPageTag; 0 when the
+  /// step appends nothing), so that storeAppended does not read the page
+  /// table that the same launch writes.
+  uint64_t appendPage;
+  /// Decode on device-resident tables: this head's arrival counter, zero
+  /// when the step's tables are uploaded, which the blocks of a kernel over
+  /// the head's splits count up so that the last of them can finish the
+  /// head's work (lastArrival).
+  int32_t *arrivals;
 };
+
+/// A 4-byte word, or an 8-byte one when bit 0 of `address` is set, that a
+/// decode step writes into its device tables before its attention runs.
+struct TableWord {
+  uint64_t address;
+  uint64_t value;
+};
+
+/// Writes word `i` of the `n` at `words` (nothing when i >= n).
+__device__ inline void writeTableWord(const TableWord *words, int32_t n,
+                                      int32_t i) {
+  if (i < 0 || i >= n)
+    return;
+  const TableWord w = words[i];
+  if (w.address & 1)
+    *reinterpret_cast<uint64_t *>(w.address & ~uint64_t{1}) = w.value;
+  else
+    *reinterpret_cast<uint32_t *>(w.address) = static_cast<uint32_t>(w.value);
+}
 
 /// One row pair that storeEntries writes: source row `row` of the float
 /// k/v tensors for kv-head `head`, into the given device addresses.
@@ -590,6 +619,35 @@ template <int kNewest> __device__ __forceinline__ void waitCopies() {
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kNewest) : "memory");
 #endif
+}
+
+/// Orders the calling thread's global memory accesses before and after it
+/// for every thread of the device (__threadfence).
+__device__ __forceinline__ void fenceDevice() {
+#if defined(KVC_CUDA_EMULATED)
+  // One block runs at a time: its writes are everyone's already.
+#else
+  __threadfence();
+#endif
+}
+
+/// Counts the calling block in at `*arrivals` (HeadTable::arrivals) once
+/// every thread of the block has called it, after all of the block's
+/// writes: true in every thread of the last of `blocks` blocks to arrive,
+/// which then reads what all of them wrote (the counter is zeroed by the
+/// next step's upload). The other blocks must not wait for it: their
+/// kernel ends after the call.
+__device__ inline bool lastArrival(int32_t *arrivals, int32_t blocks) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fenceDevice();
+    last = atomicAdd(arrivals, 1) == blocks - 1;
+    if (last)
+      fenceDevice();
+  }
+  __syncthreads();
+  return last;
 }
 
 /// Asks the L2 cache to fetch the 128-byte line holding `address`, a
@@ -831,27 +889,38 @@ __global__ void storeEntries(const StoreEntry *entries, int32_t count,
 /// Threads per block of storeEntries (one warp per entry).
 constexpr int kStoreThreads = 128;
 
-/// Writes a decode step's new entries, one warp per head of the batch
-/// (`count` = batch x kvHeads; head i is kv-head i % kvHeads of sequence
-/// i / kvHeads, whose rows are row i / kvHeads of k and v): the entry goes
-/// to slot tables[i].appendSlot, whose page address the device tables
-/// hold, so the host neither computes nor uploads its destination. The
-/// slot is in a page of the storage format (appends take full-class
-/// pages).
+/// The first kernel of a decode step: writes the step's new entries, one
+/// warp per head of the batch (`count` = batch x kvHeads; head i is kv-head
+/// i % kvHeads of sequence i / kvHeads, whose rows are row i / kvHeads of k
+/// and v), and the step's `numWords` table words (writeTableWords), one
+/// thread per word in the blocks after the heads'. The entry goes to slot
+/// tables[i].appendSlot of page tables[i].appendPage, which the upload
+/// set, so the stores read nothing that the words write and the two need
+/// no launch between them. The slot is in a page of the storage format
+/// (appends take full-class pages).
 template <int D, Storage S>
 __global__ void __launch_bounds__(kStoreThreads)
     storeAppended(const HeadTable *tables, int32_t count, int32_t kvHeads,
                   PageLayout layout, const float *k, const float *v,
-                  int64_t kvStride) {
-  const int32_t i = blockIdx.x * (kStoreThreads / kWarpSize) +
-                    threadIdx.x / kWarpSize;
+                  int64_t kvStride, const TableWord *words,
+                  int32_t numWords) {
+  constexpr int32_t kWarps = kStoreThreads / kWarpSize;
+  const int32_t headBlocks = (count + kWarps - 1) / kWarps;
+  if (static_cast<int32_t>(blockIdx.x) >= headBlocks) {
+    writeTableWord(words, numWords,
+                   (static_cast<int32_t>(blockIdx.x) - headBlocks) *
+                           kStoreThreads +
+                       static_cast<int32_t>(threadIdx.x));
+    return;
+  }
+  const int32_t i = blockIdx.x * kWarps + threadIdx.x / kWarpSize;
   if (i >= count)
     return;
   const HeadTable &t = tables[i];
   const int32_t slot = t.appendSlot;
   if (slot < 0)
     return;
-  const uint64_t page = t.pages[layout.pages.page(slot)] & ~kLowPageTag;
+  const uint64_t page = t.appendPage;
   const uint64_t o = static_cast<uint64_t>(layout.pages.offset(slot));
   constexpr uint64_t kRowBytes = static_cast<uint64_t>(D) * Codec<S>::kBytes;
   const int64_t offset = static_cast<int64_t>(i / kvHeads) * kvStride +
@@ -952,7 +1021,17 @@ struct DecodeSplitArgs {
   /// Per (head, split, g): {m, z, acc[D]}: the split's maximum logit, its
   /// sum of exp(l - m), and its exp-weighted value sum.
   float *partials;
+  /// When not null: the output rows (G per head, D floats each) into which
+  /// the last block of each head to finish merges the head's splits
+  /// (mergeInLastSplit), so that no kernel after the attention does; the
+  /// heads' HeadTable::arrivals count the blocks in. Null when a later
+  /// kernel merges (the fold of a decode with statistics).
+  float *mergeOut = nullptr;
 };
+
+template <int G, int D, int kThreads>
+__device__ void mergeInLastSplit(const DecodeSplitArgs &a, const HeadTable &t,
+                                 int32_t h);
 
 /// Floats of one (head, split, g) partial record.
 template <int D> __host__ __device__ constexpr int partialFloats() { return D + 2; }
@@ -2087,6 +2166,7 @@ __global__ void __launch_bounds__(kThreads,
     decodeSplitRows<G, D, Shape, kThreads, DecodeRowsInFlight<G>::value, Row>(
         a, h, split, begin, end, load, decode);
   }
+  mergeInLastSplit<G, D, kThreads>(a, t, h);
 }
 
 /// Threads per block of decodeAttentionSplit.
@@ -3536,6 +3616,7 @@ __global__ void __launch_bounds__(
   else
     decodeKiviRows<G, D, kBits, KG, T, kThreads>(a, t, h, split, begin, end,
                                                  residualLength);
+  mergeInLastSplit<G, D, kThreads>(a, t, h);
 }
 
 /// M = max m_s and 1/Z, Z = sum z_s e^(m_s - M), of the G query heads of
@@ -3658,6 +3739,20 @@ __device__ void mergeSplits(const float *partials, int32_t numSplits,
     mergeOutput<G, D, kThreads>(partials, numSplits, h, out, maxOut, invSumOut,
                                 0, 1);
   __syncthreads();
+}
+
+/// With a.mergeOut: counts the calling block (every thread, after the
+/// block's split records are written) in at the head's arrival counter,
+/// and the last of the head's a.numSplits blocks merges them into the
+/// head's G output rows (mergeSplits). Nothing without a.mergeOut.
+template <int G, int D, int kThreads>
+__device__ void mergeInLastSplit(const DecodeSplitArgs &a, const HeadTable &t,
+                                 int32_t h) {
+  if (!a.mergeOut || !lastArrival(t.arrivals, a.numSplits))
+    return;
+  __shared__ float maxLogit[G], invSum[G];
+  mergeSplits<G, D, kThreads>(a.partials, a.numSplits, h, a.mergeOut, maxLogit,
+                              invSum);
 }
 
 /// Threads of a decode fold block: one block per head of the batch and
@@ -5581,26 +5676,13 @@ constexpr int32_t kVictimBuffers = 2;
 // Device-resident slot tables (decode)
 //===----------------------------------------------------------------------===//
 
-/// A 4-byte word, or an 8-byte one when bit 0 of `address` is set, that a
-/// decode step writes into its device tables before its kernels run.
-struct TableWord {
-  uint64_t address;
-  uint64_t value;
-};
-
-/// One thread per word (a template, like every kernel here, so that the
-/// policy libraries linked into one program share it).
+/// One thread per word of a chunk that the step's first kernel does not
+/// write (a template, like every kernel here, so that the policy libraries
+/// linked into one program share it).
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     writeTableWords(const TableWord *words, int32_t n) {
-  const int32_t i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= n)
-    return;
-  const TableWord w = words[i];
-  if (w.address & 1)
-    *reinterpret_cast<uint64_t *>(w.address & ~uint64_t{1}) = w.value;
-  else
-    *reinterpret_cast<uint32_t *>(w.address) = static_cast<uint32_t>(w.value);
+  writeTableWord(words, n, blockIdx.x * kThreads + threadIdx.x);
 }
 
 /// Threads per block of copyVictimRows.
@@ -5621,6 +5703,19 @@ __global__ void __launch_bounds__(kThreads)
   const HeadTable &t = tables[w / kRow];
   if (t.victims && t.hostVictims)
     t.hostVictims[w % kRow] = t.victims[w % kRow];
+}
+
+/// The victim download of one head, by the block that listed its victims
+/// in a decode step (every thread of the block calls it, after the list is
+/// written): the count and the first kInlineVictims victims of t.victims go
+/// to the pinned host row t.hostVictims, as copyVictimRows would copy
+/// them, so the step needs no launch for its download.
+template <int kThreads> __device__ void publishVictims(const HeadTable &t) {
+  __syncthreads();
+  if (!t.victims || !t.hostVictims)
+    return;
+  for (int w = threadIdx.x; w < 1 + kInlineVictims; w += kThreads)
+    t.hostVictims[w] = t.victims[w];
 }
 
 /// A row of a KIVI head's residual window as decode reads it: the slot of
@@ -6649,7 +6744,8 @@ inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
 constexpr int64_t kTableWordsPerHead = 16;
 
 /// Workspace bytes of DeviceTables::upload for `heads` heads of at most
-/// `slots` slots: the HeadTables and kTableWordsPerHead words per head plus
+/// `slots` slots: the HeadTables, their arrival counters and
+/// kTableWordsPerHead words per head plus
 /// `slots` more (the pages that a long eviction released), plus, for KIVI
 /// storage with a window of `residual` rows, that many per head (a step
 /// whose block of keys leaves the window changes a word per member). It
@@ -6658,6 +6754,7 @@ constexpr int64_t kTableWordsPerHead = 16;
 inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
                                  int32_t residual = 0) {
   return TableMirror::align(sizeof(HeadTable) * static_cast<uint64_t>(heads)) +
+         TableMirror::align(sizeof(int32_t) * static_cast<uint64_t>(heads)) +
          sizeof(TableWord) *
              (static_cast<uint64_t>(heads) *
                   (kTableWordsPerHead + static_cast<uint64_t>(residual)) +
@@ -6837,11 +6934,15 @@ public:
   /// of a sequence must hold the same entries (checked). `kiviWork`: for
   /// KIVI tables, the work record of every head of the batch as read after
   /// the appends (KiviWorkPlan::records; null to ask the runtime per head).
+  /// `storesWriteWords`: the words (their last chunk) are left to the
+  /// step's storeAppended launch (launchAppendStores), which writes them
+  /// with the new rows; otherwise upload launches writeTableWords.
   kvc_status_t upload(const int32_t *queryPositions, const int32_t *newSlots,
                       const int32_t *numPages, bool sameEntries, void *region,
                       uint64_t capacity, cudaStream_t stream,
                       const HeadTable **out,
-                      const kvc_kivi_work_t *kiviWork = nullptr) {
+                      const kvc_kivi_work_t *kiviWork = nullptr,
+                      bool storesWriteWords = false) {
     stream_ = stream;
     // Memory of released mirrors whose steps have finished goes back to
     // the pool before this step builds any.
@@ -6888,6 +6989,20 @@ public:
           t.kiviRows = m.kiviRowsOf(h);
           t.kiviResidual = m.withKivi ? m.residual[h] : nullptr;
           t.appendSlot = slots ? slots[h] : -1;
+          if (t.appendSlot >= t.numSlots)
+            return kvc_report_error(
+                KVC_STATUS_INTERNAL,
+                (std::string(name_) +
+                 ": an appended slot lies past its head's page table")
+                    .c_str());
+          t.appendPage =
+              t.appendSlot >= 0
+                  ? m.pages[h][t.appendSlot / pageSize_] & ~kLowPageTag
+                  : 0;
+          t.arrivals = reinterpret_cast<int32_t *>(
+                           static_cast<char *>(region) +
+                           TableMirror::align(sizeof(HeadTable) * tables)) +
+                       i;
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
         }
       }
@@ -6895,10 +7010,13 @@ public:
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host table allocation failed");
     }
-    // One copy of the HeadTables and the words (in chunks when a step
-    // released more pages than the region holds words), one launch per
-    // chunk.
-    const uint64_t tableBytes = TableMirror::align(sizeof(HeadTable) * tables);
+    // One copy of the HeadTables, their zeroed arrival counters and the
+    // words (in chunks when a step released more pages than the region
+    // holds words), one launch per chunk but the last, whose words
+    // storeAppended may write.
+    const uint64_t tableBytes =
+        TableMirror::align(sizeof(HeadTable) * tables) +
+        TableMirror::align(sizeof(int32_t) * tables);
     if (capacity < tableBytes + sizeof(TableWord))
       return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL,
                               (std::string(name_) +
@@ -6925,12 +7043,17 @@ public:
       KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image, bytes,
                                             cudaMemcpyHostToDevice, stream));
       staged(staging);
-      if (n)
-        writeTableWords<256><<<static_cast<unsigned>((n + 255) / 256), 256,
-                               0, stream>>>(
-            reinterpret_cast<const TableWord *>(device + tableBytes),
-            static_cast<int32_t>(n));
+      const TableWord *chunk =
+          reinterpret_cast<const TableWord *>(device + tableBytes);
       done += n;
+      if (storesWriteWords && done == words.size()) {
+        deferredWords_ = chunk;
+        numDeferredWords_ = static_cast<int32_t>(n);
+        wordsDeferred_ = true;
+      } else if (n) {
+        writeTableWords<256><<<static_cast<unsigned>((n + 255) / 256), 256,
+                               0, stream>>>(chunk, static_cast<int32_t>(n));
+      }
     } while (done < words.size());
     *out = reinterpret_cast<const HeadTable *>(region);
     deviceTables_ = *out;
@@ -6957,13 +7080,36 @@ public:
     return KVC_STATUS_OK;
   }
 
+  /// The table words that upload left to the step's storeAppended launch
+  /// (storesWriteWords), once: *words and *n receive them (n may be 0).
+  kvc_status_t takeDeferredWords(const TableWord **words, int32_t *n) {
+    if (!wordsDeferred_)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              (std::string(name_) +
+                               ": no table words were left to the stores")
+                                  .c_str());
+    *words = deferredWords_;
+    *n = numDeferredWords_;
+    wordsDeferred_ = false;
+    return KVC_STATUS_OK;
+  }
+
   /// Attaches the mirrors to the context again, after the step's last
   /// kernel was queued on `stream`; the next step uses the other victim
-  /// buffer. When a sequence kept its victims, one copyVictimRows launch
-  /// first downloads the victim rows of every head of the batch (those of
-  /// the sequences that did not keep theirs are never read).
-  kvc_status_t checkIn() {
-    if (downloadVictims_) {
+  /// buffer. When a sequence kept its victims and the stages did not
+  /// publish them (`victimsPublished`: the kernel that lists a head's
+  /// victims also writes its pinned host row, publishVictims), one
+  /// copyVictimRows launch first downloads the victim rows of every head
+  /// of the batch (those of the sequences that did not keep theirs are
+  /// never read).
+  kvc_status_t checkIn(bool victimsPublished = false) {
+    if (wordsDeferred_)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              (std::string(name_) +
+                               ": the step's table words were left to "
+                               "stores that never ran")
+                                  .c_str());
+    if (downloadVictims_ && !victimsPublished) {
       const int64_t words =
           static_cast<int64_t>(batch_) * heads_ * (1 + kInlineVictims);
       copyVictimRows<kCopyVictimThreads>
@@ -6972,8 +7118,8 @@ public:
              kCopyVictimThreads, 0, stream_>>>(deviceTables_,
                                                batch_ * heads_);
       KVC_CUDA_CHECK(name_, cudaGetLastError());
-      downloadVictims_ = false;
     }
+    downloadVictims_ = false;
     // One event for the batch, recorded once. The event that the first
     // mirror's buffer holds from its earlier step is recorded again when
     // every mirror holding it is in this batch (the usual case: the same
@@ -7460,6 +7606,11 @@ private:
   /// kept its victims (keepVictims) so that checkIn downloads them.
   const HeadTable *deviceTables_ = nullptr;
   bool downloadVictims_ = false;
+  /// The last chunk of the step's table words, left by upload to
+  /// storeAppended (takeDeferredWords).
+  const TableWord *deferredWords_ = nullptr;
+  int32_t numDeferredWords_ = 0;
+  bool wordsDeferred_ = false;
   /// refresh's page counts of a sequence and page-table entries of a head.
   std::vector<int32_t> numPages_, check_;
   /// refreshWindow's working lists, reused across heads and steps.
@@ -7549,17 +7700,24 @@ inline kvc_status_t uploadStores(const std::vector<StoreEntry> &entries,
 
 /// Launches storeAppended on `stream` for the `heads` heads of a decode
 /// batch (kvHeads per sequence) whose HeadTables `tables` holds, after the
-/// upload that set their appendSlot.
+/// upload (with storesWriteWords) that set their appendSlot and appendPage
+/// and left the step's table words to this launch.
 template <int D, Storage S>
-kvc_status_t launchAppendStores(const HeadTable *tables, int32_t heads,
+kvc_status_t launchAppendStores(DeviceTables &deviceTables,
+                                const HeadTable *tables, int32_t heads,
                                 int32_t kvHeads, const PageLayout &layout,
                                 const float *k, const float *v,
                                 int64_t kvStride, cudaStream_t stream,
                                 const char *name) {
+  const TableWord *words = nullptr;
+  int32_t numWords = 0;
+  KVC_CUDA_TRY(deviceTables.takeDeferredWords(&words, &numWords));
   constexpr int32_t kWarps = kStoreThreads / kWarpSize;
-  storeAppended<D, S><<<static_cast<unsigned>((heads + kWarps - 1) / kWarps),
-                        kStoreThreads, 0, stream>>>(tables, heads, kvHeads,
-                                                    layout, k, v, kvStride);
+  const int32_t blocks = (heads + kWarps - 1) / kWarps +
+                         (numWords + kStoreThreads - 1) / kStoreThreads;
+  storeAppended<D, S><<<static_cast<unsigned>(blocks), kStoreThreads, 0,
+                        stream>>>(tables, heads, kvHeads, layout, k, v,
+                                  kvStride, words, numWords);
   KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }

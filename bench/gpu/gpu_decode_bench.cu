@@ -1899,7 +1899,8 @@ int main(int argc, char **argv) {
                                 "running the emulated kernels inside the call)"
                               : "",
           kCountsRuntimeCalls
-              ? " Per fused call (emulator counts): launch = kernel launches, "
+              ? " Per call (emulator counts): pl.lnch = kernel launches of a "
+                "plain call; of a fused call: launch = kernel launches, "
                 "copy = copies and memsets, event = event records, wait = "
                 "synchronizations and synchronous copies, alloc = memory and "
                 "event allocations, pgbl = asynchronous copies from or to "
@@ -1910,8 +1911,8 @@ int main(int argc, char **argv) {
                   "B", "context", "plain us", "ns/head", "fused us",
                   "ns/head");
       if (kCountsRuntimeCalls)
-        std::printf(" | %6s %5s %5s %5s %5s %5s", "launch", "copy", "event",
-                    "wait", "alloc", "pgbl");
+        std::printf(" | %7s | %6s %5s %5s %5s %5s %5s", "pl.lnch", "launch",
+                    "copy", "event", "wait", "alloc", "pgbl");
       std::printf("\n");
       sweepCells(
           o, o.hostContexts,
@@ -1932,6 +1933,10 @@ int main(int argc, char **argv) {
             if (kCountsRuntimeCalls) {
               const RuntimeCounts &c = r.perCall[kHostFused];
               const bool ok = r.ok[kHostFused];
+              std::printf(" | %7s",
+                          cell(r.ok[kHostPlain], "%.1f",
+                               r.perCall[kHostPlain].launches)
+                              .c_str());
               std::printf(" | %6s %5s %5s %5s %5s %5s",
                           cell(ok, "%.1f", c.launches).c_str(),
                           cell(ok, "%.1f", c.copies).c_str(),

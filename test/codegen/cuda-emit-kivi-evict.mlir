@@ -1,8 +1,8 @@
 // H2O over KIVI storage on the CUDA backend: the decode keeps the slot
 // tables on the device like every other storage (DeviceTables), with each
 // slot's KIVI window word besides positions and score state; the stages
-// list the victims in the device tables and clear them there, and the step
-// queues their download without synchronizing the stream.
+// list the victims in the device tables, clear them there and write each
+// head's victim row for the host, without synchronizing the stream.
 //
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: kvc-opt %s --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
@@ -12,6 +12,8 @@
 // CHECK: kvc::cuda::compactIndices<kStageThreads>(
 // CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1, t.victims);
 // CHECK: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
+// CHECK-NEXT: // The head's victim row for the host (no download launch).
+// CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // CHECK-LABEL: kvc_status_t kvc_h2o_kivi_cuda_decode_batch(
 // CHECK-NOT: TableStager
 // CHECK: kvc::cuda::DeviceTables tables;
@@ -22,7 +24,7 @@
 // CHECK: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // CHECK-NOT: cudaStreamSynchronize
 // CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
-// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn());
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 // CHECK-LABEL: kvc_status_t kvc_h2o_kivi_cuda_decode(
 
 kvc.policy @h2o_kivi {

@@ -69,8 +69,38 @@
 // The statistics and the selection's summaries over the splits' slots:
 // CHECK: kvc::cuda::SelectionSummary *selection;
 // CHECK: w.selection = c.take<kvc::cuda::SelectionSummary>(heads * kMaxSplits);
+// The stages, run by the last fold block of each head (ahead of the fold
+// kernel that calls them): the one-victim check ahead of the full stages,
+// each path ending with the head's victim row for the host.
+// CHECK: /// the policy: run by the last of the head's fold blocks, kStageThreads threads.
+// CHECK-NEXT: template <int kStageThreads>
+// CHECK-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
+// CHECK-NEXT: // The fold kernel merged the splits and formed the statistics.
+// CHECK-NEXT: // %3 = kvc.budget_uniform count 256
+// CHECK-NEXT: const int64_t budget0 = 256;
+// CHECK: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
+// CHECK-NEXT: kvc::cuda::guessProtection(4, 16, position))) {
+// CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
+// CHECK-NEXT: return;
+// CHECK-NEXT: }
+// CHECK-NEXT: // %0 = kvc.attn_accumulate decay 9.000000e-01
+// CHECK: // Folded into the accumulated state by the fold kernel.
+// CHECK-NEXT: // %2 = kvc.protect %1 sinks 4 recent 16 : !kvc.score<kv_head>
+// CHECK-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 4, 16, s1);
+// CHECK-NEXT: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
+// CHECK-NEXT: kvc::cuda::selectVictims<kStageThreads>(s1, positions, n, budget0, true, victim);
+// CHECK: // The victims' slots, for the host to evict: in the device tables' victim
+// CHECK-NEXT: // list (DeviceTables: the count, then the slots).
+// CHECK-NEXT: kvc::cuda::compactIndices<kStageThreads>(
+// CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1, t.victims);
+// CHECK-NEXT: // The same eviction in the device tables.
+// CHECK-NEXT: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
+// CHECK-NEXT: // The head's victim row for the host (no download launch).
+// CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
+// CHECK-NEXT: }
 // CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
-// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, float *out) {
+// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, int32_t layer, float *out) {
 // CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
 // The lines of the slots the fold reads, asked of L2 ahead of the merge:
 // CHECK: // The lines of the block's slots into L2 while the splits' records load.
@@ -90,28 +120,13 @@
 // CHECK-NEXT: positions, r, kvc::cuda::guessProtection(4, 16, position), true,
 // CHECK-NEXT: [&](int32_t i) { return t.state[i]; },
 // CHECK-NEXT: &w.selection[h * numSplits + blockIdx.y]);
+// CHECK-NEXT: // The last of the head's blocks to finish runs the policy's stages for it.
+// CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, numSplits))
+// CHECK-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, out);
 // CHECK-NEXT: }
-// The stages: the one-victim check ahead of the full stages.
-// CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
-// CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
-// CHECK-NEXT: // The fold kernel merged the splits and formed the statistics.
-// CHECK-NEXT: // %3 = kvc.budget_uniform count 256
-// CHECK-NEXT: const int64_t budget0 = 256;
-// CHECK: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
-// CHECK-NEXT: kvc::cuda::guessProtection(4, 16, position)))
-// CHECK-NEXT: return;
-// CHECK-NEXT: // %0 = kvc.attn_accumulate decay 9.000000e-01
-// CHECK: // Folded into the accumulated state by the fold kernel.
-// CHECK-NEXT: // %2 = kvc.protect %1 sinks 4 recent 16 : !kvc.score<kv_head>
-// CHECK-NEXT: kvc::cuda::protect<kStageThreads>(s0, positions, n, 4, 16, s1);
-// CHECK-NEXT: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
-// CHECK-NEXT: kvc::cuda::selectVictims<kStageThreads>(s1, positions, n, budget0, true, victim);
-// CHECK: // The victims' slots, for the host to evict: in the device tables' victim
-// CHECK-NEXT: // list (DeviceTables: the count, then the slots).
-// CHECK-NEXT: kvc::cuda::compactIndices<kStageThreads>(
-// CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1, t.victims);
-// CHECK-NEXT: // The same eviction in the device tables.
-// CHECK-NEXT: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);
+// No stages kernel of their own.
+// CHECK-NOT: __global__ void __launch_bounds__(kStageThreads)
+// CHECK-NOT: decodeStages(
 
 // CHECK-LABEL: extern "C" {
 // CHECK: kvc_status_t kvc_heavy_cuda_prefill(kvc_context_t *context, uint64_t sequence, int32_t layer, int32_t n, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes, void *stream) {
@@ -146,12 +161,14 @@
 // CHECK-NEXT: positions, newSlots.data(), numPages.data()));
 // CHECK-NOT: kvc_append(
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
-// CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads));
+// CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads,
+// CHECK-NEXT: /*kiviWork=*/nullptr, /*storesWriteWords=*/true));
 // The new rows go where the uploaded tables say: no destination list is
-// built or uploaded.
-// CHECK-NEXT: // The new rows, at the slots the uploaded tables name.
+// built or uploaded; the same launch writes the tables' words.
+// CHECK-NEXT: // The new rows, at the slots the uploaded tables name, and the tables' words
+// CHECK-NEXT: // in the same launch.
 // CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, kStorage>(
-// CHECK-NEXT: w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout(config, layout), k, v,
+// CHECK-NEXT: tables, w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout(config, layout), k, v,
 // CHECK-NEXT: kKvStride, s, "kvc_heavy_cuda_decode_batch")));
 // CHECK-NOT: StoreEntry
 // CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
@@ -159,9 +176,10 @@
 // CHECK: w.logits, w.partials};
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
-// CHECK: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// CHECK-NEXT: plan.slotsPerSplit, out);
-// CHECK: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
+// CHECK: // the last block of a head runs the policy's stages for it.
+// CHECK-NEXT: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// CHECK-NEXT: plan.slotsPerSplit, layer, out);
+// CHECK-NOT: decodeStages<<<
 // No synchronization in the step: the victims stay in the device tables.
 // CHECK-NOT: cudaStreamSynchronize
 // CHECK: KVC_CUDA_CHECK("kvc_heavy_cuda_decode_batch", cudaGetLastError());
@@ -170,7 +188,7 @@
 // CHECK-NEXT: // KIVI pool) or host access; the step does not wait for its kernels.
 // CHECK-NEXT: for (int32_t b = 0; b < batch; ++b)
 // CHECK-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
-// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn());
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 // CHECK-NEXT: } catch (const std::bad_alloc &) {
 // CHECK: void kvc_heavy_cuda_configure(kvc_config_t *config) {
 // CHECK: config->memory = KVC_MEMORY_DEVICE;
@@ -189,7 +207,9 @@
 // UNFUSED: kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, kSoftmaxScale, w.scratchOut, w.lse);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const int32_t *positions, void *workspace, uint64_t workspace_bytes, void *stream) {
 // UNFUSED: decodeScoringFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// UNFUSED: decodeScoringStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, w.scratchOut);
+// UNFUSED-NEXT: plan.slotsPerSplit, layer);
+// UNFUSED-NOT: decodeScoringStages<<<
+// UNFUSED: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, int32_t position, void *workspace, uint64_t workspace_bytes, void *stream) {
 // UNFUSED-NEXT: // A batch of one.
 // UNFUSED-NEXT: return kvc_heavy_cuda_decode_scoring_batch(context, 1, &sequence, layer, q, &position, workspace,
@@ -309,6 +329,21 @@
 // SCISSORHANDS: w.tables = c.take<char>(kvc::cuda::deviceTableBytes(heads, stride));
 // SCISSORHANDS-NOT: w.victims = c.take
 // SCISSORHANDS: }
+// The stages, which the last fold block of a head runs, come first.
+// SCISSORHANDS: template <int kStageThreads>
+// SCISSORHANDS-NEXT: __device__ void decodeStages(
+// SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
+// SCISSORHANDS-NEXT: // The fold kernel merged the splits and formed the statistics.
+// SCISSORHANDS: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
+// SCISSORHANDS-NEXT: kvc::cuda::guessProtection(0, 64, position))) {
+// SCISSORHANDS-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
+// SCISSORHANDS-NEXT: return;
+// SCISSORHANDS-NEXT: }
+// SCISSORHANDS-NEXT: // %0 = kvc.attn_persistence threshold 9.765625E-4 history 64 reduce mean
+// SCISSORHANDS-NEXT: for (int32_t i = threadIdx.x; i < n; i += kStageThreads)
+// SCISSORHANDS-NEXT: s0[i] = positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory));
+// SCISSORHANDS: kvc::cuda::publishVictims<kStageThreads>(t);
+// SCISSORHANDS-NEXT: }
 // SCISSORHANDS: decodeFold(
 // SCISSORHANDS: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
 // SCISSORHANDS-NEXT: r, {kvc::cuda::slotArray(positions),
@@ -320,14 +355,8 @@
 // SCISSORHANDS: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
 // SCISSORHANDS-NEXT: positions, r, kvc::cuda::guessProtection(0, 64, position), true,
 // SCISSORHANDS-NEXT: [&](int32_t i) { return static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory)); },
-// SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
-// SCISSORHANDS-NEXT: // The fold kernel merged the splits and formed the statistics.
-// SCISSORHANDS: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
-// SCISSORHANDS-NEXT: kvc::cuda::guessProtection(0, 64, position)))
-// SCISSORHANDS-NEXT: return;
-// SCISSORHANDS-NEXT: // %0 = kvc.attn_persistence threshold 9.765625E-4 history 64 reduce mean
-// SCISSORHANDS-NEXT: for (int32_t i = threadIdx.x; i < n; i += kStageThreads)
-// SCISSORHANDS-NEXT: s0[i] = positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory));
+// SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, numSplits))
+// SCISSORHANDS-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, out);
 // SCISSORHANDS-LABEL: extern "C" {
 // SCISSORHANDS: kvc::cuda::prefillColumnStats<kGroup, kHeadDim>
 // SCISSORHANDS-NEXT: <<<
@@ -342,7 +371,7 @@
 // SCISSORHANDS-NEXT: /*withVictims=*/true, "kvc_scissorhands_cuda_decode_batch"));
 // SCISSORHANDS-NOT: cudaStreamSynchronize
 // SCISSORHANDS: KVC_CUDA_TRY(tables.keepVictims(b));
-// SCISSORHANDS-NEXT: KVC_CUDA_TRY(tables.checkIn());
+// SCISSORHANDS-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 
 // RPC: constexpr int32_t kPeriod = 4096;
 // RPC-NEXT: /// Decode queries observed before each periodic compression.
@@ -376,8 +405,10 @@
 // RPC-NEXT: return;
 // RPC-NEXT: // %3 = kvc.budget_uniform count 4096
 // RPC-NEXT: const int64_t budget0 = 4096;
-// RPC: kvc::cuda::guessProtection(0, 32, position)))
+// RPC: kvc::cuda::guessProtection(0, 32, position))) {
+// RPC-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // RPC-NEXT: return;
+// RPC-NEXT: }
 // RPC-NEXT: // %0 = kvc.attn_window size 32
 // RPC-NEXT: for (int32_t i = threadIdx.x; i < n; i += kStageThreads)
 // RPC-NEXT: s0[i] = positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : positions[i] > position - kWindow ? 0.0f : t.state[i] / kWindow;
@@ -401,7 +432,7 @@
 // RPC-NEXT: for (int32_t b = 0; b < batch; ++b)
 // RPC-NEXT: if ((positions[b] + 1) % kPeriod == 0)
 // RPC-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
-// RPC-NEXT: KVC_CUDA_TRY(tables.checkIn());
+// RPC-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
 // RPC-UNFUSED: decodeScoringFold(
@@ -416,7 +447,7 @@
 // RPC-UNFUSED-NOT: cudaStreamSynchronize
 // RPC-UNFUSED: if ((positions[b] + 1) % kPeriod == 0)
 // RPC-UNFUSED-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
-// RPC-UNFUSED-NEXT: KVC_CUDA_TRY(tables.checkIn());
+// RPC-UNFUSED-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 
 kvc.policy @heavy {
   kvc.phase over_budget {
@@ -430,9 +461,10 @@ kvc.policy @heavy {
 }
 
 // A decode without attention statistics stores no logits and its workspace
-// has none.
+// has none; the last attention block of each head merges the splits.
 // NOLOGITS-NOT: logits
-// NOLOGITS: /*logits=*/nullptr, w.partials};
+// NOLOGITS: /*logits=*/nullptr, w.partials,
+// NOLOGITS-NEXT: /*mergeOut=*/out};
 // NOLOGITS-NOT: logits
 
 // KIVI storage on device pools, the runtime records the work of each append
@@ -472,7 +504,12 @@ kvc.policy @heavy {
 // KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>
 // KIVI-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args, kResidual);
+// No kernel after the attention: its last block of a head merges the splits.
+// KIVI-NEXT: // The last of each head's blocks merges the head's splits (mergeOut): no kernel
+// KIVI-NEXT: // follows.
+// KIVI-NEXT: KVC_CUDA_CHECK("kvc_kivi2_cuda_decode_batch", cudaGetLastError());
 // KIVI-NOT: decodeAttentionSplit
+// KIVI-NOT: decodeStages
 // KIVI-NOT: cudaStreamSynchronize
 // KIVI: KVC_CUDA_TRY(tables.checkIn());
 // KIVI: config->group_size = kKiviGroup;

@@ -29,8 +29,13 @@
 // run serves a batch that sequences join and leave every other step: no
 // synchronizing allocation or free after the first steps, pinned victim
 // rows reused, and a released mirror's memory kept until its last step has
-// finished (events held unfinished by the emulator). Exits 1 on the first
-// difference.
+// finished (events held unfinished by the emulator). On the full-precision
+// pool every third step stores its new rows with storeAppended, which must
+// write them into the pages the HeadTables name and write the step's last
+// chunk of words; every other step's victim rows reach the host from the
+// stand-in stages (publishVictims) rather than from checkIn's download.
+// A step whose words were left to stores that never ran must fail its
+// check-in. Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
 
@@ -91,9 +96,10 @@ int32_t expectedKiviWord(const kvc_kivi_work_t &work, const kvc_metadata_t &m,
 /// What the stages of a stateful policy do to the tables, in miniature:
 /// every live slot's state counts the steps it was live and its importance
 /// bits shift in a 1; then the victims are listed for the host and cleared
-/// as the runtime will.
+/// as the runtime will, and with `publish` the block writes the head's
+/// host row too (publishVictims, as generated stages do).
 __global__ void stages(const kvc::cuda::HeadTable *heads,
-                       const uint8_t *victims) {
+                       const uint8_t *victims, bool publish) {
   const kvc::cuda::HeadTable t = heads[blockIdx.x];
   for (int32_t i = threadIdx.x; i < t.numSlots; i += kThreads)
     if (t.positions[i] != KVC_POSITION_NONE) {
@@ -106,6 +112,8 @@ __global__ void stages(const kvc::cuda::HeadTable *heads,
       t.numSlots, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1,
       t.victims);
   kvc::cuda::clearEvicted<kThreads>(t, victim, t.numSlots);
+  if (publish)
+    kvc::cuda::publishVictims<kThreads>(t);
 }
 
 /// A device pool of one layer, kHeads kv-heads of 8 f32 channels and pages
@@ -132,19 +140,28 @@ kvc_config_t deviceConfig(bool kivi, int32_t pages, int32_t sequences) {
 
 /// The end of a step of `batch` sequences: the victim flags go up, the
 /// stand-in stages run over the step's HeadTables `heads`, every sequence
-/// keeps its victims and the mirrors are checked in.
+/// keeps its victims and the mirrors are checked in. The victim rows reach
+/// the host from the stages (`publish`) or from checkIn's copyVictimRows.
 void endStep(kvc::cuda::DeviceTables &tables,
              const kvc::cuda::HeadTable *heads, uint8_t *victims,
-             const std::vector<uint8_t> &flags, int batch,
-             bool keep = true) {
+             const std::vector<uint8_t> &flags, int batch, bool keep,
+             bool publish) {
   CHECK(cudaMemcpy(victims, flags.data(), flags.size(),
                    cudaMemcpyHostToDevice) == cudaSuccess,
         "victims");
-  stages<<<batch * kHeads, kThreads>>>(heads, victims);
+  stages<<<batch * kHeads, kThreads>>>(heads, victims, publish);
   CHECK(cudaGetLastError() == cudaSuccess, "launch");
   for (int b = 0; keep && b < batch; ++b)
     CHECK(tables.keepVictims(b) == KVC_STATUS_OK, "keep victims");
-  CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+  CHECK(tables.checkIn(/*victimsPublished=*/publish) == KVC_STATUS_OK,
+        "check in");
+}
+
+/// The float (key, or value with `value`) of channel c that
+/// storeAppended wrote for head i of the batch at `step` (test rows).
+float storedChannel(int step, int i, int c, bool value) {
+  const float key = static_cast<float>(step * 1000 + i * 10 + c);
+  return value ? -key : key;
 }
 
 /// The mirror of (sequence, layer 0) equals the runtime's page table and
@@ -280,12 +297,34 @@ void run(bool kivi) {
   void *pool = nullptr, *region = nullptr;
   uint8_t *victims = nullptr;
   CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess, "pool");
-  // Room for the HeadTables and three words only (the generated code gives
-  // deviceTableBytes): every step's words go up in chunks.
+  // Room for the HeadTables, their arrival counters and three words only
+  // (the generated code gives deviceTableBytes): every step's words go up
+  // in chunks.
   const uint64_t regionBytes =
       kvc::cuda::TableMirror::align(sizeof(kvc::cuda::HeadTable) * kBatch *
                                     kHeads) +
+      kvc::cuda::TableMirror::align(sizeof(int32_t) * kBatch * kHeads) +
       3 * sizeof(kvc::cuda::TableWord);
+  // On a full-precision pool every third step stores its new rows with
+  // storeAppended, which then writes the last chunk of the words: the rows
+  // of every step (batch x kHeads keys, then as many values, 8 channels),
+  // written once.
+  constexpr int kRows = kBatch * kHeads;
+  std::vector<float> rowsHost(static_cast<size_t>(kSteps) * 2 * kRows * 8);
+  for (int step = 0; step < kSteps; ++step)
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < 8; ++c)
+        for (int value = 0; value < 2; ++value)
+          rowsHost[((static_cast<size_t>(step) * 2 + value) * kRows + i) * 8 +
+                   c] = storedChannel(step, i, c, value != 0);
+  float *rows = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void **>(&rows),
+                   sizeof(float) * rowsHost.size()) == cudaSuccess &&
+            cudaMemcpy(rows, rowsHost.data(), sizeof(float) * rowsHost.size(),
+                       cudaMemcpyHostToDevice) == cudaSuccess,
+        "rows");
+  kvc_page_layout_t pageLayout;
+  CHECK(kvc_page_layout(&config, &pageLayout) == KVC_STATUS_OK, "layout");
   CHECK(cudaMalloc(&region, regionBytes) == cudaSuccess, "region");
   CHECK(cudaMalloc(reinterpret_cast<void **>(&victims),
                    kBatch * kHeads * kStride) == cudaSuccess,
@@ -312,7 +351,7 @@ void run(bool kivi) {
   }
   std::mt19937 rng(1234);
   int holes = 0, trims = 0, rebuilds = 0, longLists = 0, longReadSteps = 0,
-      batchedReads = 0, twoHeadLists = 0;
+      batchedReads = 0, twoHeadLists = 0, storeSteps = 0;
   const kvc::emu::Counters atStart = kvc::emu::counters();
   // Per head of the batch: the runtime's page count after the last step,
   // before the check-out evicted victims.
@@ -461,10 +500,42 @@ void run(bool kivi) {
       }
     }
     const kvc::cuda::HeadTable *heads = nullptr;
+    const bool stores = !kivi && step % 3 == 1;
     CHECK(tables.upload(positions, newSlots.data(),
                         batched ? numPages.data() : nullptr, false, region,
-                        regionBytes, nullptr, &heads) == KVC_STATUS_OK,
+                        regionBytes, nullptr, &heads, /*kiviWork=*/nullptr,
+                        /*storesWriteWords=*/stores) == KVC_STATUS_OK,
           "upload");
+    if (stores) {
+      const float *k = rows + static_cast<size_t>(step) * 2 * kRows * 8;
+      CHECK((kvc::cuda::launchAppendStores<8, kvc::cuda::Storage::F32>(
+                tables, heads, kRows, kHeads,
+                kvc::cuda::devicePageLayout(config, pageLayout), k,
+                k + kRows * 8, kHeads * 8, nullptr, "stores")) ==
+                KVC_STATUS_OK,
+            "step %d: stores", step);
+      // Each new row is in the slot's page, which the HeadTable names.
+      for (int i = 0; i < kRows; ++i) {
+        void *address = nullptr;
+        CHECK(kvc_get_page(ctx, sequences[i / kHeads], 0, i % kHeads,
+                           newSlots[i] / kPageSize, nullptr, nullptr,
+                           &address) == KVC_STATUS_OK &&
+                  heads[i].appendPage == reinterpret_cast<uint64_t>(address),
+              "step %d head %d: appendPage is not the page of slot %d", step,
+              i, newSlots[i]);
+        const char *page = static_cast<const char *>(address);
+        const int64_t row = newSlots[i] % kPageSize * 8;
+        for (int c = 0; c < 8; ++c)
+          CHECK(reinterpret_cast<const float *>(
+                    page + pageLayout.key_offset)[row + c] ==
+                        storedChannel(step, i, c, false) &&
+                    reinterpret_cast<const float *>(
+                        page + pageLayout.value_offset)[row + c] ==
+                        storedChannel(step, i, c, true),
+                "step %d head %d: channel %d of the stored row", step, i, c);
+      }
+      ++storeSteps;
+    }
     // Victims: now and then one entry, or every entry of one page.
     std::vector<std::vector<int32_t>> chosen(kBatch * kHeads);
     std::fill(flags.begin(), flags.end(), 0);
@@ -512,7 +583,7 @@ void run(bool kivi) {
     for (int i = 0; i < kBatch * kHeads; ++i)
       for (auto &entry : live[i / kHeads][i % kHeads])
         ++entry.second;
-    endStep(tables, heads, victims, flags, kBatch);
+    endStep(tables, heads, victims, flags, kBatch, true, step % 2 == 1);
     for (int i = 0; i < kBatch * kHeads; ++i) {
       std::sort(chosen[i].begin(), chosen[i].end());
       holes += chosen[i].size() > 1 &&
@@ -543,12 +614,14 @@ void run(bool kivi) {
   }
   verifyState(kSteps);
   CHECK(holes > 3 && trims > 0 && rebuilds > 3 && growths > 0 &&
-            longReadSteps > 0 && batchedReads > 0 && twoHeadLists > 0,
+            longReadSteps > 0 && batchedReads > 0 && twoHeadLists > 0 &&
+            (kivi || storeSteps > 20),
         "the run made %d page evictions, %d trims, %d write-backs, %d "
         "mirrors outgrown, %d long victim lists (%d check-outs read some, "
-        "%d of several sequences; %d steps with both heads')",
+        "%d of several sequences; %d steps with both heads'), %d steps "
+        "whose stores wrote the words",
         holes, trims, rebuilds, growths, longLists, longReadSteps,
-        batchedReads, twoHeadLists);
+        batchedReads, twoHeadLists, storeSteps);
   // The write-backs too read the device on kvc's own stream: the only
   // synchronous copies (on the legacy default stream) are the test's own
   // victim flags, one per step (endStep).
@@ -558,6 +631,7 @@ void run(bool kivi) {
                                         atStart.syncCopies),
         kSteps);
   kvc_context_destroy(ctx);
+  cudaFree(rows);
   cudaFree(victims);
   cudaFree(region);
   cudaFree(pool);
@@ -672,7 +746,7 @@ void serve() {
       flags[i * kStride + chosen[i][0]] = 1;
       ++evicted;
     }
-    endStep(tables, heads, victims, flags, n, evict);
+    endStep(tables, heads, victims, flags, n, evict, index % 2 == 0);
     for (int32_t b = 0; b < n; ++b) {
       const kvc::cuda::TableMirror &m = *mirrorOf(active[b]);
       kvc_attachment_t a{};
@@ -859,12 +933,77 @@ void serve() {
               static_cast<unsigned long long>(freed), rows.size());
 }
 
+/// A step that leaves its table words to storeAppended must run it: a
+/// check-in with the words unwritten fails, naming the cause, and so does a
+/// second take of the words; the failed step's mirror is written back, so
+/// the runtime still answers.
+void unwrittenWords() {
+  const kvc_config_t config = deviceConfig(false, 16, 1);
+  uint64_t poolBytes = 0;
+  CHECK(kvc_pool_bytes_required(&config, &poolBytes) == KVC_STATUS_OK, "pool");
+  void *pool = nullptr, *region = nullptr;
+  const uint64_t regionBytes = kvc::cuda::deviceTableBytes(kHeads, kStride);
+  CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess &&
+            cudaMalloc(&region, regionBytes) == cudaSuccess,
+        "device memory");
+  kvc_context_t *ctx = nullptr;
+  CHECK(kvc_context_create(&config, pool, poolBytes, &ctx) == KVC_STATUS_OK,
+        "context");
+  const uint64_t sequence = 5;
+  CHECK(kvc_sequence_add(ctx, sequence) == KVC_STATUS_OK, "add");
+  for (int32_t position = 0; position < 3; ++position) {
+    kvc::cuda::DeviceTables tables;
+    CHECK(tables.checkOut(ctx, 1, &sequence, 0, kHeads, false, false, false,
+                          "unwritten") == KVC_STATUS_OK,
+          "check out");
+    int32_t newSlots[kHeads], numPages[kHeads];
+    CHECK(kvc_append_step(ctx, 0, 1, &sequence, 8, nullptr, nullptr,
+                          &position, newSlots, numPages) == KVC_STATUS_OK,
+          "append step");
+    const kvc::cuda::HeadTable *heads = nullptr;
+    CHECK(tables.upload(&position, newSlots, numPages, false, region,
+                        regionBytes, nullptr, &heads, nullptr,
+                        /*storesWriteWords=*/true) == KVC_STATUS_OK,
+          "upload");
+    if (position < 2) {
+      // The first step builds the mirror (no words); the second writes the
+      // new slot's position into it.
+      const kvc::cuda::TableWord *words = nullptr;
+      int32_t n = -1;
+      CHECK(tables.takeDeferredWords(&words, &n) == KVC_STATUS_OK &&
+                (n > 0) == (position == 1),
+            "step %d: the step's words (%d)", position, n);
+      CHECK(tables.takeDeferredWords(&words, &n) == KVC_STATUS_INTERNAL &&
+                std::string(kvc_last_error()).find("no table words") !=
+                    std::string::npos,
+            "a second take: %s", kvc_last_error());
+      kvc::cuda::writeTableWords<256><<<1, 256>>>(words, n);
+      CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+      continue;
+    }
+    CHECK(tables.checkIn() == KVC_STATUS_INTERNAL &&
+              std::string(kvc_last_error()) ==
+                  "unwritten: the step's table words were left to stores "
+                  "that never ran",
+          "check in with unwritten words: %s", kvc_last_error());
+  }
+  kvc_metadata_t meta;
+  CHECK(kvc_get_metadata(ctx, sequence, 0, 0, &meta) == KVC_STATUS_OK &&
+            meta.num_slots >= 3,
+        "metadata after the failed steps");
+  std::printf("unwritten words: a check-in without the stores fails: ok\n");
+  kvc_context_destroy(ctx);
+  cudaFree(region);
+  cudaFree(pool);
+}
+
 } // namespace
 
 int main() {
   run(false);
   run(true);
   serve();
+  unwrittenWords();
   CHECK(keyBlocks > 3 && windowVictims > 3,
         "the KIVI run quantized %d blocks of keys on kept tables and evicted "
         "%d window entries",
