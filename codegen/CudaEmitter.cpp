@@ -1838,12 +1838,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
              "    KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, "
              "layer, batch, sequences, kKvHeads, layout,\n"
              "                                                   "
-             "config.page_size, kKiviGroup, k, v, kKvStride)));\n"
-             "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
-             "kDtype>(\n"
-             "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
-             "kResidual, kKiviGroup), s, \""
-          << name << "\")));\n";
+             "config.page_size, kKiviGroup, k, v, kKvStride)));\n";
   }
   out << "    KVC_CUDA_TRY(tables.upload(positions, "
       << (append ? "newSlots.data(), numPages.data()" : "nullptr, nullptr")
@@ -1853,12 +1848,22 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "                               kvc::cuda::deviceTableBytes(heads, "
          "stride"
       << (kivi ? ", kResidual" : "") << "), s, &w.heads"
-      << (kivi && append ? ", kivi.records()" : "")
+      << (kivi && append ? ",\n                               kivi.records(), "
+                           "/*storesWriteWords=*/true"
+                         : "")
       << (append && !kivi
               ? ",\n                               /*kiviWork=*/nullptr, "
                 "/*storesWriteWords=*/true"
               : "")
       << "));\n";
+  if (append && kivi)
+    out << "    // The quantization, then the new rows into the residual "
+           "windows and, in the\n    // same launch, the tables' words.\n"
+           "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
+           "kDtype>(\n"
+           "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
+           "kResidual, kKiviGroup), s, \""
+        << name << "\", &tables)));\n";
   if (append && !kivi)
     out << "    // The new rows, at the slots the uploaded tables name, and "
            "the tables' words\n    // in the same launch.\n"

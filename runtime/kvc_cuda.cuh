@@ -2312,11 +2312,21 @@ __global__ void __launch_bounds__(D)
   }
 }
 
-/// Writes the staged rows into the residual window, one block of D threads
-/// per row pair; runs after kiviQuantize, whose jobs may read the rows these
-/// overwrite.
+/// Writes the `count` staged rows into the residual window, one block of D
+/// threads per row pair, and in the blocks after them a decode step's
+/// `numWords` table words (writeTableWords; the rows and the words touch
+/// different memory); runs after kiviQuantize, whose jobs may read the rows
+/// these overwrite.
 template <int D, kvc_dtype_t T>
-__global__ void __launch_bounds__(D) kiviStageRows(const KiviStage *stages) {
+__global__ void __launch_bounds__(D)
+    kiviStageRows(const KiviStage *stages, int32_t count,
+                  const TableWord *words, int32_t numWords) {
+  if (static_cast<int32_t>(blockIdx.x) >= count) {
+    writeTableWord(words, numWords,
+                   (static_cast<int32_t>(blockIdx.x) - count) * D +
+                       static_cast<int32_t>(threadIdx.x));
+    return;
+  }
   const KiviStage s = stages[blockIdx.x];
   const int c = threadIdx.x;
   Element<T>::store(reinterpret_cast<uint8_t *>(s.residualKey), c,
@@ -6935,8 +6945,10 @@ public:
   /// KIVI tables, the work record of every head of the batch as read after
   /// the appends (KiviWorkPlan::records; null to ask the runtime per head).
   /// `storesWriteWords`: the words (their last chunk) are left to the
-  /// step's storeAppended launch (launchAppendStores), which writes them
-  /// with the new rows; otherwise upload launches writeTableWords.
+  /// step's launch that stores its new rows (storeAppended through
+  /// launchAppendStores, or a KIVI step's kiviStageRows through
+  /// KiviWorkPlan::launch), which writes them too; otherwise upload
+  /// launches writeTableWords.
   kvc_status_t upload(const int32_t *queryPositions, const int32_t *newSlots,
                       const int32_t *numPages, bool sameEntries, void *region,
                       uint64_t capacity, cudaStream_t stream,
@@ -7915,10 +7927,17 @@ private:
 
 public:
   /// Uploads the jobs into `region` (`bytes` long, kiviWorkBytes) and
-  /// launches the quantization, then the staging, on `stream`.
+  /// launches the quantization, then the staging, on `stream`. With
+  /// `tables` (a decode step whose upload left its words to the stores,
+  /// storesWriteWords), the staging launch writes the step's table words
+  /// too, or a writeTableWords launch where nothing is staged.
   template <int D, int kBits, int KG, kvc_dtype_t T>
   kvc_status_t launch(void *region, uint64_t bytes, cudaStream_t stream,
-                      const char *name) {
+                      const char *name, DeviceTables *tables = nullptr) {
+    const TableWord *words = nullptr;
+    int32_t numWords = 0;
+    if (tables)
+      KVC_CUDA_TRY(tables->takeDeferredWords(&words, &numWords));
     Carver carver(nullptr);
     carver.take<KiviJob>(static_cast<int64_t>(jobs_.size()));
     carver.take<KiviMember>(static_cast<int64_t>(members_.size()));
@@ -7931,6 +7950,11 @@ public:
     KiviMember *members =
         at.take<KiviMember>(static_cast<int64_t>(members_.size()));
     KiviStage *stages = at.take<KiviStage>(static_cast<int64_t>(stages_.size()));
+    if (stages_.empty() && numWords > 0) {
+      writeTableWords<256><<<static_cast<unsigned>((numWords + 255) / 256),
+                             256, 0, stream>>>(words, numWords);
+      KVC_CUDA_CHECK(name, cudaGetLastError());
+    }
     if (jobs_.empty() && stages_.empty())
       return KVC_STATUS_OK;
     // The three lists in one pinned image laid out as the region, one copy
@@ -7957,8 +7981,10 @@ public:
       KVC_CUDA_CHECK(name, cudaGetLastError());
     }
     if (!stages_.empty()) {
+      const int32_t count = static_cast<int32_t>(stages_.size());
       kiviStageRows<D, T>
-          <<<static_cast<unsigned>(stages_.size()), D, 0, stream>>>(stages);
+          <<<static_cast<unsigned>(count + (numWords + D - 1) / D), D, 0,
+             stream>>>(stages, count, words, numWords);
       KVC_CUDA_CHECK(name, cudaGetLastError());
     }
     return KVC_STATUS_OK;

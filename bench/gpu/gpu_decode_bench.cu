@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -661,7 +662,12 @@ constexpr bool kCountsRuntimeCalls =
     false;
 #endif
 
-enum HostVariant { kHostPlain = 0, kHostFused = 1, kNumHost = 2 };
+enum HostVariant {
+  kHostPlain = 0,
+  kHostFused = 1,
+  kHostInt2 = 2,
+  kNumHost = 3
+};
 
 struct HostResult {
   bool ok[kNumHost] = {};
@@ -676,36 +682,30 @@ struct HostResult {
   int calls[kNumHost] = {};
 };
 
-/// The host side of the plain and the fused decode at one (geometry, batch,
-/// context): each timed call is issued after cudaStreamSynchronize, so it
-/// waits for nothing, and its CPU time (steady_clock around the call, less
-/// the time the emulator spent running kernels inside it) is the work the
-/// host does per step: the runtime's appends and evictions, the device
-/// tables' words and the CUDA runtime calls that queue copies and launches.
+/// The host side of the plain, the fused and the int2 (KIVI) decode at one
+/// (geometry, batch, context): each timed call is issued after
+/// cudaStreamSynchronize, so it waits for nothing, and its CPU time
+/// (steady_clock around the call, less the time the emulator spent running
+/// kernels inside it) is the work the host does per step: the runtime's
+/// appends and evictions, the device tables' words, a KIVI step's work
+/// records and the CUDA runtime calls that queue copies and launches.
 /// Rounds of o.steps calls as in timeSteps (an untimed call at `context`
-/// entries first, the round's entries evicted after it), >= o.minRounds
-/// rounds and until o.minMs of wall time.
+/// entries first, the round's entries evicted after it; for int2 as in
+/// timeKivi: positions keep growing and the oldest entries are evicted down
+/// to `context`), >= o.minRounds rounds and until o.minMs of wall time.
+/// int2 runs where it is selected (--variants).
 HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
                      int n, const Options &o, cudaStream_t stream) {
   HostResult r;
   const int qHeads = kKvHeads * g.group;
-  Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
-              o.pageSize);
-  const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
-  buffers.workspace.reserve(
-      std::max(g.plainBytes(batch, stride), g.fusedBytes(batch, stride)));
   Batch in(buffers, batch, qHeads, g.dim);
-  void *ws = buffers.workspace.ptr;
-  const uint64_t wsSize = buffers.workspace.bytes;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  for (int v = 0; v < kNumHost; ++v) {
-    const DecodeFn decode = v == kHostPlain ? g.plainDecode : g.fusedDecode;
-    auto call = [&](int32_t position) {
-      KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q, in.k,
-                       in.v, in.at(position), in.out, ws, wsSize, stream));
-    };
+  // Times `call(position)` as described above; `restore` ends a round.
+  auto measure = [&](int v, const std::function<void(int32_t)> &call,
+                     const std::function<void()> &restore, int32_t first,
+                     bool keepPositions) {
     std::vector<double> samples;
     RuntimeCounts total;
+    int32_t position = first;
     try {
       const auto start = std::chrono::steady_clock::now();
       int rounds = 0;
@@ -716,12 +716,14 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
         if (round >= 0 && rounds >= o.minRounds &&
             (wallMs >= o.minMs || rounds >= 10))
           break;
-        call(n);
+        if (!keepPositions)
+          position = first;
+        call(position++);
         for (int i = 0; i < o.steps; ++i) {
           CUDA_CHECK(cudaStreamSynchronize(stream));
           const RuntimeCounts before = runtimeCounts();
           const auto t0 = std::chrono::steady_clock::now();
-          call(n + 1 + i);
+          call(position++);
           const auto t1 = std::chrono::steady_clock::now();
           const RuntimeCounts after = runtimeCounts();
           if (round < 0)
@@ -737,7 +739,7 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
           total.pageable += after.pageable - before.pageable;
         }
         CUDA_CHECK(cudaStreamSynchronize(stream));
-        ctx.restore(batch, n);
+        restore();
         if (round >= 0)
           ++rounds;
       }
@@ -746,12 +748,12 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
       cudaStreamSynchronize(stream);
       cudaGetLastError();
       try {
-        ctx.restore(batch, n);
+        restore();
       } catch (const BenchError &) {
       }
       r.error[v] = e.what();
       ++gCellErrors;
-      continue;
+      return;
     }
     std::sort(samples.begin(), samples.end());
     const size_t m = samples.size();
@@ -764,6 +766,55 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
     r.perCall[v].allocations = total.allocations / double(m);
     r.perCall[v].pageable = total.pageable / double(m);
     r.ok[v] = true;
+  };
+  {
+    Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
+                o.pageSize);
+    const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+    buffers.workspace.reserve(
+        std::max(g.plainBytes(batch, stride), g.fusedBytes(batch, stride)));
+    void *ws = buffers.workspace.ptr;
+    const uint64_t wsSize = buffers.workspace.bytes;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int v : {kHostPlain, kHostFused}) {
+      const DecodeFn decode = v == kHostPlain ? g.plainDecode : g.fusedDecode;
+      measure(
+          v,
+          [&](int32_t position) {
+            KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q,
+                             in.k, in.v, in.at(position), in.out, ws, wsSize,
+                             stream));
+          },
+          [&] { ctx.restore(batch, n); }, n, false);
+    }
+  }
+  if (!o.variants[kNumVariants + kInt2]) {
+    r.error[kHostInt2] = "not selected (--variants)";
+    return r;
+  }
+  try {
+    kvc_config_t kivi{};
+    g.kiviConfigure[kInt2](&kivi);
+    Context ctx(g.kiviConfigure[kInt2], g.dim, buffers, batch, n,
+                o.steps + 2 + 2 * kivi.group_size, o.pageSize);
+    fillRandomHalf(buffers.pool.ptr, ctx.poolBytes, buffers.seed++);
+    const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+    buffers.workspace.reserve(g.kiviBytes[kInt2](batch, stride));
+    void *ws = buffers.workspace.ptr;
+    const uint64_t wsSize = buffers.workspace.bytes;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    measure(
+        kHostInt2,
+        [&](int32_t position) {
+          KVC_CHECK(g.kiviDecode[kInt2](ctx.context, batch,
+                                        in.sequences.data(), 0, in.q, in.k,
+                                        in.v, in.at(position), in.out, ws,
+                                        wsSize, stream));
+        },
+        [&] { ctx.restoreOldest(batch, n); }, n, true);
+  } catch (const BenchError &e) {
+    r.error[kHostInt2] = e.what();
+    ++gCellErrors;
   }
   return r;
 }
@@ -1482,9 +1533,11 @@ int main(int argc, char **argv) {
     // rows (kernel alternatives): that decode's microseconds per step;
     // alt_prefill_cc rows: milliseconds per call of the plain and the H2O
     // prefill on CUDA cores; host rows: CPU microseconds per call of the
-    // plain and the fused decode (the host side, kernels excluded).
+    // plain, the fused and the int2 decode (the host side, kernels
+    // excluded).
     csv("kind,head_dim,group,q_heads,batch,context,bytes_per_step,time_unit,"
-        "t_plain,t_fused_or_snapkv,t_unfused_or_h2o,fused_GBs,copy_GBs\n");
+        "t_plain,t_fused_or_snapkv,t_unfused_or_h2o_or_int2,fused_GBs,"
+        "copy_GBs\n");
     csv("copy,,,,,,%zu,,,,,,%.1f\n", copy.bytes, copy.best());
 
     Buffers buffers;
@@ -1884,7 +1937,9 @@ int main(int argc, char **argv) {
         }
       }
     }
-    if ((o.variants[kPlain] || o.variants[kFused]) && !o.hostContexts.empty()) {
+    if ((o.variants[kPlain] || o.variants[kFused] ||
+         o.variants[kNumVariants + kInt2]) &&
+        !o.hostContexts.empty()) {
       std::printf(
           "\nHost side of a decode call: CPU time of one _decode_batch call "
           "issued after cudaStreamSynchronize (so it waits for nothing), "
@@ -1892,27 +1947,31 @@ int main(int argc, char **argv) {
           "evictions, the device tables' words and the CUDA runtime calls "
           "that queue the step's copies and launches%s. A pipelined decode "
           "leaves the GPU idle whenever this exceeds the step's kernel time. "
-          "plain = the plain decode, fused = H2O's; ns/head = per kv-head of "
-          "the batch.%s\n\n",
+          "plain = the plain decode, fused = H2O's, int2 = KIVI int2's (over "
+          "its own pool, positions growing, the oldest entries evicted between "
+          "rounds as in the KIVI table; - where int2 is not selected); "
+          "ns/head = per kv-head of the batch.%s\n\n",
           o.minRounds, o.steps,
           kCountsRuntimeCalls ? " (on the emulator: less the time spent "
                                 "running the emulated kernels inside the call)"
                               : "",
           kCountsRuntimeCalls
-              ? " Per call (emulator counts): pl.lnch = kernel launches of a "
-                "plain call; of a fused call: launch = kernel launches, "
+              ? " Per call (emulator counts): pl.lnch, i2.lnch = kernel "
+                "launches of a plain and of an int2 call; of a fused call: "
+                "launch = kernel launches, "
                 "copy = copies and memsets, event = event records, wait = "
                 "synchronizations and synchronous copies, alloc = memory and "
                 "event allocations, pgbl = asynchronous copies from or to "
                 "pageable host memory (which may synchronize with the "
                 "stream)."
               : "");
-      std::printf("%4s %3s %4s %3s %7s | %9s %8s | %9s %8s", "dim", "G", "qh",
-                  "B", "context", "plain us", "ns/head", "fused us",
-                  "ns/head");
+      std::printf("%4s %3s %4s %3s %7s | %9s %8s | %9s %8s | %9s %8s", "dim",
+                  "G", "qh", "B", "context", "plain us", "ns/head",
+                  "fused us", "ns/head", "int2 us", "ns/head");
       if (kCountsRuntimeCalls)
-        std::printf(" | %7s | %6s %5s %5s %5s %5s %5s", "pl.lnch", "launch",
-                    "copy", "event", "wait", "alloc", "pgbl");
+        std::printf(" | %7s %8s | %6s %5s %5s %5s %5s %5s", "pl.lnch",
+                    "i2.lnch", "launch", "copy", "event", "wait", "alloc",
+                    "pgbl");
       std::printf("\n");
       sweepCells(
           o, o.hostContexts,
@@ -1922,20 +1981,26 @@ int main(int argc, char **argv) {
           [&](const BenchGeometry &g, int batch, int n, const HostResult &r) {
             const double heads = double(batch) * kKvHeads;
             std::printf(
-                "%4d %3d %4d %3d %7d | %9s %8s | %9s %8s", g.dim, g.group,
-                kKvHeads * g.group, batch, n,
+                "%4d %3d %4d %3d %7d | %9s %8s | %9s %8s | %9s %8s", g.dim,
+                g.group, kKvHeads * g.group, batch, n,
                 cell(r.ok[kHostPlain], "%.1f", r.us[kHostPlain]).c_str(),
                 cell(r.ok[kHostPlain], "%.0f", 1e3 * r.us[kHostPlain] / heads)
                     .c_str(),
                 cell(r.ok[kHostFused], "%.1f", r.us[kHostFused]).c_str(),
                 cell(r.ok[kHostFused], "%.0f", 1e3 * r.us[kHostFused] / heads)
+                    .c_str(),
+                cell(r.ok[kHostInt2], "%.1f", r.us[kHostInt2]).c_str(),
+                cell(r.ok[kHostInt2], "%.0f", 1e3 * r.us[kHostInt2] / heads)
                     .c_str());
             if (kCountsRuntimeCalls) {
               const RuntimeCounts &c = r.perCall[kHostFused];
               const bool ok = r.ok[kHostFused];
-              std::printf(" | %7s",
+              std::printf(" | %7s %8s",
                           cell(r.ok[kHostPlain], "%.1f",
                                r.perCall[kHostPlain].launches)
+                              .c_str(),
+                          cell(r.ok[kHostInt2], "%.1f",
+                               r.perCall[kHostInt2].launches)
                               .c_str());
               std::printf(" | %6s %5s %5s %5s %5s %5s",
                           cell(ok, "%.1f", c.launches).c_str(),
@@ -1946,15 +2011,17 @@ int main(int argc, char **argv) {
                           cell(ok, "%.1f", c.pageable).c_str());
             }
             std::printf("\n");
-            const char *kHostNames[] = {"plain", "fused"};
+            const char *kHostNames[] = {"plain", "fused", "int2"};
             for (int v = 0; v < kNumHost; ++v)
-              if (!r.ok[v])
+              if (!r.ok[v] && (v != kHostInt2 ||
+                               o.variants[kNumVariants + kInt2]))
                 std::printf("     %s: %s\n", kHostNames[v],
                             r.error[v].c_str());
-            csv("host,%d,%d,%d,%d,%d,,us,%.3f,%.3f,,,\n", g.dim, g.group,
+            csv("host,%d,%d,%d,%d,%d,,us,%.3f,%.3f,%.3f,,\n", g.dim, g.group,
                 kKvHeads * g.group, batch, n,
                 r.ok[kHostPlain] ? r.us[kHostPlain] : NAN,
-                r.ok[kHostFused] ? r.us[kHostFused] : NAN);
+                r.ok[kHostFused] ? r.us[kHostFused] : NAN,
+                r.ok[kHostInt2] ? r.us[kHostInt2] : NAN);
             std::fflush(stdout);
           });
     }

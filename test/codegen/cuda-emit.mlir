@@ -497,10 +497,15 @@ kvc.policy @heavy {
 // KIVI-NEXT: kvc::cuda::KiviWorkPlan kivi;
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, layer, batch, sequences, kKvHeads, layout,
 // KIVI-NEXT: config.page_size, kKiviGroup, k, v, kKvStride)));
-// KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NOT: storeEntry
-// KIVI: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
-// KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads, kivi.records()));
+// The tables go up first: the staging launch writes their words.
+// KIVI-NEXT: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
+// KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads,
+// KIVI-NEXT: kivi.records(), /*storesWriteWords=*/true));
+// KIVI-NEXT: // The quantization, then the new rows into the residual windows and, in the
+// KIVI-NEXT: // same launch, the tables' words.
+// KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, kResidual, kKiviGroup), s, "kvc_kivi2_cuda_decode_batch", &tables)));
 // KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>
 // KIVI-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args, kResidual);

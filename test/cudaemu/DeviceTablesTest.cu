@@ -936,7 +936,8 @@ void serve() {
 /// A step that leaves its table words to storeAppended must run it: a
 /// check-in with the words unwritten fails, naming the cause, and so does a
 /// second take of the words; the failed step's mirror is written back, so
-/// the runtime still answers.
+/// the runtime still answers. A KIVI plan with nothing to stage writes the
+/// words it was given in a launch of their own.
 void unwrittenWords() {
   const kvc_config_t config = deviceConfig(false, 16, 1);
   uint64_t poolBytes = 0;
@@ -951,7 +952,7 @@ void unwrittenWords() {
         "context");
   const uint64_t sequence = 5;
   CHECK(kvc_sequence_add(ctx, sequence) == KVC_STATUS_OK, "add");
-  for (int32_t position = 0; position < 3; ++position) {
+  for (int32_t position = 0; position < 4; ++position) {
     kvc::cuda::DeviceTables tables;
     CHECK(tables.checkOut(ctx, 1, &sequence, 0, kHeads, false, false, false,
                           "unwritten") == KVC_STATUS_OK,
@@ -981,6 +982,26 @@ void unwrittenWords() {
       CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
       continue;
     }
+    if (position == 2) {
+      // A KIVI plan with nothing to stage still writes the words it takes.
+      kvc::cuda::KiviWorkPlan empty;
+      CHECK((empty.launch<8, 2, 4, KVC_DTYPE_F32>(nullptr, 0, nullptr,
+                                                  "unwritten", &tables)) ==
+                KVC_STATUS_OK,
+            "an empty KIVI plan");
+      CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+      kvc_attachment_t a{};
+      CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK && a.data,
+            "detach");
+      const auto *m = static_cast<const kvc::cuda::TableMirror *>(a.data);
+      for (int h = 0; h < kHeads; ++h)
+        CHECK(m->positionsOf(h)[newSlots[h]] == position,
+              "head %d: the words of the empty plan's launch were not "
+              "written (slot %d holds position %d)",
+              h, newSlots[h], m->positionsOf(h)[newSlots[h]]);
+      CHECK(kvc_attach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "attach");
+      continue;
+    }
     CHECK(tables.checkIn() == KVC_STATUS_INTERNAL &&
               std::string(kvc_last_error()) ==
                   "unwritten: the step's table words were left to stores "
@@ -989,7 +1010,7 @@ void unwrittenWords() {
   }
   kvc_metadata_t meta;
   CHECK(kvc_get_metadata(ctx, sequence, 0, 0, &meta) == KVC_STATUS_OK &&
-            meta.num_slots >= 3,
+            meta.num_slots >= 4,
         "metadata after the failed steps");
   std::printf("unwritten words: a check-in without the stores fails: ok\n");
   kvc_context_destroy(ctx);
