@@ -185,6 +185,14 @@ private:
   bool decode;
   std::string name;
   std::string camel;
+  /// The name of one of the kernel's generated device functions: `camel`
+  /// with a lower-case first letter, then `suffix` (decodeFold,
+  /// prefillStages, ...).
+  std::string deviceName(StringRef suffix) const {
+    std::string n = camel;
+    n[0] = static_cast<char>(std::tolower(n[0]));
+    return n + suffix.str();
+  }
 
   llvm::DenseMap<Value, Buffer> values;
   llvm::DenseMap<Value, std::string> budgets;
@@ -454,11 +462,9 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       os << "  // The selection runs once every kPeriod positions.\n"
             "  if ((position + 1) % kPeriod != 0)\n"
             "    return;\n";
-    std::string stages = camel;
-    stages[0] = static_cast<char>(std::tolower(stages[0]));
     os << "  // The block's summary for takeOneVictim, which settles the "
           "selection in\n  // "
-       << stages << "Stages when one entry goes or none:\n  "
+       << deviceName("Stages") << " when one entry goes or none:\n  "
        << opComment(oneVictim) << "\n"
        << "  kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(\n"
           "      positions, r, "
@@ -508,15 +514,12 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
           "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
           "numSplits);\n";
   bs << slotWork;
-  std::string stagesFn = camel;
-  stagesFn[0] = static_cast<char>(std::tolower(stagesFn[0]));
-  stagesFn += "Stages";
   if (stagesInFold)
     bs << "  // The last of the head's blocks to finish runs the policy's "
           "stages for it.\n"
           "  if (kvc::cuda::lastArrival(t.arrivals, numSplits))\n"
           "    "
-       << stagesFn << "<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, "
+       << deviceName("Stages") << "<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, "
        << (attention.getOutput() ? "out" : "/*out=*/nullptr") << ");\n";
 
   SmallVector<std::pair<std::string, std::string>> decls;
@@ -532,8 +535,6 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       {"logits", "  const float *logits = w.logits + h * kGroup * stride;\n"});
   decls.push_back(
       {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
-  std::string fn = camel;
-  fn[0] = static_cast<char>(std::tolower(fn[0]));
   out << "/// " << name
       << ": the exact merge of the splits and the\n/// statistics over their "
          "slot ranges, one block per (head of the batch, split)"
@@ -541,7 +542,7 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       << (stagesInFold ? "; the last block of a head runs its stages" : "")
       << ".\n"
       << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)\n    "
-      << fn << "Fold(" << camel
+      << deviceName("Fold") << "(" << camel
       << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
          "slotsPerSplit"
       << (stagesInFold ? ", int32_t layer" : "")
@@ -1192,9 +1193,7 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
                   afterBody;
   }
 
-  std::string fn = camel;
-  fn[0] = static_cast<char>(std::tolower(fn[0]));
-  fn += "Stages";
+  const std::string fn = deviceName("Stages");
   // A prefill stages kernel of comments only (aliases of the attention
   // statistics) is not launched; its comments go to the next kernel.
   bool hasCode = false;
@@ -1448,11 +1447,7 @@ void CudaKernelEmitter::emitValidation(raw_ostream &out) {
 }
 
 void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
-  const std::string fn = [&] {
-    std::string f = camel;
-    f[0] = static_cast<char>(std::tolower(f[0]));
-    return f + "Stages";
-  }();
+  const std::string fn = deviceName("Stages");
   out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
          "    int32_t existing = 0;\n"
          "    KVC_CUDA_TRY(kvc_get_num_entries(context, sequence, layer, h, "
@@ -1773,9 +1768,7 @@ void CudaKernelEmitter::emitMergeLaunch(raw_ostream &out) {
 }
 
 void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
-  std::string fn = camel;
-  fn[0] = static_cast<char>(std::tolower(fn[0]));
-  fn += "Stages";
+  const std::string fn = deviceName("Stages");
   const std::string outArg = attention.getOutput() ? "out" : "w.scratchOut";
   out << "  // The slot tables of the batch's sequences stay on the device "
            "between steps\n  // (DeviceTables). Checked out first: the "
@@ -1917,8 +1910,6 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
   if (foldKernel) {
-    std::string foldName = camel;
-    foldName[0] = static_cast<char>(std::tolower(foldName[0]));
     out << "    // Exact merge of the splits and the statistics over their "
            "slot ranges"
         << (oneVictim ? ",\n    // and the selection's summaries" : "")
@@ -1926,8 +1917,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
         << (stagesInFold ? ";\n    // the last block of a head runs the "
                            "policy's stages for it.\n"
                          : ".\n")
-        << "    " << foldName
-        << "Fold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, "
+        << "    " << deviceName("Fold")
+        << "<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, "
            "s>>>(w, stride, plan.splits,\n"
         << "        plan.slotsPerSplit" << (stagesInFold ? ", layer" : "")
         << (attention.getOutput() ? ", out" : "") << ");\n";

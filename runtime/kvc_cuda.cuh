@@ -635,10 +635,13 @@ __device__ __forceinline__ void fenceDevice() {
 /// every thread of the block has called it, after all of the block's
 /// writes: true in every thread of the last of `blocks` blocks to arrive,
 /// which then reads what all of them wrote (the counter is zeroed by the
-/// next step's upload). The other blocks must not wait for it: their
-/// kernel ends after the call.
+/// next step's upload). Every thread fences its own writes before the
+/// block's barrier, so the count orders them all, not only thread 0's.
+/// The other blocks must not wait for it: their kernel ends after the
+/// call.
 __device__ inline bool lastArrival(int32_t *arrivals, int32_t blocks) {
   __shared__ bool last;
+  fenceDevice();
   __syncthreads();
   if (threadIdx.x == 0) {
     fenceDevice();
@@ -6960,6 +6963,9 @@ public:
     // the pool before this step builds any.
     KVC_CUDA_TRY(MirrorMemory::instance().collect(stream, name_));
     const int32_t tables = batch_ * heads_;
+    // The region: the HeadTables, their arrival counters, the words.
+    const uint64_t countersOffset =
+        TableMirror::align(sizeof(HeadTable) * tables);
     UploadScratch &scratch = uploadScratch();
     std::vector<HeadTable> &headTables = scratch.headTables;
     std::vector<TableWord> &words = scratch.words;
@@ -7012,8 +7018,7 @@ public:
                   ? m.pages[h][t.appendSlot / pageSize_] & ~kLowPageTag
                   : 0;
           t.arrivals = reinterpret_cast<int32_t *>(
-                           static_cast<char *>(region) +
-                           TableMirror::align(sizeof(HeadTable) * tables)) +
+                           static_cast<char *>(region) + countersOffset) +
                        i;
           maxSlots_ = maxSlots_ > t.numSlots ? maxSlots_ : t.numSlots;
         }
@@ -7027,8 +7032,7 @@ public:
     // holds words), one launch per chunk but the last, whose words
     // storeAppended may write.
     const uint64_t tableBytes =
-        TableMirror::align(sizeof(HeadTable) * tables) +
-        TableMirror::align(sizeof(int32_t) * tables);
+        countersOffset + TableMirror::align(sizeof(int32_t) * tables);
     if (capacity < tableBytes + sizeof(TableWord))
       return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL,
                               (std::string(name_) +
