@@ -1090,6 +1090,21 @@ void CudaKernelEmitter::emitWorkspace(raw_ostream &os) {
   os << "}\n\n";
 }
 
+/// `text` without the device functions that take their thread count as a
+/// template parameter named kStageThreads (the stages that a fold block
+/// runs): their uses of the name are their parameter's, not the constant's.
+static std::string withoutStageTemplates(StringRef text) {
+  const StringRef head = "template <int kStageThreads>\n";
+  std::string rest;
+  for (size_t at = text.find(head); at != StringRef::npos;
+       at = text.find(head)) {
+    rest += text.take_front(at).str();
+    const size_t end = text.find("\n}\n", at);
+    text = end == StringRef::npos ? StringRef() : text.drop_front(end + 3);
+  }
+  return rest + text.str();
+}
+
 /// Keeps the declarations (name, line) that `body` reads, directly or
 /// through a later kept declaration, in their order.
 static std::string
@@ -2199,18 +2214,12 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "/// Decode splits: at most kMaxSplits per kv-head, each of at least\n"
       << "/// kMinSlotsPerSplit slots.\n"
       << "constexpr int32_t kMaxSplits = 64;\n"
-      << "constexpr int32_t kMinSlotsPerSplit = 256;\n"
-      << "/// Threads of the per-kv-head stage kernels: a stage walks every "
-         "slot\n"
-      << "/// of its head, so a step of a small batch (one block per head) is\n"
-      << "/// bound by how many loads one block keeps in flight.\n"
-      << "constexpr int kStageThreads = 512;\n"
-      << (merges ? "/// Kept entries per block of the merge kernels (a warp "
-                   "each).\nconstexpr int32_t kMergeWarps = kStageThreads / "
-                   "32;\n"
-                 : "")
-      << constants << "\n";
+      << "constexpr int32_t kMinSlotsPerSplit = 256;\n";
 
+  // The kernels first, into their own text, so that the constants above
+  // them name only what they use.
+  std::string device;
+  llvm::raw_string_ostream dev(device);
   std::string entries;
   llvm::raw_string_ostream host(entries);
   for (KernelOp kernel : kernels) {
@@ -2226,7 +2235,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
     CudaKernelEmitter emitter(policy, kernel, asmState);
     emitter.kivi = storage->kiviBits != 0;
     emitter.mixed = storage->lowBits != 0;
-    if (failed(emitter.emit(src, host)))
+    if (failed(emitter.emit(dev, host)))
       return failure();
     hdr << "/// Device workspace bytes of the entry point below.\n"
         << emitter.workspaceDeclaration() << ";\n";
@@ -2240,7 +2249,20 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
           << "/// " << emitter.batchDocumentation() << "\n"
           << emitter.batchDeclaration() << ";\n\n";
   }
-  src << "} // namespace\n\n"
+  if (usesWord(withoutStageTemplates(device), "kStageThreads") ||
+      usesWord(entries, "kStageThreads"))
+    src << "/// Threads of the per-kv-head stage kernels: a stage walks every "
+           "slot\n"
+        << "/// of its head, so a step of a small batch (one block per head) "
+           "is\n"
+        << "/// bound by how many loads one block keeps in flight.\n"
+        << "constexpr int kStageThreads = 512;\n";
+  src << (merges ? "/// Kept entries per block of the merge kernels (a warp "
+                   "each).\nconstexpr int32_t kMergeWarps = kStageThreads / "
+                   "32;\n"
+                 : "")
+      << constants << "\n"
+      << device << "} // namespace\n\n"
       << "extern \"C\" {\n\n"
       << entries;
   src << "void kvc_" << p

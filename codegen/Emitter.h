@@ -57,7 +57,9 @@ std::string doubleLiteral(double x);
 std::string reduceEnumerator(llvm::StringRef ns, ReduceKind kind);
 std::string normalizeEnumerator(llvm::StringRef ns, NormalizeKind kind);
 
-/// True when `word` occurs in the C++ `text` as a whole identifier.
+/// True when `word` occurs in the C++ `text` as a whole identifier
+/// outside a `//` comment (a comment that names a variable does not use
+/// it).
 bool usesWord(llvm::StringRef text, llvm::StringRef word);
 
 /// True for query-head scores (one row per query head of a group).

@@ -60,8 +60,14 @@ bool kvc::usesWord(StringRef text, StringRef word) {
   for (size_t at = text.find(word); at != StringRef::npos;
        at = text.find(word, at + 1)) {
     const size_t end = at + word.size();
-    if ((at == 0 || !isWord(text[at - 1])) &&
-        (end >= text.size() || !isWord(text[end])))
+    if ((at != 0 && isWord(text[at - 1])) ||
+        (end < text.size() && isWord(text[end])))
+      continue;
+    // The line up to the match: a `//` there makes it a comment.
+    const size_t lineStart = text.rfind('\n', at);
+    const StringRef before = text.slice(
+        lineStart == StringRef::npos ? 0 : lineStart + 1, at);
+    if (!before.contains("//"))
       return true;
   }
   return false;

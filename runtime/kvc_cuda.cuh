@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of three kernel choices, for side-by-side
+// Build-time overrides of four kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -79,6 +79,11 @@
 //    prefillColumnStatsMma: float operands split into two bf16 parts); 0
 //    runs them on CUDA cores (prefillAttentionTiles,
 //    prefillColumnStatsTiles).
+//  - KVC_CUDA_EVICT_FIRST (default 1): the 16-bit decodes read the cache's
+//    rows (and a mixed-precision cache's low codes) with an L2
+//    evict-first policy (streamPolicy), so that the step's small outputs
+//    (logits, split records, score state) outlast them in L2 until the
+//    fold and the merge read them; 0 reads them with the default policy.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -87,6 +92,9 @@
 #endif
 #ifndef KVC_CUDA_PREFILL_MMA
 #define KVC_CUDA_PREFILL_MMA 1
+#endif
+#ifndef KVC_CUDA_EVICT_FIRST
+#define KVC_CUDA_EVICT_FIRST 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -97,21 +105,24 @@
 #if KVC_CUDA_PREFILL_MMA != 0 && KVC_CUDA_PREFILL_MMA != 1
 #error "KVC_CUDA_PREFILL_MMA must be 0 or 1"
 #endif
+#if KVC_CUDA_EVICT_FIRST != 0 && KVC_CUDA_EVICT_FIRST != 1
+#error "KVC_CUDA_EVICT_FIRST must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
 // benchmark timing both side by side): a kernel instantiation means one
 // body per program.
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
-    KVC_CUDA_PREFILL_MMA != 1
-#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill)                          \
-  overrides_tc##tc##_blocks##blocks##_prefill##prefill
-#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill)                           \
-  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill)
+    KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1
+#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict)                   \
+  overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict
+#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict)                    \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
-  inline namespace KVC_CUDA_OVERRIDES_NAME(KVC_CUDA_TENSOR_CORES,              \
-                                           KVC_CUDA_KIVI_MMA_BLOCKS,           \
-                                           KVC_CUDA_PREFILL_MMA) {
+  inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
+      KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
+      KVC_CUDA_EVICT_FIRST) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -125,6 +136,9 @@ KVC_CUDA_OVERRIDES_BEGIN
 constexpr bool kTensorCores = KVC_CUDA_TENSOR_CORES != 0;
 /// Whether prefill attention takes tensor cores (KVC_CUDA_PREFILL_MMA).
 constexpr bool kPrefillTensorCores = KVC_CUDA_PREFILL_MMA != 0;
+/// Whether the decodes stream the cache with an L2 evict-first policy
+/// (KVC_CUDA_EVICT_FIRST, streamPolicy).
+constexpr bool kEvictFirst = KVC_CUDA_EVICT_FIRST != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -198,6 +212,81 @@ __device__ inline uint8_t floatToFp8E4m3(float value) {
     return sign | static_cast<uint8_t>(rintf(a * 512.0f));
   const uint32_t rounded = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
   return sign | static_cast<uint8_t>((rounded >> 20) - (120u << 3));
+}
+
+/// The L2 policy of the 16-bit decodes' cache reads (createpolicy, sm_80
+/// and later): evict first. A decode step reads each key and value row
+/// once and nothing reads it again before the layer's next step,
+/// gigabytes later; its logits, split records and score state, tens of
+/// megabytes at most, are read again by the fold or the merge at the end
+/// of the same step. Marking the cache's lines first to go keeps those
+/// outputs in L2 in between instead of whichever lines were touched last.
+/// (The KIVI decodes read their codes with the default policy: their
+/// steps have no fold, and the policy, a per-thread value there, would
+/// cost two moves into uniform registers per load.) 0 (no policy) where
+/// kEvictFirst is off or off the device.
+__device__ __forceinline__ uint64_t streamPolicy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 &&                          \
+    !defined(KVC_CUDA_EMULATED)
+  if constexpr (kEvictFirst) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n"
+        : "=l"(policy));
+    return policy;
+  }
+#endif
+  return 0;
+}
+
+/// A read-only load of cache bytes (a T of 1, 2, 4, 8 or 16 bytes,
+/// naturally aligned) under `policy` (streamPolicy): __ldg with the policy
+/// attached.
+template <typename T>
+__device__ __forceinline__ T loadStreamed(const T *p, uint64_t policy) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 ||
+                    sizeof(T) == 8 || sizeof(T) == 16,
+                "loadStreamed loads 1, 2, 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 &&                          \
+    !defined(KVC_CUDA_EMULATED)
+  if constexpr (kEvictFirst) {
+    T x;
+    if constexpr (sizeof(T) == 16) {
+      uint4 w;
+      asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, "
+          "[%4], %5;\n"
+          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+          : "l"(p), "l"(policy));
+      std::memcpy(&x, &w, 16);
+    } else if constexpr (sizeof(T) == 8) {
+      uint2 w;
+      asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;\n"
+          : "=r"(w.x), "=r"(w.y)
+          : "l"(p), "l"(policy));
+      std::memcpy(&x, &w, 8);
+    } else if constexpr (sizeof(T) == 4) {
+      uint32_t w;
+      asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;\n"
+          : "=r"(w)
+          : "l"(p), "l"(policy));
+      std::memcpy(&x, &w, 4);
+    } else {
+      // 1 or 2 bytes: ld.u8/u16 into a 32-bit register.
+      uint32_t w;
+      if constexpr (sizeof(T) == 2)
+        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;\n"
+            : "=r"(w)
+            : "l"(p), "l"(policy));
+      else
+        asm("ld.global.nc.L2::cache_hint.u8 %0, [%1], %2;\n"
+            : "=r"(w)
+            : "l"(p), "l"(policy));
+      std::memcpy(&x, &w, sizeof(T));
+    }
+    return x;
+  }
+#endif
+  (void)policy;
+  return __ldg(p);
 }
 
 /// Decoding and encoding of one storage kind. kScaled formats carry one
@@ -369,6 +458,13 @@ template <int D, Storage S, int kBits, int KG> struct LowRow {
   __device__ static uint64_t load(const uint8_t *row, int j, int lane) {
     return __ldg(reinterpret_cast<const Word *>(
         row + Shape::channel(j, lane, 0) * kBits / 8));
+  }
+  /// load() under `policy` (streamPolicy).
+  __device__ static uint64_t load(const uint8_t *row, int j, int lane,
+                                  uint64_t policy) {
+    return loadStreamed(reinterpret_cast<const Word *>(
+                            row + Shape::channel(j, lane, 0) * kBits / 8),
+                        policy);
   }
 
   /// Dequantizes the kElemsPerVec channels of vector j of `lane` from their
@@ -598,6 +694,26 @@ __device__ __forceinline__ void copyAsync(void *shared, const void *global) {
 #else
   std::memcpy(shared, global, kBytes);
 #endif
+}
+
+/// copyAsync<16> of cache bytes under `policy` (streamPolicy).
+__device__ __forceinline__ void
+copyAsyncStreamed(void *shared, const void *global, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 &&                          \
+    !defined(KVC_CUDA_EMULATED)
+  if constexpr (kEvictFirst) {
+    const unsigned address =
+        static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile(
+        "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
+            address),
+        "l"(global), "l"(policy)
+        : "memory");
+    return;
+  }
+#endif
+  (void)policy;
+  copyAsync<16>(shared, global);
 }
 
 /// Closes the calling thread's group of asynchronous copies (possibly
@@ -1454,16 +1570,20 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
   };
   // Issues the copies of a tile's live rows into its stage (one group per
   // thread, empty past the tiles) and marks which rows are live.
+  const uint64_t policy = streamPolicy();
   auto issue = [&](int32_t tile) {
     const int st = tile % kStages;
     ahead.issue(
         a.layout.pages, begin, tile, liveRow[st], [](int, int) {},
         [&](int row, int vec, const uint8_t *base, uint64_t o) {
-          copyAsync<16>(&tiles[st][0][row][vec * 16],
-                        base + a.layout.keyOffset + o * kRowBytes + vec * 16);
-          copyAsync<16>(&tiles[st][1][row][vec * 16],
-                        base + a.layout.valueOffset + o * kRowBytes +
-                            vec * 16);
+          copyAsyncStreamed(&tiles[st][0][row][vec * 16],
+                            base + a.layout.keyOffset + o * kRowBytes +
+                                vec * 16,
+                            policy);
+          copyAsyncStreamed(&tiles[st][1][row][vec * 16],
+                            base + a.layout.valueOffset + o * kRowBytes +
+                                vec * 16,
+                            policy);
           if constexpr (Codec<S>::kScaled)
             if (vec == 0) {
               copyAsync<4>(&scales[st][0][row],
@@ -1903,6 +2023,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   // bytes a free row held would not be 0 if they were Inf or NaN) and marks
   // which rows are live. No warp reads the stage until a barrier that
   // follows.
+  const uint64_t policy = streamPolicy();
   auto issue = [&](int32_t tile) {
     const int st = tile % kStages;
     ahead.issue(
@@ -1912,12 +2033,14 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
               make_uint4(0u, 0u, 0u, 0u);
         },
         [&](int row, int vec, const uint8_t *base, uint64_t offset) {
-          copyAsync<16>(&tiles[st][0][row][vec * 16],
-                        base + a.layout.keyOffset + offset * P::kRowBytes +
-                            vec * 16);
-          copyAsync<16>(&tiles[st][1][row][vec * 16],
-                        base + a.layout.valueOffset + offset * P::kRowBytes +
-                            vec * 16);
+          copyAsyncStreamed(&tiles[st][0][row][vec * 16],
+                            base + a.layout.keyOffset +
+                                offset * P::kRowBytes + vec * 16,
+                            policy);
+          copyAsyncStreamed(&tiles[st][1][row][vec * 16],
+                            base + a.layout.valueOffset +
+                                offset * P::kRowBytes + vec * 16,
+                            policy);
         });
     commitCopies();
   };
@@ -2102,6 +2225,8 @@ __global__ void __launch_bounds__(kThreads,
           vCodes[kMixed ? Shape::kVecsPerLane : 1];
       const float *kRecord, *vRecord;
     };
+    // The cache's rows and codes stream (streamPolicy).
+    const uint64_t policy = streamPolicy();
     auto load = [&](int32_t slot, Row &r) {
       r.slot = slot;
       r.inRange = slot < end;
@@ -2124,8 +2249,8 @@ __global__ void __launch_bounds__(kThreads,
                                 static_cast<uint64_t>(o) * Low::kRowBytes;
   #pragma unroll
           for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-            r.kCodes[j] = Low::load(kRow, j, lane);
-            r.vCodes[j] = Low::load(vRow, j, lane);
+            r.kCodes[j] = Low::load(kRow, j, lane, policy);
+            r.vCodes[j] = Low::load(vRow, j, lane, policy);
           }
           r.kRecord = reinterpret_cast<const float *>(
               page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
@@ -2142,8 +2267,8 @@ __global__ void __launch_bounds__(kThreads,
           static_cast<uint64_t>(o) * Shape::kRowBytes);
   #pragma unroll
       for (int j = 0; j < Shape::kVecsPerLane; ++j) {
-        r.kRaw[j] = __ldg(kRow + j * Shape::kLanes + lane);
-        r.vRaw[j] = __ldg(vRow + j * Shape::kLanes + lane);
+        r.kRaw[j] = loadStreamed(kRow + j * Shape::kLanes + lane, policy);
+        r.vRaw[j] = loadStreamed(vRow + j * Shape::kLanes + lane, policy);
       }
       if constexpr (Codec<S>::kScaled) {
         r.kScale = __ldg(reinterpret_cast<const float *>(

@@ -21,7 +21,7 @@ csv=${out%.txt}.csv
 
 # shellcheck source=gpu-lib.sh
 . "$root/scripts/gpu-lib.sh"
-# The sweep's 56 policy libraries: 36, and 20 kernel alternatives.
+# The sweep's 60 policy libraries: 36, and 24 kernel alternatives.
 gpu_executables kvc-bench-gpu || exit 1
 bench=$bin/kvc-bench-gpu
 if [ ! -x "$bench" ]; then

@@ -37,7 +37,11 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   h2o_cc      h2o's prefill with attention and accumulated statistics on
 #               CUDA cores (KVC_CUDA_PREFILL_MMA=0: prefillAttentionTiles,
 #               prefillColumnStatsTiles)
-set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc)
+#   fused_lru   fused's decode reading the cache under the default L2
+#               policy (KVC_CUDA_EVICT_FIRST=0: its logits and score state
+#               compete with the cache's lines for L2 until the fold)
+set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
+    fused_lru)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -48,3 +52,5 @@ set(gpu_bench_alternative_policy_prefill_cc ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_prefill_cc KVC_CUDA_PREFILL_MMA=0)
 set(gpu_bench_alternative_policy_h2o_cc ${gpu_bench_policy_h2o})
 set(gpu_bench_alternative_defines_h2o_cc KVC_CUDA_PREFILL_MMA=0)
+set(gpu_bench_alternative_policy_fused_lru ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_fused_lru KVC_CUDA_EVICT_FIRST=0)

@@ -103,7 +103,8 @@ struct BenchGeometry {
   /// on CUDA cores (kivi2_cc) and on tensor cores without launch bounds
   /// (kivi2_free); the plain prefill with CUDA-core attention
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
-  /// statistics (h2o_cc).
+  /// statistics (h2o_cc); fused's decode reading the cache under the
+  /// default L2 policy (fused_lru).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
@@ -113,6 +114,8 @@ struct BenchGeometry {
   PrefillFn prefillCc = nullptr;
   BytesFn h2oCcBytes = nullptr;
   PrefillFn h2oCc = nullptr;
+  BatchBytesFn fusedLruBytes = nullptr;
+  DecodeFn fusedLruDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -133,7 +136,9 @@ struct BenchGeometry {
         KVC_GB(prefill_cc, d, g, prefill_workspace_bytes),                     \
         KVC_GB(prefill_cc, d, g, prefill),                                     \
         KVC_GB(h2o_cc, d, g, prefill_workspace_bytes),                         \
-        KVC_GB(h2o_cc, d, g, prefill)                                          \
+        KVC_GB(h2o_cc, d, g, prefill),                                         \
+        KVC_GB(fused_lru, d, g, decode_batch_workspace_bytes),                 \
+        KVC_GB(fused_lru, d, g, decode_batch)                                  \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1133,17 +1138,21 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 
 /// The decodes of the alternatives table: plain's (tensor cores at these
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
-/// blocks per SM), kivi2_cc's and kivi2_free's (GpuBenchPolicies.cmake).
+/// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
+/// evict-first) and fused_lru's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
   kAltInt2 = 2,
   kAltInt2Cc = 3,
   kAltInt2Free = 4,
-  kNumAlternatives = 5
+  kAltFused = 5,
+  kAltFusedLru = 6,
+  kNumAlternatives = 7
 };
-const char *kAlternativeNames[] = {"plain", "plain_cc", "int2", "int2_cc",
-                                   "int2_free"};
+const char *kAlternativeNames[] = {"plain",     "plain_cc", "int2",
+                                   "int2_cc",   "int2_free", "fused",
+                                   "fused_lru"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1151,8 +1160,8 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the five decodes at one (geometry, batch, context), one after the
-/// other: the 16-bit pair over one f16 context as benchDecode, the KIVI
+/// Times the seven decodes at one (geometry, batch, context), one after
+/// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
                                      int batch, int n, const Options &o,
@@ -1170,13 +1179,17 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
                 o.pageSize);
     // Slots after an append plus one page, as benchDecode.
     const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
-    buffers.workspace.reserve(
-        std::max(g.plainBytes(batch, stride), g.plainCcBytes(batch, stride)));
+    buffers.workspace.reserve(std::max(
+        {g.plainBytes(batch, stride), g.plainCcBytes(batch, stride),
+         g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
-    for (int alt : {kAltPlain, kAltPlainCc}) {
-      const DecodeFn decode = alt == kAltPlain ? g.plainDecode : g.plainCcDecode;
+    for (int alt : {kAltPlain, kAltPlainCc, kAltFused, kAltFusedLru}) {
+      const DecodeFn decode = alt == kAltPlain     ? g.plainDecode
+                              : alt == kAltPlainCc ? g.plainCcDecode
+                              : alt == kAltFused   ? g.fusedDecode
+                                                   : g.fusedLruDecode;
       try {
         r.usPerStep[alt] = timeSteps(
             timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
@@ -1458,7 +1471,8 @@ void printList(const Options &o) {
     std::printf("kernel alternatives (geometries with G >= 2): plain_cc "
                 "(plain's decode, KVC_CUDA_TENSOR_CORES=0), kivi2_cc (kivi2, "
                 "KVC_CUDA_TENSOR_CORES=0), kivi2_free (kivi2, "
-                "KVC_CUDA_KIVI_MMA_BLOCKS=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_KIVI_MMA_BLOCKS=0), fused_lru (fused, "
+                "KVC_CUDA_EVICT_FIRST=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1800,13 +1814,16 @@ int main(int argc, char **argv) {
           "kivi2 (tensor cores, launch bounds for 4 blocks of 128 threads "
           "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
-          "left to ptxas).\n"
-          "cc/tc, cc/int2, free/int2 = the alternative's time / the shipped "
-          "one's (> 1: the shipped kernel is faster).\n\n");
-      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s | %9s %9s %6s %9s %6s\n",
+          "left to ptxas); fused us = fused's decode (its cache read under "
+          "an L2 evict-first policy); lru us = fused_lru "
+          "(KVC_CUDA_EVICT_FIRST=0: the default policy).\n"
+          "cc/tc, cc/i2, fr/i2, lru/fu = the alternative's time / the "
+          "shipped one's (> 1: the shipped kernel is faster).\n\n");
+      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s | %9s %9s %6s %9s %6s | "
+                  "%9s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "int2 us", "int2cc us", "cc/i2", "free us",
-                  "fr/i2");
+                  "fr/i2", "fused us", "lru us", "lru/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
@@ -1833,13 +1850,15 @@ int main(int argc, char **argv) {
                               : 0.0);
             };
             std::printf(
-                "%4d %3d %4d %3d %7d | %9s %9s %6s | %9s %9s %6s %9s %6s\n",
+                "%4d %3d %4d %3d %7d | %9s %9s %6s | %9s %9s %6s %9s %6s | "
+                "%9s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltInt2).c_str(),
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
-                us(kAltInt2Free).c_str(),
-                ratio(kAltInt2Free, kAltInt2).c_str());
+                us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
+                us(kAltFused).c_str(), us(kAltFusedLru).c_str(),
+                ratio(kAltFusedLru, kAltFused).c_str());
             for (int a = 0; a < kNumAlternatives; ++a) {
               if (!r.ok[a])
                 std::printf("     %s: %s\n", kAlternativeNames[a],

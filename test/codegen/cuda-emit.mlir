@@ -40,6 +40,8 @@
 // RUN: FileCheck %s --check-prefix=NOLOGITS --input-file=%t/p/kvc_kivi2_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/snapkv_kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
 // RUN: FileCheck %s --check-prefix=SNAPKIVI --input-file=%t/p/kvc_snapkv_kivi2_cuda.cu
+// RUN: kvc-opt %kvc_src_root/bench/policies/h2o_decode.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/p" -o /dev/null
+// RUN: FileCheck %s --check-prefix=FOLDSTAGES --input-file=%t/p/kvc_h2o_decode_cuda.cu
 // RUN: mkdir -p %t/u
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels=unfused=1 --kvc-emit="target=cuda output-dir=%t/u" -o /dev/null
 // RUN: FileCheck %s --check-prefix=RPC-UNFUSED --input-file=%t/u/kvc_rpc_cuda.cu
@@ -75,6 +77,11 @@
 // CHECK: /// the policy: run by the last of the head's fold blocks, kStageThreads threads.
 // CHECK-NEXT: template <int kStageThreads>
 // CHECK-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// The prologue declares what the body reads; a comment that names a
+// variable ("the head's victim row") does not keep it.
+// CHECK-NEXT: // Head h of the batch: kv-head h % kKvHeads of sequence h / kKvHeads.
+// CHECK-NEXT: const int32_t h = blockIdx.x;
+// CHECK-NEXT: const kvc::cuda::HeadTable t = w.heads[h];
 // CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
 // CHECK-NEXT: // The fold kernel merged the splits and formed the statistics.
 // CHECK-NEXT: // %3 = kvc.budget_uniform count 256
@@ -474,6 +481,8 @@ kvc.policy @heavy {
 // KIVI-NEXT: constexpr int32_t kResidual = 128;
 // KIVI: constexpr uint64_t kRowBytes = kHeadDim * kKiviBits / 8;
 // KIVI-NOT: kStorage
+// No stage kernel: no thread count of one.
+// KIVI-NOT: kStageThreads
 // KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(kKvHeads, stride, kResidual, kKiviGroup));
 // KIVI: w.tables = c.take<char>(kvc::cuda::deviceTableBytes(heads, stride, kResidual));
 // KIVI: w.kivi = c.take<char>(kvc::cuda::kiviWorkBytes(heads, 1, kResidual, kKiviGroup));
@@ -525,3 +534,12 @@ kvc.policy @heavy {
 // SNAPKIVI: keptPositions[j] = positions[index[j]];
 // SNAPKIVI: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, layer, h, layout, config.page_size,
 // SNAPKIVI-NEXT: kKiviGroup, index, k, v, kKvStride)));
+
+// A policy whose only stages run in its fold blocks (no prefill stages, no
+// stage kernel): the stages' thread count is their template parameter, and
+// the source declares no constant of that name, which nothing would read.
+// FOLDSTAGES: constexpr int32_t kMinSlotsPerSplit = 256;
+// FOLDSTAGES-NOT: constexpr int kStageThreads
+// FOLDSTAGES: template <int kStageThreads>
+// FOLDSTAGES-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// FOLDSTAGES: decodeStages<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, out);

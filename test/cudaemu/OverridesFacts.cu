@@ -25,7 +25,8 @@ KernelFacts defaultFacts() {
           reinterpret_cast<const void *>(
               &decodeAttentionKivi<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>),
           kPrefillTensorCores, kPrefillQueryTile,
-          reinterpret_cast<const void *>(&prefillAttention<4, 128>)};
+          reinterpret_cast<const void *>(&prefillAttention<4, 128>),
+          kEvictFirst};
 }
 
 } // namespace kvc::test

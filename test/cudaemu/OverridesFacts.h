@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the three build-time overrides, and OverridesTest.cu links the
+// and with the four build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -26,6 +26,9 @@ struct KernelFacts {
   bool tensorCorePrefill;
   int prefillQueryTile;
   const void *prefillKernel;
+  /// kEvictFirst: whether the 16-bit decodes read the cache under an L2
+  /// evict-first policy.
+  bool evictFirst;
 };
 
 KernelFacts defaultFacts();

@@ -1,11 +1,13 @@
 //===- OverridesTest.cu - Build-time overrides link beside the defaults ----===//
 //
-// runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS and
-// KVC_CUDA_PREFILL_MMA (docs/codegen-cuda.md, "Build-time overrides"): a
-// translation unit built with them selects the CUDA-core decodes, no KIVI
-// launch bounds and the CUDA-core prefill attention (16-query tiles), one
-// built without them the tensor-core decodes, four blocks per SM and the
-// tensor-core prefill attention (64-query tiles), and
+// runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
+// KVC_CUDA_PREFILL_MMA and KVC_CUDA_EVICT_FIRST (docs/codegen-cuda.md,
+// "Build-time overrides"): a translation unit built with them selects the
+// CUDA-core decodes, no KIVI launch bounds, the CUDA-core prefill
+// attention (16-query tiles) and the default L2 policy for the cache's
+// reads, one built without them the tensor-core decodes, four blocks per
+// SM, the tensor-core prefill attention (64-query tiles) and the
+// evict-first policy, and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -41,6 +43,10 @@ int main() {
   expect(!overridden.tensorCorePrefill && overridden.prefillQueryTile == 16,
          "KVC_CUDA_PREFILL_MMA=0 runs prefill attention on CUDA cores, 16 "
          "queries a block");
+  expect(shipped.evictFirst,
+         "the defaults stream the 16-bit decodes' cache reads (evict first)");
+  expect(!overridden.evictFirst,
+         "KVC_CUDA_EVICT_FIRST=0 reads the cache under the default policy");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
