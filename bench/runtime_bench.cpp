@@ -14,6 +14,10 @@
 // entries, contexts of 1k, 4k and 32k entries per head. Prints nanoseconds
 // per head and step, and the ratio of the per-head appends to the batched
 // ones measured in the same run.
+// Then the check of a batch's sequence list that every generated
+// decode_batch entry point makes first (kvc_check_batch) against the
+// pairwise loop the entry points ran before, at batch 8 to 1024:
+// nanoseconds per call and their ratio.
 // Usage: kvc-bench-runtime [min_seconds_per_cell] (default 0.2).
 //
 //===----------------------------------------------------------------------===//
@@ -160,6 +164,32 @@ double timeCell(int batch, int n, bool evict, bool batched,
   return 1e9 * seconds / (double(steps) * batch * kKvHeads);
 }
 
+/// The sequence check of the generated decode_batch entry points before
+/// kvc_check_batch: every pair, in the entry point.
+int pairwiseRepeat(int32_t batch, const uint64_t *sequences) {
+  for (int32_t b = 1; b < batch; ++b)
+    for (int32_t c = 0; c < b; ++c)
+      if (sequences[b] == sequences[c])
+        return b;
+  return batch;
+}
+
+/// Nanoseconds per call of `check` over `minSeconds` or more.
+template <typename Check> double timeCheck(Check check, double minSeconds) {
+  using Clock = std::chrono::steady_clock;
+  volatile int64_t sink = 0;
+  int64_t calls = 0;
+  const auto start = Clock::now();
+  double seconds = 0;
+  do {
+    for (int i = 0; i < 64; ++i)
+      sink = sink + check();
+    calls += 64;
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (seconds < minSeconds);
+  return 1e9 * seconds / double(calls);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -190,5 +220,30 @@ int main(int argc, char **argv) {
                   evict / stepEvict);
       std::fflush(stdout);
     }
+
+  std::printf("\nsequence list check of a decode_batch call (distinct "
+              "sequences, the list of a passing call): kvc_check_batch "
+              "against the pairwise loop before it\n\n");
+  std::printf("%5s | %12s %12s %8s\n", "B", "pairwise ns", "check ns",
+              "ratio");
+  for (int batch : {8, 32, 128, 256, 1024}) {
+    std::vector<uint64_t> sequences(batch);
+    std::mt19937_64 rng(batch);
+    for (uint64_t &id : sequences)
+      id = rng(); // distinct with overwhelming probability; checked below
+    if (pairwiseRepeat(batch, sequences.data()) != batch)
+      return 1;
+    const double pairwise = timeCheck(
+        [&] { return pairwiseRepeat(batch, sequences.data()); }, minSeconds);
+    const double checked = timeCheck(
+        [&] {
+          return static_cast<int>(
+              kvc_check_batch("bench", batch, sequences.data()));
+        },
+        minSeconds);
+    std::printf("%5d | %12.1f %12.1f %7.2fx\n", batch, pairwise, checked,
+                pairwise / checked);
+    std::fflush(stdout);
+  }
   return 0;
 }

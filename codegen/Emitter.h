@@ -76,7 +76,7 @@ std::string batchDecodeDeclaration(const std::string &name, KernelOp kernel,
                                    bool stream);
 std::string batchWorkspaceDeclaration(const std::string &name);
 /// The checks of a batch entry point `entry` on `batch` and `sequences`:
-/// not empty, no sequence listed twice.
+/// not empty, no sequence listed twice (kvc_check_batch, in the runtime).
 std::string batchSequenceChecks(const std::string &entry);
 
 /// Spelling of an element type in kvc_dtype_t.

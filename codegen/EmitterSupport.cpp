@@ -107,16 +107,12 @@ std::string kvc::batchWorkspaceDeclaration(const std::string &name) {
 }
 
 std::string kvc::batchSequenceChecks(const std::string &entry) {
-  return "  if (batch <= 0)\n"
-         "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" +
+  return "  // A batch of at least one sequence, each taking one step.\n"
+         "  if (const kvc_status_t status = kvc_check_batch(\"" +
          entry +
-         ": the batch is empty\");\n"
-         "  // Each sequence takes one step.\n"
-         "  for (int32_t b = 1; b < batch; ++b)\n"
-         "    for (int32_t c = 0; c < b; ++c)\n"
-         "      if (sequences[b] == sequences[c])\n"
-         "        return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" +
-         entry + ": a sequence appears twice in the batch\");\n";
+         "\", batch, sequences);\n"
+         "      status != KVC_STATUS_OK)\n"
+         "    return status;\n";
 }
 
 /// The `select` kernel of a global budget: one selection over the score

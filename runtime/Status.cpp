@@ -7,8 +7,12 @@
 
 #include "runtime/Support.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <new>
+#include <utility>
+#include <vector>
 
 namespace {
 // Fixed size so that recording an error never allocates; longer messages are
@@ -72,4 +76,53 @@ extern "C" kvc_status_t kvc_report_error(kvc_status_t status,
   std::snprintf(lastErrorMessage, sizeof(lastErrorMessage), "%s",
                 message ? message : "");
   return status;
+}
+
+namespace {
+/// The first index whose sequence an earlier index lists, or `batch`:
+/// every pair side by side.
+int32_t firstRepeat(int32_t batch, const uint64_t *sequences) {
+  for (int32_t b = 1; b < batch; ++b)
+    for (int32_t c = 0; c < b; ++c)
+      if (sequences[b] == sequences[c])
+        return b;
+  return batch;
+}
+} // namespace
+
+extern "C" kvc_status_t kvc_check_batch(const char *entry, int32_t batch,
+                                        const uint64_t *sequences) {
+  using kvc::rt::fail;
+  if (!entry)
+    entry = "kvc_check_batch";
+  if (batch <= 0)
+    return fail(KVC_STATUS_INVALID_ARGUMENT, "%s: the batch is empty", entry);
+  if (!sequences)
+    return fail(KVC_STATUS_NULL_POINTER, "%s: sequences is NULL", entry);
+  // Up to kSideBySide sequences every pair is compared (at most 120
+  // comparisons); beyond, a sorted copy tells whether any sequence repeats,
+  // and only then are the pairs compared, to name the first repeat. The
+  // copy stays with the thread between calls.
+  constexpr int32_t kSideBySide = 16;
+  bool repeats = true;
+  if (batch > kSideBySide) {
+    thread_local std::vector<uint64_t> sorted;
+    try {
+      sorted.assign(sequences, sequences + batch);
+    } catch (const std::bad_alloc &) {
+      return fail(KVC_STATUS_OUT_OF_MEMORY,
+                  "%s: host allocation failed (checking %d sequences)", entry,
+                  batch);
+    }
+    std::sort(sorted.begin(), sorted.end());
+    repeats = std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
+  }
+  const int32_t first = repeats ? firstRepeat(batch, sequences) : batch;
+  if (first < batch)
+    return fail(KVC_STATUS_INVALID_ARGUMENT,
+                "%s: sequence %llu appears twice in the batch (index %d)",
+                entry, static_cast<unsigned long long>(sequences[first]),
+                first);
+  kvc::rt::clearError();
+  return KVC_STATUS_OK;
 }

@@ -115,6 +115,19 @@ const char *kvc_last_error(void);
 /// through it, so that engines read every error from kvc_last_error().
 kvc_status_t kvc_report_error(kvc_status_t status, const char *message);
 
+/// Checks the sequence list of a batch entry point named `entry` (for the
+/// message; NULL: "kvc_check_batch"): at least one sequence, and none
+/// listed twice. Fails with KVC_STATUS_INVALID_ARGUMENT and "<entry>: the
+/// batch is empty" or "<entry>: sequence S appears twice in the batch
+/// (index i)", i the first index whose sequence an earlier index lists;
+/// KVC_STATUS_NULL_POINTER when `sequences` is NULL; KVC_STATUS_OK (and
+/// no last error) otherwise. Compares side by side up to 16 sequences and
+/// sorts a copy beyond, so that the check of a batch of B sequences that
+/// passes costs about B log B: the generated decode_batch entry points
+/// call it first.
+kvc_status_t kvc_check_batch(const char *entry, int32_t batch,
+                             const uint64_t *sequences);
+
 /*===--------------------------------------------------------------------===*/
 /* Types and formats                                                        */
 /*===--------------------------------------------------------------------===*/

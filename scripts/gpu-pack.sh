@@ -3,7 +3,7 @@
 # machine with a GPU but without kvc's build tools (no LLVM, no MLIR) can
 # run from a copy of this repository:
 #   DIR/bin: kvc-gpu-tests-g1, -g3, -g8 (the GPU suite, check-kvc-gpu),
-#            kvc-bench-gpu (the sweep, 56 policy libraries) and
+#            kvc-bench-gpu (the sweep, 60 policy libraries) and
 #            kvc-bench-gpu-smoke;
 #   DIR/lib: the CUDA runtime they were linked against (libcudart.so.*);
 #   DIR/MANIFEST: the commit, the toolkit and each file's SHA-256.
@@ -15,7 +15,7 @@
 # Usage: scripts/gpu-pack.sh [DIR]   (default: .gpu under the repository
 #        root, which .gitignore leaves out of git)
 # Environment: KVC_BUILD_DIR (default build), KVC_GPU_PACK_SMOKE_ONLY=1
-#        leaves out the full kvc-bench-gpu (its 56 libraries take the
+#        leaves out the full kvc-bench-gpu (its 60 libraries take the
 #        longest to compile).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -179,8 +179,8 @@ TEST(GeneratedPolicyBatch, ChecksItsArgumentsBeforeAnyStep) {
   const uint64_t twice[] = {7, 2, 7};
   EXPECT_EQ(call(3, twice, ws.size()), KVC_STATUS_INVALID_ARGUMENT);
   EXPECT_STREQ(kvc_last_error(),
-               "kvc_h2o_cpu_decode_batch: a sequence appears twice in the "
-               "batch");
+               "kvc_h2o_cpu_decode_batch: sequence 7 appears twice in the "
+               "batch (index 2)");
   EXPECT_EQ(call(0, kSequences.data(), ws.size()),
             KVC_STATUS_INVALID_ARGUMENT);
   EXPECT_STREQ(kvc_last_error(), "kvc_h2o_cpu_decode_batch: the batch is empty");

@@ -143,9 +143,11 @@
 // CHECK: KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, kHeadDim, nullptr, nullptr,
 // CHECK: kvc::cuda::launchStores<kHeadDim, kStorage>
 // CHECK: kvc_status_t kvc_heavy_cuda_decode_batch(
-// CHECK: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: the batch is empty");
-// CHECK: if (sequences[b] == sequences[c])
-// CHECK-NEXT: return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_heavy_cuda_decode_batch: a sequence appears twice in the batch");
+// The runtime checks the batch's sequences (kvc_check_batch: B log B).
+// CHECK: // A batch of at least one sequence, each taking one step.
+// CHECK-NEXT: if (const kvc_status_t status = kvc_check_batch("kvc_heavy_cuda_decode_batch", batch, sequences);
+// CHECK-NEXT: status != KVC_STATUS_OK)
+// CHECK-NEXT: return status;
 // The tables are checked out (and the last step's victims evicted) before
 // the slot counts are read, from the mirrors where they are kept: a query
 // of a layer with tables attached would settle them.

@@ -16,6 +16,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <vector>
 
 extern "C" int kvcCApiSmoke(void);
 
@@ -296,6 +297,55 @@ TEST(Errors, GeneratedCodeReportsThroughTheRuntime) {
   EXPECT_EQ(kvc_report_error(KVC_STATUS_INTERNAL, nullptr),
             KVC_STATUS_INTERNAL);
   EXPECT_STREQ(kvc_last_error(), "");
+}
+
+TEST(Errors, BatchChecks) {
+  const uint64_t small[] = {4, 9, 4, 9};
+  EXPECT_EQ(kvc_check_batch("entry", 4, small), KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(),
+               "entry: sequence 4 appears twice in the batch (index 2)");
+  EXPECT_EQ(kvc_check_batch("entry", 0, small), KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(), "entry: the batch is empty");
+  EXPECT_EQ(kvc_check_batch("entry", 2, nullptr), KVC_STATUS_NULL_POINTER);
+  EXPECT_STREQ(kvc_last_error(), "entry: sequences is NULL");
+  EXPECT_EQ(kvc_check_batch(nullptr, -1, small), KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_STREQ(kvc_last_error(), "kvc_check_batch: the batch is empty");
+  EXPECT_EQ(kvc_check_batch("entry", 2, small), KVC_STATUS_OK);
+  EXPECT_STREQ(kvc_last_error(), "");
+
+  // Past 16 sequences the check sorts a copy; it names the same first
+  // repeat as the side-by-side comparison would, and leaves the list as it
+  // was.
+  std::vector<uint64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = 1000003 * (i + 1) % 7919; // distinct (i + 1 < 7919), unsorted
+  const std::vector<uint64_t> copy = ids;
+  EXPECT_EQ(kvc_check_batch("entry", 300, ids.data()), KVC_STATUS_OK);
+  EXPECT_EQ(ids, copy);
+  ids[250] = ids[3];   // repeats ids[3] at 250
+  ids[299] = ids[180]; // repeats ids[180] at 299
+  ids[200] = ids[41];  // the first repeat: index 200
+  EXPECT_EQ(kvc_check_batch("entry", 300, ids.data()),
+            KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(kvc_last_error()),
+            "entry: sequence " + std::to_string(ids[41]) +
+                " appears twice in the batch (index 200)");
+  // A sequence three times: its second listing is the repeat.
+  ids[10] = ids[5];
+  ids[7] = ids[5];
+  EXPECT_EQ(kvc_check_batch("entry", 300, ids.data()),
+            KVC_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(kvc_last_error()),
+            "entry: sequence " + std::to_string(ids[5]) +
+                " appears twice in the batch (index 7)");
+  for (int32_t batch : {16, 17, 1000}) {
+    std::vector<uint64_t> same(batch, 77);
+    same[0] = 5;
+    EXPECT_EQ(kvc_check_batch("entry", batch, same.data()),
+              KVC_STATUS_INVALID_ARGUMENT);
+    EXPECT_STREQ(kvc_last_error(),
+                 "entry: sequence 77 appears twice in the batch (index 2)");
+  }
 }
 
 TEST(Errors, LastErrorIsPerThread) {

@@ -214,13 +214,10 @@ kvc_status_t kvc_h2o_cpu_decode_batch(kvc_context_t *context, int32_t batch, con
     return kvc_report_error(KVC_STATUS_NULL_POINTER, "kvc_h2o_cpu_decode_batch: null argument");
   if (layer < 0 || layer >= kLayers)
     return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, "kvc_h2o_cpu_decode_batch: layer out of range");
-  if (batch <= 0)
-    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_h2o_cpu_decode_batch: the batch is empty");
-  // Each sequence takes one step.
-  for (int32_t b = 1; b < batch; ++b)
-    for (int32_t c = 0; c < b; ++c)
-      if (sequences[b] == sequences[c])
-        return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_h2o_cpu_decode_batch: a sequence appears twice in the batch");
+  // A batch of at least one sequence, each taking one step.
+  if (const kvc_status_t status = kvc_check_batch("kvc_h2o_cpu_decode_batch", batch, sequences);
+      status != KVC_STATUS_OK)
+    return status;
   kvc_config_t config;
   KVC_CPU_TRY(kvc_context_config(context, &config));
   if (config.num_kv_heads != kKvHeads)
