@@ -27,13 +27,13 @@ struct EmitPass final : kvc::impl::KvcEmitPassBase<EmitPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     if (target != "cpu" && target != "cuda") {
-      module.emitError() << "kvc-emit: unknown target '" << target
-                         << "'; expected cpu or cuda";
+      mlir::emitError(module.getLoc()) << "kvc-emit: unknown target '" << target
+                                       << "'; expected cpu or cuda";
       return signalPassFailure();
     }
     if (outputDir.empty() || !llvm::sys::fs::is_directory(outputDir)) {
-      module.emitError() << "kvc-emit: output directory '" << outputDir
-                         << "' does not exist";
+      mlir::emitError(module.getLoc())
+          << "kvc-emit: output directory '" << outputDir << "' does not exist";
       return signalPassFailure();
     }
     SmallVector<EmittedFile> files;
@@ -42,7 +42,8 @@ struct EmitPass final : kvc::impl::KvcEmitPassBase<EmitPass> {
                                   : emitCpp(policy, files)))
         return signalPassFailure();
     if (files.empty()) {
-      module.emitError() << "kvc-emit: the module holds no policy";
+      mlir::emitError(module.getLoc())
+          << "kvc-emit: the module holds no policy";
       return signalPassFailure();
     }
     for (const EmittedFile &file : files) {
@@ -51,8 +52,8 @@ struct EmitPass final : kvc::impl::KvcEmitPassBase<EmitPass> {
       std::error_code ec;
       llvm::raw_fd_ostream os(path, ec, llvm::sys::fs::OF_Text);
       if (ec) {
-        module.emitError() << "kvc-emit: cannot write '" << path
-                           << "': " << ec.message();
+        mlir::emitError(module.getLoc())
+            << "kvc-emit: cannot write '" << path << "': " << ec.message();
         return signalPassFailure();
       }
       os << file.contents;

@@ -48,9 +48,10 @@ struct SpecializePass final
     if (!model.empty()) {
       std::optional<KnownModel> known = lookupModel(model);
       if (!known) {
-        module.emitError() << "kvc-specialize: unknown model '" << model
-                           << "'; known: smollm2-135m, llama-3.1-8b, "
-                              "mistral-7b";
+        mlir::emitError(module.getLoc())
+            << "kvc-specialize: unknown model '" << model
+            << "'; known: smollm2-135m, llama-3.1-8b, "
+               "mistral-7b";
         return signalPassFailure();
       }
       l = known->layers;
@@ -59,8 +60,9 @@ struct SpecializePass final
       d = known->headDim;
     }
     if (l <= 0 || q <= 0 || kv <= 0 || d <= 0) {
-      module.emitError() << "kvc-specialize: give a model name or positive "
-                            "layers, q-heads, kv-heads and head-dim";
+      mlir::emitError(module.getLoc())
+          << "kvc-specialize: give a model name or positive "
+             "layers, q-heads, kv-heads and head-dim";
       return signalPassFailure();
     }
     Type elementType = llvm::StringSwitch<Type>(dtype)
@@ -69,12 +71,15 @@ struct SpecializePass final
                            .Case("f32", Float32Type::get(ctx))
                            .Default(Type());
     if (!elementType) {
-      module.emitError() << "kvc-specialize: dtype must be f16, bf16 or f32, "
-                            "got '"
-                         << dtype << "'";
+      mlir::emitError(module.getLoc())
+          << "kvc-specialize: dtype must be f16, bf16 or f32, "
+             "got '"
+          << dtype << "'";
       return signalPassFailure();
     }
-    auto diagEmitter = [&]() { return module.emitError() << "kvc-specialize: "; };
+    auto diagEmitter = [&]() {
+      return mlir::emitError(module.getLoc()) << "kvc-specialize: ";
+    };
     if (failed(GeometryAttr::verify(diagEmitter, l, q, kv, d, elementType)))
       return signalPassFailure();
     auto geometry = GeometryAttr::get(ctx, l, q, kv, d, elementType);
@@ -82,14 +87,17 @@ struct SpecializePass final
     if (!name.empty()) {
       auto policies = llvm::to_vector(module.getOps<PolicyOp>());
       if (policies.size() != 1) {
-        module.emitError() << "kvc-specialize: 'name' renames a module's "
-                              "only policy, but it holds "
-                           << policies.size();
+        mlir::emitError(module.getLoc())
+            << "kvc-specialize: 'name' renames a module's "
+               "only policy, but it holds "
+            << policies.size();
         return signalPassFailure();
       }
-      if (!llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; })) {
-        module.emitError() << "kvc-specialize: policy name '" << name
-                           << "' must be letters, digits and '_'";
+      if (!llvm::all_of(name,
+                        [](char c) { return llvm::isAlnum(c) || c == '_'; })) {
+        mlir::emitError(module.getLoc())
+            << "kvc-specialize: policy name '" << name
+            << "' must be letters, digits and '_'";
         return signalPassFailure();
       }
       policies.front().setSymName(name);

@@ -8,7 +8,11 @@
 
 // NOKERNELS: error: 'kvc.policy' op has no kernels; run kvc-specialize and kvc-form-kernels first
 // NODIR: error: kvc-emit: output directory '{{.*}}.missing/dir' does not exist
+// An option's error is about the command line: the module is not printed
+// after it.
+// NODIR-NOT: see current operation
 // TARGET: error: kvc-emit: unknown target 'tpu'
+// TARGET-NOT: see current operation
 // NOOUT: error: kvc-emit: output directory '' does not exist
 
 kvc.policy @p {

@@ -16,6 +16,9 @@
 // MODEL: kvc.policy @b geometry #kvc.geometry<layers = 30, q_heads = 9, kv_heads = 3, head_dim = 64, dtype = f16> {
 // SIZES: kvc.policy @a geometry #kvc.geometry<layers = 4, q_heads = 8, kv_heads = 2, head_dim = 128, dtype = bf16> {
 // UNKNOWN: error: kvc-specialize: unknown model 'gpt-5'; known: smollm2-135m, llama-3.1-8b, mistral-7b
+// An option's error is about the command line: the module is not printed
+// after it.
+// UNKNOWN-NOT: see current operation
 // MISSING: error: kvc-specialize: give a model name or positive layers, q-heads, kv-heads and head-dim
 // GQA: error: kvc-specialize: q_heads (6) must be a multiple of kv_heads (4)
 // DTYPE: error: kvc-specialize: dtype must be f16, bf16 or f32, got 'f64'
