@@ -1526,11 +1526,10 @@ TEST(MixedPrecision, KeepsTheBestRankedInInt8AndTheRestInInt2) {
     EXPECT_EQ(cache.keyFormat(0, 0, t), high ? KVC_FORMAT_INT8 : KVC_FORMAT_INT2)
         << "key format of " << t;
     EXPECT_EQ(cache.valueFormat(0, 0, t), cache.keyFormat(0, 0, t));
-    std::vector<double> wantKey, wantValue;
-    for (float x : high ? k.row(t, 0) : lowKey)
-      wantKey.push_back(x);
-    for (float x : high ? highValue : lowStored)
-      wantValue.push_back(x);
+    const Vec keyRow = high ? k.row(t, 0) : lowKey;
+    const Vec &valueRow = high ? highValue : lowStored;
+    const std::vector<double> wantKey(keyRow.begin(), keyRow.end());
+    const std::vector<double> wantValue(valueRow.begin(), valueRow.end());
     expectRow(cache.key(0, 0, t), wantKey, 1e-5, "key", t);
     expectRow(cache.value(0, 0, t), wantValue, 1e-5, "value", t);
   }
