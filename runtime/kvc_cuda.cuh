@@ -3864,6 +3864,80 @@ __device__ void mergeOutput(const float *partials, int32_t numSplits,
   }
 }
 
+/// The G output rows of kv-head `h` merged by one block (mergeOutput with
+/// a single part, for even D): out = sum_s acc_s e^(m_s - M) / Z, with M
+/// and 1/Z from splitStatistics. Each thread sums pairs of channels
+/// (float2 loads: a record is D + 2 floats, so its acc is 8-byte aligned)
+/// over the splits in order, the loads of kUnroll splits (the record's m
+/// and the pair's two acc words) issued before any is used. The block then
+/// waits for numSplits / kUnroll rounds of loads where mergeOutput's
+/// threads take their entries one after another: at G = 8, head dim 128,
+/// 64 splits and 128 threads, 16 rounds against 8 entries of 64 splits
+/// each. This is the merge at the end of a decode without statistics
+/// (mergeInLastSplit), which the last block of every head runs while the
+/// other blocks have ended. It keeps no array in shared memory: a shared
+/// array of factors changed how ptxas allocated the attention loop before
+/// it (docs/codegen-cuda.md, "The merge in the last block").
+/// Deterministic (fixed split order per entry). Every thread of the block
+/// calls it.
+template <int G, int D, int kThreads>
+__device__ void mergeOutputInBlock(const float *partials, int32_t numSplits,
+                                   int32_t h, float *out,
+                                   const float *maxLogit,
+                                   const float *invSum) {
+  static_assert(D % 2 == 0, "channel pairs");
+  constexpr int kRecord = partialFloats<D>(), kPairs = G * D / 2;
+  constexpr int kPerThread = (kPairs + kThreads - 1) / kThreads;
+  // Splits whose loads a thread issues together: eight for one pair of
+  // channels, four for two or more (G D >= 512 at 128 threads; at G = 8,
+  // head dim 128, four pairs: 16 float2 loads and 16 maxima in flight).
+  constexpr int kUnroll = kPerThread >= 2 ? 4 : 8;
+  const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
+  float2 sum[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k)
+    sum[k] = make_float2(0.0f, 0.0f);
+  for (int32_t s = 0; s < numSplits; s += kUnroll) {
+    float2 v[kUnroll][kPerThread];
+    float m[kUnroll][kPerThread];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int p = threadIdx.x + k * kThreads;
+        const int g = 2 * p / D, c = 2 * p % D;
+        const float *record =
+            head + ((static_cast<int64_t>(s) + u) * G + g) * kRecord;
+        const bool live = s + u < numSplits && p < kPairs;
+        m[u][k] = live ? record[0] : kNegInf;
+        v[u][k] = live ? *reinterpret_cast<const float2 *>(record + 2 + c)
+                       : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int p = threadIdx.x + k * kThreads;
+        const int g = p < kPairs ? 2 * p / D : 0;
+        if (m[u][k] != kNegInf) {
+          const float f = expf(m[u][k] - maxLogit[g]);
+          sum[k].x += v[u][k].x * f;
+          sum[k].y += v[u][k].y * f;
+        }
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int p = threadIdx.x + k * kThreads;
+    if (p < kPairs) {
+      const float z = invSum[2 * p / D];
+      float *row = out + static_cast<int64_t>(h) * G * D + 2 * p;
+      row[0] = sum[k].x * z;
+      row[1] = sum[k].y * z;
+    }
+  }
+}
+
 /// Merges the split partial records of kv-head `h` exactly in one block:
 /// M = max m_s, Z = sum z_s e^(m_s - M), out = sum acc_s e^(m_s - M) / Z.
 /// Writes the G output rows (when `out` is given) and M and 1/Z to
@@ -3873,9 +3947,14 @@ __device__ void mergeSplits(const float *partials, int32_t numSplits,
                             int32_t h, float *out, float *maxOut,
                             float *invSumOut) {
   splitStatistics<G, D>(partials, numSplits, h, maxOut, invSumOut);
-  if (out)
-    mergeOutput<G, D, kThreads>(partials, numSplits, h, out, maxOut, invSumOut,
-                                0, 1);
+  if (out) {
+    if constexpr (D % 2 == 0)
+      mergeOutputInBlock<G, D, kThreads>(partials, numSplits, h, out, maxOut,
+                                         invSumOut);
+    else
+      mergeOutput<G, D, kThreads>(partials, numSplits, h, out, maxOut,
+                                  invSumOut, 0, 1);
+  }
   __syncthreads();
 }
 

@@ -10,8 +10,8 @@ opcodes. A loop's length counts every instruction of its body, the branches
 not taken included; it is a static measure of the code a tile runs, not a
 timing.
 
-Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [-DNAME=VALUE ...]
-                             [INST ...]
+Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [--summary]
+                             [-DNAME=VALUE ...] [INST ...]
   INST: an instantiation, e.g. 'decodeAttentionSplit<4,128,Storage::F16,128>',
         'decodeAttentionKivi<4,128,2,32,KVC_DTYPE_F16,128>',
         'prefillAttention<8,128>' or 'prefillColumnStats<8,128>'; without
@@ -21,6 +21,11 @@ Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [-DNAME=VALUE ...]
         kernels for the CUDA-core prefill counts of docs/codegen-cuda.md
         (without it, the tensor-core ones, whose main loop includes both
         staging paths, float4 and float).
+  --summary: one line per kernel instead of every loop: registers, bytes
+        of spill stores, and its tile loop (the kernel's first loop of 300
+        or more instructions: what comes before it is the query's staging
+        and the split's setup) with its length and its spill instructions
+        (LDL, STL). The form docs/codegen-cuda.md's before/after tables use.
 Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
 $CUOBJDUMP). The CUDA toolkit of the build machine has no cuobjdump; the
 PyPI wheel nvidia-cuda-cuobjdump carries one (nvidia/cu13/bin/cuobjdump).
@@ -68,6 +73,18 @@ def signature(inst):
             else "(kvc::cuda::DecodeSplitArgs)")
 
 
+def demangle(name):
+    """A kernel's short name: decodeAttentionKivi<4, 128, 2, 32, ...>."""
+    filt = shutil.which("c++filt")
+    if not filt:
+        return name
+    text = subprocess.run([filt, name], capture_output=True,
+                          text=True).stdout.strip()
+    text = re.sub(r"^void kvc::cuda::", "", text)
+    text = re.sub(r"\(kvc::cuda::Storage\)1|\(kvc_dtype_t\)1", "f16", text)
+    return re.sub(r"\(.*\)$", "", text)
+
+
 def loops(sass, pattern):
     out = []
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
@@ -98,8 +115,11 @@ def loops(sass, pattern):
 
 def main(argv):
     arch, pattern, insts, defines = "sm_90a", r"decode", [], []
+    summary = False
     for arg in argv:
-        if arg.startswith("-D"):
+        if arg == "--summary":
+            summary = True
+        elif arg.startswith("-D"):
             defines.append(arg)
         elif arg.startswith("--arch="):
             arch = arg.split("=", 1)[1]
@@ -129,6 +149,7 @@ def main(argv):
             sys.stderr.write(ptxas.stderr)
             return ptxas.returncode
         kernel = None
+        usage = {}
         for line in ptxas.stderr.splitlines():
             m = re.search(r"Compiling entry function '(\S+)'", line)
             if m:
@@ -138,10 +159,25 @@ def main(argv):
                 spills = m.group(1)
             m = re.search(r"Used (\d+) registers", line)
             if m and kernel and re.search(pattern, kernel):
-                print(f"{kernel}: {m.group(1)} registers, "
-                      f"{spills} bytes spilled")
+                usage[kernel] = (m.group(1), spills)
+                if not summary:
+                    print(f"{kernel}: {m.group(1)} registers, "
+                          f"{spills} bytes spilled")
         sass = subprocess.run([cuobjdump, "-sass", cubin], check=True,
                               capture_output=True, text=True).stdout
+    if summary:
+        for name, total, found in loops(sass, pattern):
+            registers, spills = usage.get(name, ("?", "?"))
+            tile = min((f for f in found if f[2] >= 300), default=None,
+                       key=lambda f: f[0])
+            line = (f"{demangle(name)}: {registers} registers, {spills} B "
+                    f"spill stores, {total} instructions")
+            if tile:
+                start, end, length, ops = tile
+                line += (f"; tile loop {start:#x}-{end:#x}: {length} "
+                         f"instructions, {ops['LDL'] + ops['STL']} spill")
+            print(line)
+        return 0
     for name, total, found in loops(sass, pattern):
         print(f"{name}: {total} instructions")
         for start, end, length, ops in found:

@@ -16,7 +16,9 @@
 // test: every slot's logit and the merged split records
 // (DecodeReference.h). Each case runs again without a logits row, as a
 // decode without statistics does: the same records, bit for bit, and no
-// logit stored.
+// logit stored; and once more with the merge in the last block of each
+// head (mergeInLastSplit), whose output rows are checked against the
+// records merged on the host.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -157,6 +159,7 @@ template <int G, int D, Storage S> void check(std::mt19937 &rng) {
   std::snprintf(prefix, sizeof prefix, "G=%d D=%d %s", G, D, name);
   batch.check(prefix, keys, values, scale);
   batch.checkWithoutLogits(prefix, args, launch);
+  batch.checkMergeInLastSplit(prefix, args, tables, launch);
   std::printf("decode G=%d D=%d %s (%s): ok\n", G, D, name,
               kvc::cuda::MmaDecode<G, D, S, kThreads>::kApplies
                   ? "tensor cores"

@@ -13,7 +13,9 @@
 // A difference fails through CHECK (EmuCheck.h), the message led by
 // `label`. DecodeBatch holds the rest that the kernel tests share: device
 // allocations, head tables, the query rows, the output buffers, and the
-// check of every (head, query head). Used by DecodeKernelTest.cu and
+// check of every (head, query head), and the check of the merge that the
+// last block of each head runs in a decode without statistics
+// (checkMergeInLastSplit). Used by DecodeKernelTest.cu and
 // KiviDecodeTest.cu.
 //
 //===----------------------------------------------------------------------===//
@@ -190,6 +192,71 @@ struct DecodeBatch {
     for (size_t i = 0; i < logitCount; ++i)
       CHECK(logits[i] == kSentinel,
             "%s: a logit was stored without a logits row (%zu)", prefix, i);
+  }
+  /// Runs `launch(args)` again with a merge in the last block of each head
+  /// (DecodeSplitArgs::mergeOut, a fresh arrival counter per head), as a
+  /// decode without statistics does: the split records must be the run's
+  /// before it, bit for bit, and each head's G output rows the records
+  /// merged on the host in double precision, within 1e-6 of the larger of 1
+  /// and the sum of the terms' magnitudes (the device sums the splits in
+  /// float). Call it after check().
+  template <typename Launch>
+  void checkMergeInLastSplit(const char *prefix,
+                             kvc::cuda::DecodeSplitArgs args,
+                             const std::vector<kvc::cuda::HeadTable> &tables,
+                             Launch launch) {
+    const int record = D + 2; // kvc::cuda::partialFloats<D>()
+    const size_t records = static_cast<size_t>(heads) * numSplits * G * record;
+    const std::vector<float> before(partials, partials + records);
+    std::vector<kvc::cuda::HeadTable> counted = tables;
+    auto *arrivals = static_cast<int32_t *>(alloc(4ull * heads));
+    for (int32_t h = 0; h < heads; ++h)
+      counted[h].arrivals = arrivals + h;
+    const size_t outputs = static_cast<size_t>(heads) * G * D;
+    auto *out = static_cast<float *>(alloc(4 * (outputs + 1)));
+    for (size_t i = 0; i <= outputs; ++i)
+      out[i] = kSentinel;
+    std::memset(partials, 0, sizeof(float) * records);
+    args.heads = copy(counted);
+    args.mergeOut = out;
+    launch(args);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch with the merge");
+    CHECK(std::memcmp(before.data(), partials, sizeof(float) * records) == 0,
+          "%s: the split records with the merge differ from those without it",
+          prefix);
+    for (int32_t h = 0; h < heads; ++h) {
+      CHECK(arrivals[h] == numSplits, "%s head %d: %d of %d blocks arrived",
+            prefix, h, arrivals[h], numSplits);
+      for (int g = 0; g < G; ++g) {
+        const float *r =
+            partials + (static_cast<size_t>(h) * numSplits * G + g) * record;
+        const int64_t splitStride = static_cast<int64_t>(G) * record;
+        double bm = -INFINITY;
+        for (int32_t s = 0; s < numSplits; ++s)
+          bm = std::max(bm, static_cast<double>(r[s * splitStride]));
+        double bz = 0.0;
+        std::vector<double> acc(D, 0.0), size(D, 0.0);
+        for (int32_t s = 0; s < numSplits; ++s) {
+          const float *x = r + s * splitStride;
+          if (x[0] == -INFINITY)
+            continue;
+          const double f = std::exp(x[0] - bm);
+          bz += x[1] * f;
+          for (int c = 0; c < D; ++c) {
+            acc[c] += x[2 + c] * f;
+            size[c] += std::fabs(x[2 + c] * f);
+          }
+        }
+        const float *row = out + (static_cast<size_t>(h) * G + g) * D;
+        for (int c = 0; c < D; ++c)
+          CHECK(std::fabs(row[c] - acc[c] / bz) <=
+                    1e-6 * std::max(1.0, size[c] / bz),
+                "%s head %d g %d: merged channel %d is %.9g, reference %.9g",
+                prefix, h, g, c, row[c], acc[c] / bz);
+      }
+    }
+    CHECK(out[outputs] == kSentinel, "%s: the merge wrote past its rows",
+          prefix);
   }
   /// checkDecodeOutputs for every (head, query head), labelled
   /// "<prefix> head h g g"; keys[h] and values[h] per slot of head h.

@@ -23,7 +23,9 @@
 // Codec, and checks every slot's logit and the merged split records
 // (DecodeReference.h); each case runs again without a logits row (as the
 // KIVI policies' decode, which has no statistics): the same records, bit
-// for bit, and no logit stored.
+// for bit, and no logit stored; then, but for the tiles-only kernel, with
+// the merge in the last block of each head (mergeInLastSplit), whose output
+// rows are checked against the records merged on the host.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -230,6 +232,9 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
                 splitSlots);
   batch.check(prefix, keys, values, scale);
   batch.checkWithoutLogits(prefix, args, launch);
+  // decodeAttentionKivi ends with the merge in the last block of each head.
+  if (path != Path::Tiles)
+    batch.checkMergeInLastSplit(prefix, args, tables, launch);
   std::printf("%s: ok\n", prefix);
 }
 
