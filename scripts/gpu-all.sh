@@ -10,9 +10,15 @@
 #
 # Usage: scripts/gpu-all.sh [SECONDS]   (the whole limit, default 570)
 # Environment: KVC_GPU_ALL_OUT (folder of the logs, default build/gpu-all),
-#        KVC_GPU_BIN and the other variables of the scripts it runs.
+#        KVC_GPU_ALL_BENCH_ARGS (kvc-bench-gpu options for the bench phase,
+#        e.g. a few cells instead of the whole sweep; default none: the
+#        sweep), KVC_GPU_ALL_PROFILE=1 (adds a profile phase after the
+#        bench: scripts/gpu-profile.sh, Nsight Compute on the fused and
+#        int2 decodes), KVC_GPU_BIN and the other variables of the scripts
+#        it runs.
 # Output: OUT/summary.txt (one line per phase: status and seconds),
-#        OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/memcheck.log,
+#        OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/profile.log and
+#        OUT/ncu-*.txt (with KVC_GPU_ALL_PROFILE=1), OUT/memcheck.log,
 #        OUT/racecheck.log.
 # Exit status: 0 when every phase ran and passed (or skipped itself: no
 #        compute-sanitizer), 1 when one failed, timed out or did not fit
@@ -55,17 +61,26 @@ phase() {
   timeout "$cap" "$@" 2>&1 | tee "$log"
   local status=${PIPESTATUS[0]}
   local took=$(($(date +%s) - t0))
+  # The verdict is set here, not inside the pipeline to tee (a subshell,
+  # whose `failed` the script would never see).
+  local verdict
   case $status in
-    0) echo "$name: passed ($took s)" ;;
-    77) echo "$name: skipped ($took s)" ;;
-    124) echo "$name: TIMEOUT after $took s (cap $cap s)"; failed=1 ;;
-    *) echo "$name: FAILED, status $status ($took s)"; failed=1 ;;
-  esac | tee -a "$summary"
+    0) verdict="passed ($took s)" ;;
+    77) verdict="skipped ($took s)" ;;
+    124) verdict="TIMEOUT after $took s (cap $cap s)"; failed=1 ;;
+    *) verdict="FAILED, status $status ($took s)"; failed=1 ;;
+  esac
+  echo "$name: $verdict" | tee -a "$summary"
 }
 
 phase test 200 "$out/test.log" "$root/scripts/gpu-test.sh"
+read -r -a bench_args <<< "${KVC_GPU_ALL_BENCH_ARGS:-}"
 KVC_GPU_BENCH_OUT=$out/gpu-bench.txt KVC_GPU_BENCH_NSYS=0 \
-  phase bench 320 "$out/bench.log" "$root/scripts/gpu-bench.sh"
+  phase bench 320 "$out/bench.log" "$root/scripts/gpu-bench.sh" "${bench_args[@]}"
+if [ "${KVC_GPU_ALL_PROFILE:-0}" = 1 ]; then
+  KVC_GPU_PROFILE_OUT=$out \
+    phase profile 150 "$out/profile.log" "$root/scripts/gpu-profile.sh"
+fi
 KVC_SANITIZE_TOOLS=memcheck \
   phase memcheck 90 "$out/memcheck.log" "$root/scripts/gpu-sanitize.sh"
 KVC_SANITIZE_TOOLS=racecheck \

@@ -7,6 +7,11 @@
 #  2. The benchmark outlasts the limit: it is stopped at what is left of
 #     the limit ("TIMEOUT"), the phases after it are "not run", exit 1.
 #  3. nvidia-smi lists no GPU: exit 77 and a SKIP line.
+#  4. A phase fails (the suite, at G = 3): exit 1, although the phases
+#     after it pass.
+#  5. KVC_GPU_ALL_BENCH_ARGS reaches the sweep and KVC_GPU_ALL_PROFILE=1
+#     adds the profile phase (scripts/gpu-profile.sh, a stand-in ncu): one
+#     report per variant, the KIVI one with the stall sections.
 # Usage: gpu_all_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -39,9 +44,14 @@ exec "$@"
 SH
 # The SDPA baseline that scripts/gpu-bench.sh runs after the sweep.
 printf '#!/bin/sh\necho "sdpa_baseline: SKIP: stand-in"\nexit 77\n' > "$scratch/path/python3"
-for g in g1 g3 g8; do
+for g in g1 g8; do
   printf '#!/bin/sh\necho "PASSED: 0 failure(s)"\n' > "$scratch/bin/kvc-gpu-tests-$g"
 done
+# G = 3, which the sanitizers do not run, fails when FAKE_SUITE_FAILS is set.
+printf '#!/bin/sh\n[ -n "${FAKE_SUITE_FAILS:-}" ] && { echo "FAILED: 1 failure(s)"; exit 1; }\necho "PASSED: 0 failure(s)"\n' \
+  > "$scratch/bin/kvc-gpu-tests-g3"
+# Nsight Compute: prints its arguments.
+printf '#!/bin/sh\necho "ncu stand-in $*"\n' > "$scratch/path/ncu"
 printf '#!/bin/sh\necho "kvc-bench-gpu-smoke stand-in"\n' > "$scratch/bin/kvc-bench-gpu-smoke"
 # The sweep: quick, or longer than any limit below when FAKE_SLOW_BENCH is set.
 printf '#!/bin/sh\n[ -n "${FAKE_SLOW_BENCH:-}" ] && sleep 300\necho "sweep stand-in $*"\n' \
@@ -87,4 +97,30 @@ status=$?
 [ "$status" -eq 77 ] || fail "no GPU: exit $status (expected 77)"
 grep -q "gpu-all: SKIP: no CUDA device" "$scratch/none/summary.txt" || fail "no GPU: no SKIP line"
 
-echo "gpu-all: 3 scenarios passed (slow sweep stopped after $took s)"
+# 4. The suite fails; the sweep and the sanitizers still run and pass.
+FAKE_SUITE_FAILS=1 run failing 120
+status=$?
+summary=$scratch/failing/summary.txt
+[ "$status" -eq 1 ] || fail "failing suite: exit $status (expected 1); $(cat "$summary")"
+grep -q "^test: FAILED, status 1 (" "$summary" || fail "failing suite: no 'test: FAILED' in $(cat "$summary")"
+for p in bench memcheck racecheck; do
+  grep -q "^$p: passed (" "$summary" || fail "failing suite: no '$p: passed' line in $(cat "$summary")"
+done
+
+# 5. A slice of the sweep, and the profile phase.
+KVC_GPU_ALL_BENCH_ARGS="--batch=8 --context=32k" KVC_GPU_ALL_PROFILE=1 run profile 120
+status=$?
+summary=$scratch/profile/summary.txt
+[ "$status" -eq 0 ] || fail "profile: exit $status (expected 0); $(cat "$scratch/profile.log")"
+grep -q "^profile: passed (" "$summary" || fail "profile: no 'profile: passed' in $(cat "$summary")"
+grep -q "sweep stand-in --csv=$scratch/profile/gpu-bench.csv --batch=8 --context=32k\$" \
+  "$scratch/profile/gpu-bench.txt" || fail "profile: the sweep did not get KVC_GPU_ALL_BENCH_ARGS"
+grep -q "^ncu stand-in .*--metrics gpu__time_duration.sum,.* --variants=fused " \
+  "$scratch/profile/ncu-fused.txt" || fail "profile: no fused report"
+grep -q "^ncu stand-in .*--section WarpStateStats --section SchedulerStats .* --variants=int2 " \
+  "$scratch/profile/ncu-int2.txt" || fail "profile: the int2 report lacks the stall sections"
+if grep -q "WarpStateStats" "$scratch/profile/ncu-fused.txt"; then
+  fail "profile: the fused report has the KIVI sections"
+fi
+
+echo "gpu-all: 5 scenarios passed (slow sweep stopped after $took s)"

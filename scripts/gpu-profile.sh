@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Nsight Compute figures of one decode cell's kernels, per variant: each
+# kernel launch's GPU time, DRAM bytes read and written, and registers per
+# thread, after kvc-bench-gpu's warm-up; for the KIVI variants (int2,
+# int4) also why the warps stalled (the WarpStateStats and SchedulerStats
+# sections). These are the figures docs/performance.md's "Where the time
+# goes" quotes: the fold's DRAM bytes against the attention's, and what
+# bounds the KIVI attention kernel.
+#
+# Usage: scripts/gpu-profile.sh [VARIANT...]   (default: fused int2; any
+#        --variants value of kvc-bench-gpu)
+# Environment: KVC_GPU_BIN (prebuilt executables, scripts/gpu-pack.sh) or
+#        KVC_BUILD_DIR; KVC_GPU_PROFILE_OUT (folder of the reports, default
+#        build/gpu-profile); KVC_GPU_PROFILE_CELL (the cell, as
+#        kvc-bench-gpu options; default --batch=8 --context=32k --dim=128
+#        --group=4, the cell of docs/perf/h200-ncu-decode.txt).
+# Output: OUT/ncu-VARIANT.txt per variant, the command at its head.
+# Exit status: 0 when every variant was profiled, 1 when one failed, 77
+#        when there is no CUDA device or no ncu (nothing measured).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVC_BUILD_DIR:-$root/build}
+out=$(realpath -m "${KVC_GPU_PROFILE_OUT:-$build/gpu-profile}")
+read -r -a cell <<< "${KVC_GPU_PROFILE_CELL:---batch=8 --context=32k --dim=128 --group=4}"
+variants=("$@")
+[ ${#variants[@]} -eq 0 ] && variants=(fused int2)
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu-profile: SKIP: no CUDA device (nvidia-smi lists none)"
+  exit 77
+fi
+if ! ncu=$(command -v ncu); then
+  echo "gpu-profile: SKIP: Nsight Compute (ncu) is not installed"
+  exit 77
+fi
+# shellcheck source=gpu-lib.sh
+. "$root/scripts/gpu-lib.sh"
+gpu_executables kvc-bench-gpu || exit 1
+bench=$bin/kvc-bench-gpu
+mkdir -p "$out"
+
+metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+metrics+=,launch__registers_per_thread
+failed=0
+for variant in "${variants[@]}"; do
+  sections=()
+  case $variant in
+    int2 | int4) sections=(--section WarpStateStats --section SchedulerStats) ;;
+  esac
+  # 40 launches skipped (the copy-bandwidth kernel's 21 and the warm-up
+  # round), then 12: four to six steps of two or three kernels each.
+  # Rounds of 8 steps, so that a run makes enough launches (more than 60)
+  # at two or three kernels a step.
+  command=("$ncu" --clock-control none --launch-skip 40 --launch-count 12
+           --metrics "$metrics" "${sections[@]}"
+           "$bench" "${cell[@]}" --variants="$variant" --prefill-context=none
+           --model-context=none --alt-context=none --host-context=none
+           --min-ms=1 --steps=8)
+  report=$out/ncu-$variant.txt
+  {
+    echo "# Nsight Compute, $(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname)," \
+         "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "# ${command[*]}"
+    echo "# (the table that the profiled run prints is not a measurement:" \
+         "every kernel ran under the profiler)"
+  } > "$report"
+  echo "== gpu-profile: $variant -> $report =="
+  "${command[@]}" >> "$report" 2>&1
+  status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "gpu-profile: ncu failed on $variant with status $status (see $report)"
+    failed=1
+  fi
+  grep -E '^  [A-Za-z_]+.*\(|gpu__time_duration|dram__bytes|registers_per_thread|Stall|Issued Warp|No Eligible|Active Warps|Eligible Warps' \
+    "$report" | head -120
+done
+exit "$failed"
