@@ -32,6 +32,33 @@
 #include <cstring>
 #include <vector>
 
+/// The split records of one query head (`records`, the next split's
+/// `splitStride` floats on, {m, z, acc[D]} each) merged in double
+/// precision: M = max m_s, Z = sum z_s e^(m_s - M), acc = sum acc_s
+/// e^(m_s - M), and per channel the sum of the terms' magnitudes. Empty
+/// splits (m = -inf) add nothing.
+struct HostMerge {
+  double m = -INFINITY, z = 0.0;
+  std::vector<double> acc, size;
+  HostMerge(int D, const float *records, int32_t numSplits,
+            int64_t splitStride)
+      : acc(D, 0.0), size(D, 0.0) {
+    for (int32_t s = 0; s < numSplits; ++s)
+      m = std::max(m, static_cast<double>(records[s * splitStride]));
+    for (int32_t s = 0; s < numSplits; ++s) {
+      const float *r = records + s * splitStride;
+      if (r[0] == -INFINITY)
+        continue;
+      const double f = std::exp(r[0] - m);
+      z += r[1] * f;
+      for (int c = 0; c < D; ++c) {
+        acc[c] += r[2 + c] * f;
+        size[c] += std::fabs(r[2 + c] * f);
+      }
+    }
+  }
+};
+
 /// `q`: the query head's D floats; `keys`, `values`: per slot of the head,
 /// D channels (empty: free slot); `logits`: the head's row of `stride`;
 /// `records`: the query head's record of split 0, the next split's
@@ -75,23 +102,15 @@ void checkDecodeOutputs(const char *label, int D, const float *q,
     CHECK(logits[s] == sentinel,
           "%s: logit written past the head's slots at %lld", label,
           static_cast<long long>(s));
-  double bm = -INFINITY;
-  for (int32_t s = 0; s < numSplits; ++s)
-    bm = std::max(bm, static_cast<double>(records[s * splitStride]));
-  double bz = 0.0;
-  std::vector<double> acc(D, 0.0);
   for (int32_t s = 0; s < numSplits; ++s) {
     const float *r = records + s * splitStride;
-    if (r[0] == -INFINITY) {
+    if (r[0] == -INFINITY)
       CHECK(r[1] == 0.0f, "%s: empty split %d has sum %g", label, s, r[1]);
-      continue;
-    }
-    const double f = std::exp(r[0] - bm);
-    bz += r[1] * f;
-    for (int c = 0; c < D; ++c)
-      acc[c] += r[2 + c] * f;
   }
-  const double total = z * std::exp(lmax), merged = bz * std::exp(bm);
+  const HostMerge merge(D, records, numSplits, splitStride);
+  const double bz = merge.z;
+  const std::vector<double> &acc = merge.acc;
+  const double total = z * std::exp(lmax), merged = bz * std::exp(merge.m);
   CHECK(std::fabs(merged - total) <= 2e-5 * total,
         "%s: sum of e^l is %.9g, reference %.9g", label, merged, total);
   for (int c = 0; c < D; ++c) {
@@ -230,29 +249,16 @@ struct DecodeBatch {
       for (int g = 0; g < G; ++g) {
         const float *r =
             partials + (static_cast<size_t>(h) * numSplits * G + g) * record;
-        const int64_t splitStride = static_cast<int64_t>(G) * record;
-        double bm = -INFINITY;
-        for (int32_t s = 0; s < numSplits; ++s)
-          bm = std::max(bm, static_cast<double>(r[s * splitStride]));
-        double bz = 0.0;
-        std::vector<double> acc(D, 0.0), size(D, 0.0);
-        for (int32_t s = 0; s < numSplits; ++s) {
-          const float *x = r + s * splitStride;
-          if (x[0] == -INFINITY)
-            continue;
-          const double f = std::exp(x[0] - bm);
-          bz += x[1] * f;
-          for (int c = 0; c < D; ++c) {
-            acc[c] += x[2 + c] * f;
-            size[c] += std::fabs(x[2 + c] * f);
-          }
-        }
+        const HostMerge merge(D, r, numSplits,
+                              static_cast<int64_t>(G) * record);
         const float *row = out + (static_cast<size_t>(h) * G + g) * D;
-        for (int c = 0; c < D; ++c)
-          CHECK(std::fabs(row[c] - acc[c] / bz) <=
-                    1e-6 * std::max(1.0, size[c] / bz),
+        for (int c = 0; c < D; ++c) {
+          const double want = merge.acc[c] / merge.z;
+          CHECK(std::fabs(row[c] - want) <=
+                    1e-6 * std::max(1.0, merge.size[c] / merge.z),
                 "%s head %d g %d: merged channel %d is %.9g, reference %.9g",
-                prefix, h, g, c, row[c], acc[c] / bz);
+                prefix, h, g, c, row[c], want);
+        }
       }
     }
     CHECK(out[outputs] == kSentinel, "%s: the merge wrote past its rows",
