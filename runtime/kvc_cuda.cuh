@@ -2654,27 +2654,100 @@ __device__ __forceinline__ uint32_t maskOr(uint32_t x, uint32_t bits) {
 #endif
 }
 
-/// 1 + code / 2^kBits for code e of a packed word (kBits-bit codes,
-/// LSB-first): the code moved into the top mantissa bits under the exponent
-/// of 1.0, a shift and a mask instead of an integer-to-float conversion;
-/// exact. The decode folds the offset of 1 and the factor 2^kBits into the
-/// scales and minima of the codes (decodeKiviTiles).
-template <int kBits>
-__device__ __forceinline__ float kiviUnit(uint32_t codes, int e) {
-  constexpr int kTop = 23 - kBits;
-  constexpr uint32_t kField = ((1u << kBits) - 1) << kTop;
-  const int at = e * kBits;
-  const uint32_t moved =
-      at <= kTop ? codes << (kTop - at) : codes >> (at - kTop);
-  return __uint_as_float(maskOr<kField>(moved, 0x3F800000u));
+/// prmt.b32: byte i of the result is byte (nibble i of `selector`) of
+/// {b, a} (bytes 0-3 of a, 4-7 of b); selectors here leave bit 3 of every
+/// nibble clear.
+__device__ __forceinline__ uint32_t bytePerm(uint32_t a, uint32_t b,
+                                             uint32_t selector) {
+#if defined(__CUDA_ARCH__) && !defined(KVC_CUDA_EMULATED)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+#else
+  const uint64_t bytes = a | static_cast<uint64_t>(b) << 32;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i)
+    d |= static_cast<uint32_t>(bytes >> (8 * ((selector >> (4 * i)) & 7)) &
+                               0xffu)
+         << (8 * i);
+  return d;
+#endif
 }
+
+/// acc + a.lo * b.byte0 + a.hi * b.byte1 (lo: true) or + a.lo * b.byte2 +
+/// a.hi * b.byte3 (false): a holds two signed 16-bit integers, b four
+/// signed bytes (dp2a.lo / dp2a.hi, one instruction); exact in 32 bits.
+template <bool kLo>
+__device__ __forceinline__ int32_t dot2x16(uint32_t a, uint32_t b,
+                                           int32_t acc) {
+#if defined(__CUDA_ARCH__) && !defined(KVC_CUDA_EMULATED)
+  return kLo ? __dp2a_lo(static_cast<int>(a), static_cast<int>(b), acc)
+             : __dp2a_hi(static_cast<int>(a), static_cast<int>(b), acc);
+#else
+  const int shift = kLo ? 0 : 16;
+  const int32_t b0 = static_cast<int8_t>((b >> shift) & 0xffu),
+                b1 = static_cast<int8_t>((b >> (shift + 8)) & 0xffu);
+  const int32_t a0 = static_cast<int16_t>(a & 0xffffu),
+                a1 = static_cast<int16_t>(a >> 16);
+  return static_cast<int32_t>(static_cast<uint32_t>(acc) +
+                              static_cast<uint32_t>(a0 * b0 + a1 * b1));
+#endif
+}
+
+/// A float of a warp's folded query as two signed 15-bit digits under the
+/// warp's shared power of two (decodeKiviTiles): x = unit (d0 + d1 / 2^15)
+/// within unit / 2^16, for |x| below the warp's bound. `scale` is 2^14 /
+/// bound's power of two and `unit` its inverse (KiviDigitScale); rounding
+/// to nearest by adding and taking away 1.5 * 2^23, exact for the
+/// magnitudes below 2^22 that the scale guarantees.
+struct KiviDigits {
+  int32_t d0, d1;
+  __device__ __forceinline__ KiviDigits(float x, float scale) {
+    constexpr float kRound = 12582912.0f; // 1.5 * 2^23
+    const float t0 = x * scale; // |t0| < 2^14: exact (a power of two)
+    const float r0 = t0 + kRound;
+    d0 = static_cast<int32_t>(__float_as_uint(r0) - __float_as_uint(kRound));
+    const float t1 = (t0 - (r0 - kRound)) * 32768.0f; // |t1| <= 2^14
+    d1 = static_cast<int32_t>(__float_as_uint(t1 + kRound) -
+                              __float_as_uint(kRound));
+  }
+  /// acc + unit (s0 + s1 / 2^15): the sums of a digit 0 and a digit 1
+  /// times integers back under their power of two (s0 and s1 below 2^24
+  /// convert exactly).
+  __device__ static __forceinline__ float addSums(float unit, int32_t s0,
+                                                  int32_t s1, float acc) {
+    return fmaf(unit,
+                fmaf(static_cast<float>(s1), 1.0f / 32768.0f,
+                     static_cast<float>(s0)),
+                acc);
+  }
+};
+
+/// The power of two of KiviDigits for a warp whose largest |x| is `bound`:
+/// scale = 2^(14 - k) for 2^(k - 1) <= bound < 2^k, so that |x scale| < 2^14;
+/// unit = 1 / scale. A bound below 2^-113 (0 included) takes the scale of
+/// 2^-113, so that the factors stay normal floats; a bound of 2^127 or
+/// more (or not finite) has no digits: scale 0 and unit NaN, so that the
+/// logits are NaN as a float dot product's would be.
+/// `boundBits`: the bits of the bound (the largest of the values' bits
+/// with the sign cleared, so that a NaN or an infinity wins).
+struct KiviDigitScale {
+  float scale, unit;
+  __device__ __forceinline__ explicit KiviDigitScale(uint32_t boundBits) {
+    int e = static_cast<int>(boundBits >> 23);
+    e = e < 14 ? 14 : e;
+    scale = e > 253 ? 0.0f : __int_as_float((267 - e) << 23);
+    unit = e > 253 ? __int_as_float(0x7fc00000)
+                   : __int_as_float((e - 13) << 23);
+  }
+};
 
 /// Geometry of decodeKiviTiles: each warp takes tiles of 32 consecutive
 /// slots (32-aligned, so a tile lies in one key block of KG >= 32 tokens and
 /// in one page: pages hold whole blocks). Keys go a slot per lane, against
-/// the query folded with the tile's block record once (folded[g][c] =
-/// q[g][c] * scale[c] * 2^kBits); values go kValueChannels channels per
-/// lane, kValueLanes lanes per slot.
+/// the query folded with the tile's block record once (f[g][c] =
+/// q[g][c] * scale[c], as digits); values go kValueChannels channels per
+/// lane, kValueLanes lanes per slot, two slots at a time.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 struct KiviTiles {
   static constexpr int kWarps = kThreads / kWarpSize;
@@ -2692,17 +2765,67 @@ struct KiviTiles {
   static constexpr int kValueChannels = 8;
   static constexpr int kValueLanes = D / kValueChannels;
   static constexpr int kSlotsPerStep = kWarpSize / kValueLanes;
-  /// 2^kBits: a code c is 2^kBits * (kiviUnit - 1).
+  /// 2^kBits: a code c is 2^kBits (u - 1) for its unit u = 1 + c / 2^kBits
+  /// (decodeKiviMma's operands, KiviBf16Units).
   static constexpr float kUnit = static_cast<float>(1 << kBits);
+  /// Codes per byte, and the mask that keeps the low code of every byte of
+  /// a word: (word >> j kBits) & kByteMask holds code kCodesPerByte k + j of
+  /// the word in byte k.
+  static constexpr int kCodesPerByte = 8 / kBits;
+  static constexpr uint32_t kByteMask = ((1u << kBits) - 1) * 0x01010101u;
+  /// Where digit `digit` (0, 1) of channel c of a query head's folded row
+  /// goes in its 2 D entries of decodeKiviTiles' scratch: for the run j of
+  /// word w, the 16 bytes {d0 of bytes 0-3, d1 of bytes 0-3}, two per
+  /// 32-bit word as dp2a takes them against bytes 0-1 (lo) and 2-3 (hi).
+  __host__ __device__ static constexpr int digitIndex(int c, int digit) {
+    return (((c / kCodesPerWord) * kCodesPerByte + c % kCodesPerByte) * 2 +
+            digit) *
+               4 +
+           c % kCodesPerWord / kCodesPerByte;
+  }
+  /// Slots a value lane takes per tile (kSlotsPerStep apart), in pairs.
+  static constexpr int kPairsPerLane = kWarpSize / kSlotsPerStep / 2;
+  /// Pairs whose loads the value loop issues together: all of them for one
+  /// or two query heads; two beyond (the loop runs once per head, and
+  /// unrolled whole it held 255 registers at G = 8, head dim 128).
+  static constexpr int kPairUnroll = G <= 2 ? kPairsPerLane : 2;
+  /// Blocks per SM that decodeAttentionKivi's registers must allow on this
+  /// path (launch bounds): none at G <= 2; three blocks of 128 threads
+  /// beyond, where ptxas left free takes up to 255 registers at G = 8 (two
+  /// blocks) to keep the G query heads' loads of the folded query in
+  /// flight.
+  static constexpr int kMinBlocks = G <= 2 ? 0 : 3 * 128 / kThreads;
+  /// Where digit `digit` of slot r's value weight goes in the 64 entries of
+  /// a query head and group: the two slots r0 = sub + 2 i kSlotsPerStep and
+  /// r0 + kSlotsPerStep that a value lane takes together share 8 bytes,
+  /// {d0 of r0, d0 of r1, d1 of r0, d1 of r1}, pair sub kPairsPerLane + i.
+  __host__ __device__ static constexpr int weightIndex(int r, int digit) {
+    return ((r % kSlotsPerStep * kPairsPerLane + r / kSlotsPerStep / 2) * 2 +
+            digit) *
+               2 +
+           r / kSlotsPerStep % 2;
+  }
+  /// A warp's scratch entries (16-bit): the folded query's digits, then the
+  /// value weights' digits.
+  static constexpr int kScratch = 2 * G * D > 2 * G * kGroups * kWarpSize
+                                      ? 2 * G * D
+                                      : 2 * G * kGroups * kWarpSize;
+  /// digitIndex(c + 32, d) - digitIndex(c, d): 32 channels are whole words.
+  static constexpr int kDigitStride =
+      kWarpSize / kCodesPerWord * kCodesPerByte * 8;
+  static_assert(kWarpSize % kCodesPerWord == 0 &&
+                    digitIndex(kWarpSize + 5, 1) ==
+                        digitIndex(5, 1) + kDigitStride,
+                "a lane's channels are 32 apart in whole words");
   using ValueCodes = std::conditional_t<kBits == 2, uint16_t, uint32_t>;
   /// A packed row as 16- or 8-byte vectors.
   using RowVector = std::conditional_t<kRowWords % 4 == 0, uint4, uint2>;
   static constexpr int kRowVectors = kRowWords / (sizeof(RowVector) / 4);
   /// Shared memory of the kernel (its buffers and combineRowGroups').
   static constexpr int kSharedBytes =
-      4 * (G * D + kWarps * G * D + kWarps * kWarpSize * (G + 1) +
-           kWarps * kWarpSize * 2 * kGroups) +
-      kWarps * kWarpSize * kRowBytes + 4 * (G * D + 2 * kWarps * G);
+      4 * (G * D + kWarps * kWarpSize * (G + 1)) +
+      kWarps * (2 * kScratch + kWarpSize * kRowBytes) +
+      4 * (G * D + 2 * kWarps * G);
   /// Key blocks of whole tiles, up to 8 query heads (their value sums stay
   /// in registers), the static shared memory limit; other KIVI geometries
   /// go through decodeKiviRows. decodeAttentionKivi takes this path where
@@ -2910,20 +3033,31 @@ __device__ __forceinline__ void addWindowKeyDots(const uint8_t *residual,
 }
 
 /// decodeAttentionKivi for key blocks of KG >= 32 tokens (KG a multiple of
-/// 32; the paper's 32 and larger): the arithmetic of a code is folded into
-/// per-block and per-slot factors so that a key code costs G fused
-/// multiply-adds and a shift and a mask, and a value code the same.
+/// 32; the paper's 32 and larger): the codes stay integers and meet their
+/// factors in integer dot products (dp2a: two 16-bit digits times two
+/// bytes, one instruction), so that a key code costs about one dp2a per
+/// query head and a value code the same, where a float form costs a shift,
+/// a mask and a fused multiply-add per code.
 ///
-/// Keys (a slot per lane): with x = code * s + min and u = 1 + code / 2^b
-/// (kiviUnit), q . x = sum_c (q_c s_c 2^b) u_c + sum_c q_c (min_c - s_c 2^b).
-/// The warp forms the first factor per channel in shared memory and the
-/// second sum (the bias) once per tile; each lane then dots its slot's codes
-/// with the folded query, reading it with broadcast loads.
-/// Values (kValueChannels channels of one slot per lane): the same identity
-/// per slot and group gives acc += (p s 2^b) u + p (min - s 2^b); the second
-/// term is one sum per (lane, query head), added to the lane's channels at
-/// the end. A window slot's full-precision key or value goes the direct way
-/// (its weight p, its row from the residual region).
+/// Keys (a slot per lane): with x = code * s + min,
+/// q . x = sum_c (q_c s_c) code_c + sum_c q_c min_c. Once per tile the warp
+/// writes the first factors f_c = q_c s_c of each query head as two signed
+/// 15-bit digits under one power of two (KiviDigits: f = u (d0 + d1 / 2^15)
+/// within u / 2^16, u from the head's largest |f_c|) and forms the second
+/// sum (the bias) by a warp reduction; each lane then turns its slot's codes
+/// into bytes (a shift and a mask per kCodesPerByte codes of a word) and
+/// sums d0 code and d1 code exactly in 32-bit integers, reading the digits
+/// with broadcast loads: l = bias + u (S0 + S1 / 2^15).
+/// Values (kValueChannels channels of two slots per lane and step): the
+/// same identity per slot and group gives acc += (p s) code + p min. Each
+/// slot's lane writes its weights w = p s per group as digits under a power
+/// of two per query head and tile; the value lanes interleave the codes of
+/// their two slots byte by byte (prmt) and sum w code per channel in
+/// integers, turned to float once per tile and head; the offsets p min are
+/// one warp sum per group and tile. A window slot's full-precision key or
+/// value goes the direct way (its weight p, its row from the residual
+/// region). The integer sums are exact; a digit pair keeps 29 bits of the
+/// factor's largest magnitude, more than a float's 24.
 /// Same outputs as decodeKiviRows: every slot's logit and the split's
 /// partial record.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
@@ -2940,18 +3074,33 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   // sub, sub + kSlotsPerStep, ... of the tile.
   const int sub = lane / Tiles::kValueLanes;
   const int c0 = lane % Tiles::kValueLanes * kVC;
+  // The fold's lane: digit 0 of channel lane + 32 i of a folded row goes
+  // to laneDigits + i kDigitStride, digit 1 four entries after it; digit 0
+  // of the lane's slot's value weight of a group to laneWeight, digit 1 two
+  // entries after it.
+  const int laneDigits = Tiles::digitIndex(lane, 0);
+  const int laneWeight = Tiles::weightIndex(lane, 0);
 
   __shared__ __align__(16) float queries[G][D];
-  __shared__ __align__(16) float folded[kWarps][G][D];
-  // A tile's weights (per slot and query head), value factors (per slot and
-  // group: {s 2^b, min - s 2^b}; {1, 0} for a full-precision value, {0, 0}
-  // for a free slot) and full-precision value rows (-1: codes).
+  // A warp's scratch, in turn: the tile's folded query q[g][c] s[c] per
+  // query head as two 15-bit digits (KiviDigits; 2 D per head, in the
+  // order the key loop reads them: KiviTiles::digitIndex), then its slots'
+  // value weights p s per query head and group as digits (64 per head and
+  // group: KiviTiles::weightIndex).
+  __shared__ __align__(16) int16_t scratch[kWarps][Tiles::kScratch];
+  // A tile's weights (per slot and query head) and full-precision value
+  // rows (-1: codes), for its window values.
   __shared__ __align__(16) float weights[kWarps][kWarpSize][G];
-  __shared__ float2 valueTerms[kWarps][kWarpSize][Tiles::kGroups];
   __shared__ int32_t valueRows[kWarps][kWarpSize];
   __shared__ __align__(16)
       typename Tiles::RowVector valueCodes[kWarps][kWarpSize]
                                           [Tiles::kRowVectors];
+  // The lane's value codes of slot r: channels [c0, c0 + kVC).
+  auto valueCodesOf = [&](int r) -> uint32_t {
+    return reinterpret_cast<const typename Tiles::ValueCodes *>(
+        &valueCodes[warp][r][0])[c0 * kBits / 8 /
+                                 sizeof(typename Tiles::ValueCodes)];
+  };
   for (int i = threadIdx.x; i < G * D; i += kThreads)
     (&queries[0][0])[i] = a.q[static_cast<int64_t>(h) * G * D + i];
   __syncthreads();
@@ -2986,68 +3135,82 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
             fold);
 
     // The previous tile's lanes are done with the tile buffers: the slot's
-    // value codes, factors and window row go to them (a value's factors:
-    // {s 2^b, min - s 2^b} per group; {1, 0} for a full-precision value,
-    // {0, 0} for a free slot).
+    // value codes and window row go to them.
     __syncwarp();
 #pragma unroll
     for (int v = 0; v < Tiles::kRowVectors; ++v)
       valueCodes[warp][lane][v] = in.valueRow[v];
-#pragma unroll
-    for (int x = 0; x < Tiles::kGroups; ++x) {
-      const float s = in.valueRecord[x].x * Tiles::kUnit;
-      valueTerms[warp][lane][x] =
-          live && !valueFull ? make_float2(s, in.valueRecord[x].y - s)
-                             : make_float2(valueFull ? 1.0f : 0.0f, 0.0f);
-    }
     valueRows[warp][lane] = valueFull ? row : -1;
-    // The fold: folded[g][c] = q[g][c] s[c] 2^b and the bias
-    // sum_c q[g][c] (min[c] - s[c] 2^b), channels lane, lane + 32, ...
-    float bias[G];
+    // The fold: f[g][c] = q[g][c] s[c] as digits under a power of two per
+    // query head (the warp's largest |f[g][c]|), and the bias
+    // sum_c q[g][c] min[c], channels lane, lane + 32, ...
+    float bias[G], unit[G];
 #pragma unroll
     for (int g = 0; g < G; ++g)
-      bias[g] = 0.0f;
+      bias[g] = unit[g] = 0.0f;
     if (fold) {
+      float f[D / kWarpSize][G];
+      uint32_t bound[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        bound[g] = 0;
 #pragma unroll
       for (int i = 0; i < D / kWarpSize; ++i) {
         const int c = i * kWarpSize + lane;
-        const float s = in.keyRecord[i].x * Tiles::kUnit,
-                    offset = in.keyRecord[i].y - s;
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-          folded[warp][g][c] = queries[g][c] * s;
-          bias[g] = fmaf(queries[g][c], offset, bias[g]);
+          f[i][g] = queries[g][c] * in.keyRecord[i].x;
+          const uint32_t bits = __float_as_uint(f[i][g]) & 0x7fffffffu;
+          bound[g] = bits > bound[g] ? bits : bound[g];
+          bias[g] = fmaf(queries[g][c], in.keyRecord[i].y, bias[g]);
         }
       }
 #pragma unroll
-      for (int g = 0; g < G; ++g)
+      for (int g = 0; g < G; ++g) {
         bias[g] = warpSum(bias[g]);
+        const KiviDigitScale k(warpMax(bound[g]));
+        unit[g] = k.unit;
+        int16_t *row = &scratch[warp][g * 2 * D + laneDigits];
+#pragma unroll
+        for (int i = 0; i < D / kWarpSize; ++i) {
+          const KiviDigits d(f[i][g], k.scale);
+          row[i * Tiles::kDigitStride] = static_cast<int16_t>(d.d0);
+          row[i * Tiles::kDigitStride + 4] = static_cast<int16_t>(d.d1);
+        }
+      }
     }
     __syncwarp();
 #pragma unroll
     for (int g = 0; g < G; ++g)
       l[g] = keyCodes ? bias[g] : 0.0f;
     if (keyCodes) {
+      // q . x = sum_c f_c code_c + bias: each run of kCodesPerByte codes
+      // as bytes (a shift and a mask), two dp2a per digit and byte pair.
       const uint32_t *words = reinterpret_cast<const uint32_t *>(in.keyRow);
+      int32_t s0[G], s1[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        s0[g] = s1[g] = 0;
 #pragma unroll
       for (int w = 0; w < Tiles::kRowWords; ++w)
 #pragma unroll
-        for (int e = 0; e < Tiles::kCodesPerWord; e += 4) {
-          const int c = w * Tiles::kCodesPerWord + e;
-          const float u0 = kiviUnit<kBits>(words[w], e),
-                      u1 = kiviUnit<kBits>(words[w], e + 1),
-                      u2 = kiviUnit<kBits>(words[w], e + 2),
-                      u3 = kiviUnit<kBits>(words[w], e + 3);
+        for (int j = 0; j < Tiles::kCodesPerByte; ++j) {
+          const uint32_t bytes = (words[w] >> (j * kBits)) & Tiles::kByteMask;
 #pragma unroll
           for (int g = 0; g < G; ++g) {
-            const float4 f =
-                *reinterpret_cast<const float4 *>(&folded[warp][g][c]);
-            l[g] = fmaf(f.x, u0, l[g]);
-            l[g] = fmaf(f.y, u1, l[g]);
-            l[g] = fmaf(f.z, u2, l[g]);
-            l[g] = fmaf(f.w, u3, l[g]);
+            const uint4 d = *reinterpret_cast<const uint4 *>(
+                &scratch[warp][g * 2 * D +
+                               Tiles::digitIndex(w * Tiles::kCodesPerWord + j,
+                                                 0)]);
+            s0[g] = dot2x16<true>(d.x, bytes, s0[g]);
+            s0[g] = dot2x16<false>(d.y, bytes, s0[g]);
+            s1[g] = dot2x16<true>(d.z, bytes, s1[g]);
+            s1[g] = dot2x16<false>(d.w, bytes, s1[g]);
           }
         }
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        l[g] = KiviDigits::addSums(unit[g], s0[g], s1[g], l[g]);
     } else if (live) {
       // A window key: its full-precision row from the residual region.
       addWindowKeyDots<G, D, S>(t.kiviResidual, row, &queries[0][0], D, l);
@@ -3078,62 +3241,106 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       z[g] += p[g];
     }
 
-    // The slot's value factors, for the lanes of its channels.
-    // The weights, for the lanes of the slot's channels.
+    // The slot's weights w = p s per group as digits under a power of two
+    // per query head (the warp's largest w), in the scratch buffer now that
+    // every lane is done with the folded query; each group's offset
+    // sum_slots p min, once per tile (a warp sum); the weights themselves
+    // for window values.
+    const bool valueCodesLive = live && !valueFull;
+    const int group = c0 / KG;
+    float vUnit[G];
+    __syncwarp();
 #pragma unroll
-    for (int g = 0; g < G; ++g)
+    for (int g = 0; g < G; ++g) {
       weights[warp][lane][g] = p[g];
+      float w[Tiles::kGroups];
+      uint32_t bound = 0;
+#pragma unroll
+      for (int x = 0; x < Tiles::kGroups; ++x) {
+        w[x] = valueCodesLive ? p[g] * in.valueRecord[x].x : 0.0f;
+        const uint32_t bits = __float_as_uint(w[x]) & 0x7fffffffu;
+        bound = bits > bound ? bits : bound;
+        // The group's offset counts once per channel: in the lanes of the
+        // first slot run.
+        const float offset =
+            warpSum(valueCodesLive ? p[g] * in.valueRecord[x].y : 0.0f);
+        if (x == group && sub == 0)
+          corr[g] += offset;
+      }
+      const KiviDigitScale k(warpMax(bound));
+      vUnit[g] = k.unit;
+      int16_t *slotDigits =
+          &scratch[warp][g * Tiles::kGroups * 2 * kWarpSize + laneWeight];
+#pragma unroll
+      for (int x = 0; x < Tiles::kGroups; ++x) {
+        const KiviDigits d(w[x], k.scale);
+        slotDigits[x * 2 * kWarpSize] = static_cast<int16_t>(d.d0);
+        slotDigits[x * 2 * kWarpSize + 2] = static_cast<int16_t>(d.d1);
+      }
+    }
     __syncwarp();
     walk.prefetchNext(a, t, lane);
 
-    // Values: kSlotsPerStep slots per step, kVC channels per lane. A tile
-    // without window values (all but the newest R entries) runs no test.
-    auto valueStep = [&](int r, const float (&x)[kVC]) {
-      const float2 term = valueTerms[warp][r][c0 / KG];
+    // Values: the lane's slots two at a time, their codes of channels
+    // [c0, c0 + kVC) interleaved byte by byte (a prmt per two bytes of
+    // each), a shift and a mask per run of kCodesPerByte codes, and two
+    // dp2a per digit: one for channels lo, one for channels hi. Window
+    // values have weight digits 0 here and go the direct way after.
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float pg = weights[warp][r][g];
-        const float w = pg * term.x;
-        corr[g] = fmaf(pg, term.y, corr[g]);
-#pragma unroll
-        for (int e = 0; e < kVC; ++e)
-          acc[g][e] = fmaf(w, x[e], acc[g][e]);
-      }
-    };
-    auto unitsOf = [&](int r, float (&x)[kVC]) {
-      const typename Tiles::ValueCodes codes =
-          reinterpret_cast<const typename Tiles::ValueCodes *>(
-              &valueCodes[warp][r][0])[c0 * kBits / 8 /
-                                       sizeof(typename Tiles::ValueCodes)];
+    for (int g = 0; g < G; ++g) {
+      int32_t s0[kVC], s1[kVC];
 #pragma unroll
       for (int e = 0; e < kVC; ++e)
-        x[e] = kiviUnit<kBits>(codes, e);
-    };
-    if (__ballot_sync(kFullMask, valueFull) == 0) {
-#pragma unroll 4
-      for (int r = sub; r < kWarpSize; r += Tiles::kSlotsPerStep) {
-        float x[kVC];
-        unitsOf(r, x);
-        valueStep(r, x);
-      }
-    } else {
-      for (int r = sub; r < kWarpSize; r += Tiles::kSlotsPerStep) {
-        float x[kVC];
-        const int32_t fullRow = valueRows[warp][r];
-        if (fullRow < 0) {
-          unitsOf(r, x);
-        } else {
-          const uint4 *full = reinterpret_cast<const uint4 *>(
-              t.kiviResidual +
-              (static_cast<uint64_t>(residualLength) + fullRow) *
-                  Full::kRowBytes +
-              c0 * Codec<S>::kBytes);
+        s0[e] = s1[e] = 0;
+      const uint2 *pairDigits = reinterpret_cast<const uint2 *>(
+          &scratch[warp][(g * Tiles::kGroups + group) * 2 * kWarpSize]);
+#pragma unroll(Tiles::kPairUnroll)
+      for (int pr = 0; pr < Tiles::kPairsPerLane; ++pr) {
+        const int r0 = sub + 2 * pr * Tiles::kSlotsPerStep,
+                  r1 = r0 + Tiles::kSlotsPerStep;
+        const uint2 d = pairDigits[sub * Tiles::kPairsPerLane + pr];
+        const uint32_t a0 = valueCodesOf(r0), a1 = valueCodesOf(r1);
 #pragma unroll
-          for (int v = 0; v < kVC / Full::kElemsPerVec; ++v)
-            Codec<S>::decode(__ldg(full + v), 1.0f,
-                             x + v * Full::kElemsPerVec);
+        for (int q = 0; q < kVC * kBits / 16; ++q) {
+          const uint32_t y = bytePerm(a0, a1, q == 0 ? 0x5140u : 0x7362u);
+#pragma unroll
+          for (int j = 0; j < Tiles::kCodesPerByte; ++j) {
+            const uint32_t bytes = (y >> (j * kBits)) & Tiles::kByteMask;
+            const int lo = 2 * q * Tiles::kCodesPerByte + j,
+                      hi = lo + Tiles::kCodesPerByte;
+            s0[lo] = dot2x16<true>(d.x, bytes, s0[lo]);
+            s1[lo] = dot2x16<true>(d.y, bytes, s1[lo]);
+            s0[hi] = dot2x16<false>(d.x, bytes, s0[hi]);
+            s1[hi] = dot2x16<false>(d.y, bytes, s1[hi]);
+          }
         }
-        valueStep(r, x);
+      }
+#pragma unroll
+      for (int e = 0; e < kVC; ++e)
+        acc[g][e] = KiviDigits::addSums(vUnit[g], s0[e], s1[e], acc[g][e]);
+    }
+    if (__ballot_sync(kFullMask, valueFull) != 0) {
+      // Window values: p times the full-precision row.
+      for (int r = sub; r < kWarpSize; r += Tiles::kSlotsPerStep) {
+        const int32_t fullRow = valueRows[warp][r];
+        if (fullRow < 0)
+          continue;
+        float x[kVC];
+        const uint4 *full = reinterpret_cast<const uint4 *>(
+            t.kiviResidual +
+            (static_cast<uint64_t>(residualLength) + fullRow) *
+                Full::kRowBytes +
+            c0 * Codec<S>::kBytes);
+#pragma unroll
+        for (int v = 0; v < kVC / Full::kElemsPerVec; ++v)
+          Codec<S>::decode(__ldg(full + v), 1.0f, x + v * Full::kElemsPerVec);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float pg = weights[warp][r][g];
+#pragma unroll
+          for (int e = 0; e < kVC; ++e)
+            acc[g][e] = fmaf(pg, x[e], acc[g][e]);
+        }
       }
     }
   }
@@ -3160,26 +3367,6 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
           for (int e = 0; e < kVC; ++e)
             sum[g][c0 + e] += acc[g][e] * factor;
       });
-}
-
-/// prmt.b32: byte i of the result is byte (nibble i of `selector`) of
-/// {b, a} (bytes 0-3 of a, 4-7 of b); selectors here leave bit 3 of every
-/// nibble clear.
-__device__ __forceinline__ uint32_t bytePerm(uint32_t a, uint32_t b,
-                                             uint32_t selector) {
-#if defined(__CUDA_ARCH__) && !defined(KVC_CUDA_EMULATED)
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
-  return d;
-#else
-  const uint64_t bytes = a | static_cast<uint64_t>(b) << 32;
-  uint32_t d = 0;
-  for (int i = 0; i < 4; ++i)
-    d |= static_cast<uint32_t>(bytes >> (8 * ((selector >> (4 * i)) & 7)) &
-                               0xffu)
-         << (8 * i);
-  return d;
-#endif
 }
 
 /// KIVI codes as bf16 operands of mma.sync: u = 1 + code / 2^kBits, the
@@ -3738,7 +3925,9 @@ template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 __global__ void __launch_bounds__(
     kThreads, KiviMma<G, D, kBits, KG, T, kThreads>::kApplies
                   ? KiviMma<G, D, kBits, KG, T, kThreads>::kMinBlocks
-                  : 0)
+                  : (KiviTiles<G, D, kBits, KG, T, kThreads>::kApplies
+                         ? KiviTiles<G, D, kBits, KG, T, kThreads>::kMinBlocks
+                         : 0))
     decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;

@@ -21,7 +21,14 @@
 //  - PageDivisor (slot -> page and offset without a divide): against / and %
 //    for every page size up to 4096, sizes near powers of two up to 2^30
 //    and 2^31 - 1, at both sides of page boundaries, 2^31 - 1 and random
-//    slots.
+//    slots;
+//  - the integer KIVI tiles' arithmetic (decodeKiviTiles): KiviDigitScale
+//    and KiviDigits (two 15-bit digits within unit / 2^16 of every value
+//    up to the bound, for bounds from 0 and subnormals to just under
+//    2^127; NaN units beyond and for infinities and NaNs), dot2x16 against
+//    the PTX definition of dp2a.lo / dp2a.hi, and the digit and weight
+//    layouts (KiviTiles::digitIndex, weightIndex): one entry each, the
+//    bytes a shift and a mask give, the pairs a value lane loads.
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -30,6 +37,7 @@
 #include "test/cudaemu/EmuCheck.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -340,9 +348,125 @@ void checkPageDivisor(std::mt19937 &rng) {
   std::printf("page divisor: %zu sizes ok\n", sizes.size());
 }
 
+/// KiviDigitScale and KiviDigits over values up to `bound`.
+void checkDigitsUnder(float bound, std::mt19937 &rng) {
+  const kvc::cuda::KiviDigitScale k(
+      __float_as_uint(std::fabs(bound)));
+  if (!(std::fabs(bound) < 0x1p127f)) {
+    CHECK(std::isnan(k.unit) && k.scale == 0.0f,
+          "bound %g: unit %g, scale %g, want NaN and 0", bound, k.unit,
+          k.scale);
+    return;
+  }
+  CHECK(static_cast<double>(k.unit) * k.scale == 1.0,
+        "bound %g: unit %g times scale %g is not 1", bound, k.unit, k.scale);
+  // The unit is the bound's power of two over 2^13 (2^-126 at the least).
+  const double want =
+      std::max(std::ldexp(1.0, std::ilogb(std::max(bound, 0x1p-126f)) - 13),
+               0x1p-126);
+  CHECK(k.unit == want || (bound < 0x1p-113f && k.unit == 0x1p-126f),
+        "bound %g: unit %g, want %g", bound, k.unit, want);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> xs = {0.0f, bound, -bound, bound * 0.5f,
+                           std::nextafter(bound, 0.0f), 0x1p-149f,
+                           -0x1p-149f};
+  for (int i = 0; i < 2000; ++i)
+    xs.push_back(bound * u(rng));
+  for (float x : xs) {
+    const kvc::cuda::KiviDigits d(x, k.scale);
+    CHECK(std::abs(d.d0) <= 16384 && std::abs(d.d1) <= 16384,
+          "bound %g, x %.9g: digits %d %d beyond 15 bits", bound, x, d.d0,
+          d.d1);
+    const double back = static_cast<double>(k.unit) *
+                        (d.d0 + static_cast<double>(d.d1) / 32768.0);
+    CHECK(std::fabs(back - x) <= static_cast<double>(k.unit) / 65536.0,
+          "bound %g, x %.9g: digits %d %d give %.12g", bound, x, d.d0, d.d1,
+          back);
+  }
+}
+
+/// A code layout's digit and weight indices (KiviTiles at int2 or int4).
+template <int kBits, int D> void checkKiviLayout(std::mt19937 &rng) {
+  using Tiles = kvc::cuda::KiviTiles<1, D, kBits, 32, KVC_DTYPE_F16, 128>;
+  std::vector<int> seen(2 * D, 0);
+  std::vector<uint32_t> words(D * kBits / 32);
+  for (uint32_t &w : words)
+    w = static_cast<uint32_t>(rng());
+  for (int c = 0; c < D; ++c) {
+    for (int digit = 0; digit < 2; ++digit) {
+      const int i = Tiles::digitIndex(c, digit);
+      CHECK(i >= 0 && i < 2 * D && seen[i]++ == 0,
+            "int%d D=%d: digit %d of channel %d at %d, taken or outside",
+            kBits, D, digit, c, i);
+    }
+    // The run j = c % kCodesPerByte of c's word holds code c in byte
+    // k = digitIndex(c, 0) % 4, and digit 1 sits 4 entries after digit 0.
+    const uint32_t word = words[c / Tiles::kCodesPerWord];
+    const uint32_t run =
+        (word >> (c % Tiles::kCodesPerByte * kBits)) & Tiles::kByteMask;
+    const int k = Tiles::digitIndex(c, 0) % 4;
+    const uint32_t code =
+        word >> (c % Tiles::kCodesPerWord * kBits) & ((1u << kBits) - 1);
+    CHECK((run >> (8 * k) & 0xffu) == code &&
+              Tiles::digitIndex(c, 1) == Tiles::digitIndex(c, 0) + 4,
+          "int%d D=%d: channel %d is not in byte %d of its run", kBits, D, c,
+          k);
+  }
+  std::vector<int> slot(64, 0);
+  for (int r = 0; r < 32; ++r)
+    for (int digit = 0; digit < 2; ++digit) {
+      const int i = Tiles::weightIndex(r, digit);
+      CHECK(i >= 0 && i < 64 && slot[i]++ == 0,
+            "D=%d: weight digit %d of slot %d at %d, taken or outside", D,
+            digit, r, i);
+    }
+  for (int sub = 0; sub < Tiles::kSlotsPerStep; ++sub)
+    for (int p = 0; p < Tiles::kPairsPerLane; ++p) {
+      const int r0 = sub + 2 * p * Tiles::kSlotsPerStep,
+                r1 = r0 + Tiles::kSlotsPerStep;
+      const int at = 4 * (sub * Tiles::kPairsPerLane + p);
+      CHECK(Tiles::weightIndex(r0, 0) == at &&
+                Tiles::weightIndex(r1, 0) == at + 1 &&
+                Tiles::weightIndex(r0, 1) == at + 2 &&
+                Tiles::weightIndex(r1, 1) == at + 3,
+            "D=%d: slots %d and %d are not pair %d's", D, r0, r1, at / 4);
+    }
+}
+
+void checkKiviArithmetic(std::mt19937 &rng) {
+  for (float bound : {0.0f, 0x1p-149f, 0x1p-130f, 0x1p-126f, 0x1p-113f,
+                      1e-30f, 1e-3f, 0.75f, 1.0f, 3.99f, 4.0f, 1000.0f,
+                      1e30f, 0x1.fffffep126f, 0x1p127f, 3e38f, INFINITY,
+                      NAN})
+    checkDigitsUnder(bound, rng);
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 10000; ++i) {
+    const uint32_t a = any(rng), b = any(rng);
+    const int32_t acc = static_cast<int32_t>(any(rng) >> 2);
+    const int64_t a0 = static_cast<int16_t>(a),
+                  a1 = static_cast<int16_t>(a >> 16);
+    const int64_t lo = a0 * static_cast<int8_t>(b) +
+                       a1 * static_cast<int8_t>(b >> 8),
+                  hi = a0 * static_cast<int8_t>(b >> 16) +
+                       a1 * static_cast<int8_t>(b >> 24);
+    CHECK(kvc::cuda::dot2x16<true>(a, b, acc) == acc + lo &&
+              kvc::cuda::dot2x16<false>(a, b, acc) == acc + hi,
+          "dot2x16(%08x, %08x, %d): %d %d, want %lld %lld", a, b, acc,
+          kvc::cuda::dot2x16<true>(a, b, acc),
+          kvc::cuda::dot2x16<false>(a, b, acc),
+          static_cast<long long>(acc + lo), static_cast<long long>(acc + hi));
+  }
+  checkKiviLayout<2, 128>(rng);
+  checkKiviLayout<4, 128>(rng);
+  checkKiviLayout<2, 64>(rng);
+  checkKiviLayout<4, 32>(rng);
+  std::printf("KIVI digits, dp2a and layouts: ok\n");
+}
+
 int main() {
   std::mt19937 rng(20261122);
   checkPageDivisor(rng);
+  checkKiviArithmetic(rng);
   checkAll<256>(rng);
   checkAll<512>(rng);
   checkAsyncCopies();

@@ -26,6 +26,7 @@
 #include "runtime/kvc_cuda.cuh"
 #include "test/cudaemu/EmuCheck.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -59,18 +60,30 @@ struct HostMerge {
   }
 };
 
+/// The largest differences from the reference that a check saw: of a
+/// logit and of an output channel (absolute).
+struct DecodeErrors {
+  double logit = 0.0, output = 0.0;
+  void add(const DecodeErrors &e) {
+    logit = std::max(logit, e.logit);
+    output = std::max(output, e.output);
+  }
+};
+
 /// `q`: the query head's D floats; `keys`, `values`: per slot of the head,
 /// D channels (empty: free slot); `logits`: the head's row of `stride`;
 /// `records`: the query head's record of split 0, the next split's
-/// `splitStride` floats on ({m, z, acc[D]} each).
+/// `splitStride` floats on ({m, z, acc[D]} each). Returns the largest
+/// differences it saw.
 template <typename Row>
-void checkDecodeOutputs(const char *label, int D, const float *q,
-                        const std::vector<Row> &keys,
-                        const std::vector<Row> &values, float scale,
-                        const float *logits, int64_t stride, float sentinel,
-                        const float *records, int32_t numSplits,
-                        int64_t splitStride) {
+DecodeErrors checkDecodeOutputs(const char *label, int D, const float *q,
+                                const std::vector<Row> &keys,
+                                const std::vector<Row> &values, float scale,
+                                const float *logits, int64_t stride,
+                                float sentinel, const float *records,
+                                int32_t numSplits, int64_t splitStride) {
   const int32_t n = static_cast<int32_t>(keys.size());
+  DecodeErrors errors;
   std::vector<double> l(n, -INFINITY);
   double lmax = -INFINITY;
   for (int32_t s = 0; s < n; ++s) {
@@ -93,6 +106,7 @@ void checkDecodeOutputs(const char *label, int D, const float *q,
     CHECK(std::fabs(logits[s] - l[s]) <= 2e-5,
           "%s: logit of slot %d is %.7g, reference %.7g", label, s, logits[s],
           l[s]);
+    errors.logit = std::max(errors.logit, std::fabs(logits[s] - l[s]));
     const double w = std::exp(l[s] - lmax);
     z += w;
     for (int c = 0; c < D; ++c)
@@ -118,7 +132,9 @@ void checkDecodeOutputs(const char *label, int D, const float *q,
     CHECK(std::fabs(have - want) <= 2e-5,
           "%s: output channel %d is %.7g, reference %.7g", label, c, have,
           want);
+    errors.output = std::max(errors.output, std::fabs(have - want));
   }
+  return errors;
 }
 
 /// The device side of a decode kernel test over heads of `slots[h]` slots,
@@ -266,21 +282,25 @@ struct DecodeBatch {
   }
   /// checkDecodeOutputs for every (head, query head), labelled
   /// "<prefix> head h g g"; keys[h] and values[h] per slot of head h.
+  /// Returns the largest differences over them.
   template <typename Row>
-  void check(const char *prefix, const std::vector<std::vector<Row>> &keys,
-             const std::vector<std::vector<Row>> &values, float scale) {
+  DecodeErrors check(const char *prefix,
+                     const std::vector<std::vector<Row>> &keys,
+                     const std::vector<std::vector<Row>> &values, float scale) {
     const int record = D + 2; // kvc::cuda::partialFloats<D>()
+    DecodeErrors errors;
     for (int32_t h = 0; h < heads; ++h)
       for (int g = 0; g < G; ++g) {
         char label[128];
         std::snprintf(label, sizeof label, "%s head %d g %d", prefix, h, g);
         const size_t row = static_cast<size_t>(h) * G + g;
-        checkDecodeOutputs(
+        errors.add(checkDecodeOutputs(
             label, D, q + row * D, keys[h], values[h], scale,
             logits + row * stride, stride, kSentinel,
             partials + (static_cast<size_t>(h) * numSplits * G + g) * record,
-            numSplits, static_cast<int64_t>(G) * record);
+            numSplits, static_cast<int64_t>(G) * record));
       }
+    return errors;
   }
 };
 

@@ -230,12 +230,13 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
                 "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d)", kBits, G,
                 D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
                 splitSlots);
-  batch.check(prefix, keys, values, scale);
+  const DecodeErrors errors = batch.check(prefix, keys, values, scale);
   batch.checkWithoutLogits(prefix, args, launch);
   // decodeAttentionKivi ends with the merge in the last block of each head.
   if (path != Path::Tiles)
     batch.checkMergeInLastSplit(prefix, args, tables, launch);
-  std::printf("%s: ok\n", prefix);
+  std::printf("%s: ok (logits within %.2g, outputs within %.2g)\n", prefix,
+              errors.logit, errors.output);
 }
 
 } // namespace
