@@ -254,6 +254,10 @@ int main() {
   check<1, 64, 4, 32, KVC_DTYPE_F32>(rng);
   check<2, 64, 2, 64, KVC_DTYPE_F32>(rng);
   check<2, 32, 4, 32, KVC_DTYPE_F16>(rng);
+  // The CUDA-core tiles at head dim 32: one value group, two pairs of
+  // slots per value lane.
+  check<1, 32, 2, 32, KVC_DTYPE_F16>(rng);
+  check<1, 32, 4, 32, KVC_DTYPE_BF16>(rng);
   // One split per head: a warp's tiles in turn (the page read a tile
   // ahead, the running maximum across tiles), every path.
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 704);
