@@ -820,6 +820,36 @@ template <typename T> __device__ T warpMax(T x) {
   return x;
 }
 
+/// The warp sums of kN values per lane (kN a power of two), each lane
+/// receiving one of them: the sum of v[x] over all lanes for x = bits
+/// [kLow, kLow + log2 kN) of its lane. A butterfly that halves the values
+/// at each of those bits (a lane keeps the half its bit selects and sends
+/// the other to its partner), then sums over the other bits: kN - 1 + 5 -
+/// log2 kN shuffles, where kN warp sums take 5 kN. Deterministic: a fixed
+/// order of additions per lane. The whole warp calls it.
+template <int kN, int kLow>
+__device__ __forceinline__ float warpSumScattered(float (&v)[kN], int lane) {
+  static_assert(kN >= 1 && (kN & (kN - 1)) == 0, "a power of two");
+  constexpr int kBits = kN == 1 ? 0 : (kN == 2 ? 1 : (kN == 4 ? 2 : 3));
+  static_assert(kN <= 8 && kLow + kBits <= 5, "bits of a lane");
+#pragma unroll
+  for (int n = kN, bit = kLow + kBits - 1; n > 1; n /= 2, --bit) {
+    const bool upper = (lane >> bit) & 1;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) {
+      const float send = upper ? v[i] : v[i + n / 2];
+      const float keep = upper ? v[i + n / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, 1 << bit);
+    }
+  }
+  float x = v[0];
+#pragma unroll
+  for (int bit = 0; bit < 5; ++bit)
+    if (bit < kLow || bit >= kLow + kBits)
+      x += __shfl_xor_sync(kFullMask, x, 1 << bit);
+  return x;
+}
+
 /// Sum (kMax: maximum) of one value per thread over the block; every thread
 /// gets the result. Deterministic: fixed shuffle and slot order.
 template <int kThreads, bool kMax = false, typename T>
@@ -2785,6 +2815,15 @@ struct KiviTiles {
   }
   /// Slots a value lane takes per tile (kSlotsPerStep apart), in pairs.
   static constexpr int kPairsPerLane = kWarpSize / kSlotsPerStep / 2;
+  /// The lowest lane bit of a value lane's group c0 / KG (c0 = (lane %
+  /// kValueLanes) kValueChannels): log2(KG / kValueChannels), KG a power
+  /// of two (it divides the head dim).
+  static constexpr int kGroupLaneBit = [] {
+    int bit = 0;
+    while ((kValueChannels << bit) < KG)
+      ++bit;
+    return bit;
+  }();
   /// Pairs whose loads the value loop issues together: all of them for one
   /// or two query heads; two beyond (the loop runs once per head, and
   /// unrolled whole it held 255 registers at G = 8, head dim 128).
@@ -2831,8 +2870,9 @@ struct KiviTiles {
   /// go through decodeKiviRows. decodeAttentionKivi takes this path where
   /// decodeKiviMma does not apply (G = 1).
   static constexpr bool kApplies =
-      KG % kWarpSize == 0 && kThreads % kWarpSize == 0 &&
-      D % kWarpSize == 0 && G <= 8 && kSharedBytes <= 48 * 1024;
+      KG % kWarpSize == 0 && (KG & (KG - 1)) == 0 &&
+      kThreads % kWarpSize == 0 && D % kWarpSize == 0 && G <= 8 &&
+      kSharedBytes <= 48 * 1024;
   static_assert(kBits == 2 || kBits == 4, "KIVI codes are int2 or int4");
   static_assert(kRowWords % 2 == 0, "a packed row is whole 8-byte words");
   static_assert(kValueLanes <= kWarpSize && kWarpSize % kValueLanes == 0,
@@ -3237,7 +3277,8 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         for (int e = 0; e < kVC; ++e)
           acc[g][e] *= rescale;
       }
-      p[g] = expf(l[g] - mNew);
+      // e^(l - m) as 2^((l - m) log2 e) (exp2Approx), as decodeKiviMma.
+      p[g] = exp2Approx((l[g] - mNew) * 1.44269504088896341f);
       z[g] += p[g];
     }
 
@@ -3253,20 +3294,23 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       weights[warp][lane][g] = p[g];
-      float w[Tiles::kGroups];
+      float w[Tiles::kGroups], offsets[Tiles::kGroups];
       uint32_t bound = 0;
 #pragma unroll
       for (int x = 0; x < Tiles::kGroups; ++x) {
         w[x] = valueCodesLive ? p[g] * in.valueRecord[x].x : 0.0f;
         const uint32_t bits = __float_as_uint(w[x]) & 0x7fffffffu;
         bound = bits > bound ? bits : bound;
-        // The group's offset counts once per channel: in the lanes of the
-        // first slot run.
-        const float offset =
-            warpSum(valueCodesLive ? p[g] * in.valueRecord[x].y : 0.0f);
-        if (x == group && sub == 0)
-          corr[g] += offset;
+        offsets[x] = valueCodesLive ? p[g] * in.valueRecord[x].y : 0.0f;
       }
+      // The offset of the lane's value group (lane bits from log2(KG / 8)
+      // on: c0 / KG), which counts once per channel: in the lanes of the
+      // first slot run.
+      const float offset =
+          warpSumScattered<Tiles::kGroups, Tiles::kGroupLaneBit>(offsets,
+                                                                 lane);
+      if (sub == 0)
+        corr[g] += offset;
       const KiviDigitScale k(warpMax(bound));
       vUnit[g] = k.unit;
       int16_t *slotDigits =

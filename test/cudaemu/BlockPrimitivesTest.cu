@@ -28,7 +28,8 @@
 //    2^127; NaN units beyond and for infinities and NaNs), dot2x16 against
 //    the PTX definition of dp2a.lo / dp2a.hi, and the digit and weight
 //    layouts (KiviTiles::digitIndex, weightIndex): one entry each, the
-//    bytes a shift and a mask give, the pairs a value lane loads.
+//    bytes a shift and a mask give, the pairs a value lane loads; and
+//    warpSumScattered (each lane the warp sum its lane bits name).
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -248,6 +249,44 @@ __global__ void asyncCopies(const uint4 *in, const uint32_t *in4,
   o[4] = b[(t + 5) % kThreads];
 }
 
+/// warpSumScattered over one warp: lane l's values in[l kN + x].
+template <int kN, int kLow>
+__global__ void scatteredSums(const float *in, float *out) {
+  const int lane = threadIdx.x;
+  float v[kN];
+  for (int x = 0; x < kN; ++x)
+    v[x] = in[lane * kN + x];
+  out[lane] = kvc::cuda::warpSumScattered<kN, kLow>(v, lane);
+}
+
+/// Each lane receives the warp sum of the value its bits [kLow, kLow +
+/// log2 kN) name; integer values, so that any order of additions is exact.
+template <int kN, int kLow> void checkScatteredSums(std::mt19937 &rng) {
+  std::vector<float> in(32 * kN);
+  for (float &x : in)
+    x = static_cast<float>(static_cast<int>(rng() % 2001) - 1000);
+  float *dIn = nullptr, *dOut = nullptr;
+  cudaMalloc(&dIn, sizeof(float) * in.size());
+  cudaMalloc(&dOut, sizeof(float) * 32);
+  cudaMemcpy(dIn, in.data(), sizeof(float) * in.size(),
+             cudaMemcpyHostToDevice);
+  scatteredSums<kN, kLow><<<1, 32>>>(dIn, dOut);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "scattered sums: launch");
+  const std::vector<float> got = download(dOut, 32);
+  for (int lane = 0; lane < 32; ++lane) {
+    const int x = lane >> kLow & (kN - 1);
+    float want = 0.0f;
+    for (int l = 0; l < 32; ++l)
+      want += in[l * kN + x];
+    CHECK(got[lane] == want,
+          "warpSumScattered<%d, %d>: lane %d has %g, the sum of value %d is "
+          "%g",
+          kN, kLow, lane, got[lane], x, want);
+  }
+  cudaFree(dIn);
+  cudaFree(dOut);
+}
+
 void checkAsyncCopies() {
   constexpr int kThreads = 64;
   std::vector<uint4> in(kThreads);
@@ -460,7 +499,14 @@ void checkKiviArithmetic(std::mt19937 &rng) {
   checkKiviLayout<4, 128>(rng);
   checkKiviLayout<2, 64>(rng);
   checkKiviLayout<4, 32>(rng);
-  std::printf("KIVI digits, dp2a and layouts: ok\n");
+  // The value groups' offsets: head dim 128 and 64 in groups of 32, 128 in
+  // groups of 64, one group; and a wider spread.
+  checkScatteredSums<4, 2>(rng);
+  checkScatteredSums<2, 2>(rng);
+  checkScatteredSums<2, 3>(rng);
+  checkScatteredSums<1, 2>(rng);
+  checkScatteredSums<8, 1>(rng);
+  std::printf("KIVI digits, dp2a, layouts and scattered sums: ok\n");
 }
 
 int main() {
