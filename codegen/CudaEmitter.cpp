@@ -348,7 +348,7 @@ void CudaKernelEmitter::emitAttentionStage(raw_ostream &os) {
   } else {
     os << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n";
     os << "  kvc::cuda::mergeSplits<kGroup, kHeadDim, kStageThreads>("
-          "w.partials, numSplits, h, "
+          "w.partials, numBlocks, h, "
        << (attention.getOutput() ? "out" : "nullptr")
        << ", maxLogit, invSum);\n";
   }
@@ -471,7 +471,7 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
        << protectionGuess(oneVictimProtect) << ", "
        << (oneVictim.getTie() == TieBreak::recent ? "true" : "false")
        << ",\n      [&](int32_t i) { return " << oneVictimScore
-       << "; },\n      &w.selection[h * numSplits + blockIdx.y]);\n";
+       << "; },\n      &w.selection[h * foldBlocks + blockIdx.y]);\n";
   }
 
   std::string body;
@@ -491,8 +491,8 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
                            attention.getPersistence() || needsProbs ||
                            (oneVictim && !periodic);
     std::string indent = "  ";
-    bs << "  // The lines of the block's slots into L2 while the splits' "
-          "records load.\n";
+    bs << "  // The lines of the block's first pass of slots into L2 while "
+          "the splits'\n  // records load.\n";
     if (!everyStep) {
       bs << "  if (" << (attention.getWindow() ? inWindow : periodEnd)
          << ")\n";
@@ -500,7 +500,9 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
     }
     bs << indent
        << "kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(\n"
-       << indent << "    r, {"
+       << indent
+       << "    kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),\n"
+       << indent << "    {"
        << llvm::join(arrays, ",\n" + indent + "        ") << "});\n";
   }
   if (foldsStatistics() || attention.getOutput())
@@ -512,22 +514,22 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
           "blocks.\n"
           "  kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(\n"
           "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
-          "numSplits);\n";
+          "foldBlocks);\n";
   bs << slotWork;
   if (stagesInFold)
     bs << "  // The last of the head's blocks to finish runs the policy's "
           "stages for it.\n"
-          "  if (kvc::cuda::lastArrival(t.arrivals, numSplits))\n"
+          "  if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))\n"
           "    "
-       << deviceName("Stages") << "<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, "
+       << deviceName("Stages") << "<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, "
        << (attention.getOutput() ? "out" : "/*out=*/nullptr") << ");\n";
 
   SmallVector<std::pair<std::string, std::string>> decls;
-  decls.push_back({"h", "  // Head h of the batch, slots of split blockIdx.y.\n"
+  decls.push_back({"h", "  // Head h of the batch, slots of fold range blockIdx.y.\n"
                         "  const int32_t h = blockIdx.x;\n"});
   decls.push_back({"t", "  const kvc::cuda::HeadTable t = w.heads[h];\n"});
   decls.push_back({"r", "  const kvc::cuda::SlotRange r = "
-                        "kvc::cuda::foldRange(t.numSlots, slotsPerSplit);\n"});
+                        "kvc::cuda::foldRange(t.numSlots, slotsPerBlock);\n"});
   decls.push_back({"positions", "  const int32_t *positions = t.positions;\n"});
   decls.push_back(
       {"position", "  const int32_t position = t.queryPosition;\n"});
@@ -536,15 +538,16 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   decls.push_back(
       {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
   out << "/// " << name
-      << ": the exact merge of the splits and the\n/// statistics over their "
-         "slot ranges, one block per (head of the batch, split)"
+      << ": the exact merge of the splits and the\n/// statistics over the "
+         "slots, blocks of whole slot ranges per head of the batch\n/// "
+         "(FoldPlan)"
       << (oneVictim ? ",\n/// and the summaries of the selection" : "")
       << (stagesInFold ? "; the last block of a head runs its stages" : "")
       << ".\n"
       << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)\n    "
       << deviceName("Fold") << "(" << camel
       << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
-         "slotsPerSplit"
+         "foldBlocks, int32_t slotsPerBlock"
       << (stagesInFold ? ", int32_t layer" : "")
       << (attention.getOutput() ? ", float *out" : "") << ") {\n"
       << usedDeclarations(decls, body) << body << "}\n\n";
@@ -1179,7 +1182,7 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
             "the fold blocks'\n  // summaries (the stages below run "
             "otherwise).\n"
             "  if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h "
-            "* numSplits, numSplits, "
+            "* numBlocks, numBlocks, "
          << budgets.lookup(oneVictim.getBudget()) << ",\n"
          << "                                               "
          << protectionGuess(oneVictimProtect) << ")) {\n"
@@ -1293,7 +1296,7 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
     out << "__global__ void __launch_bounds__(kStageThreads)\n    "
         << kernelName << "(" << camel << "Workspace w, ";
     if (decode)
-      out << "int64_t stride, int32_t numSplits, int32_t layer, float *out) "
+      out << "int64_t stride, int32_t numBlocks, int32_t layer, float *out) "
              "{\n";
     else
       out << "int32_t n, int32_t layer, const float *k, const float *v) {\n";
@@ -1303,10 +1306,11 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
     out << "/// The stages of " << name
         << " for head blockIdx.x of the batch, in the order of\n/// the "
            "policy: run by the last of the head's fold blocks, kStageThreads "
-           "threads.\n"
+           "threads\n/// (numBlocks: the fold blocks of a head, one "
+           "selection summary each).\n"
         << "template <int kStageThreads>\n__device__ void " << fn << "("
         << camel
-        << "Workspace w, int64_t stride, int32_t numSplits, int32_t layer, "
+        << "Workspace w, int64_t stride, int32_t numBlocks, int32_t layer, "
            "float *out) {\n"
         << prologue(body) << body << "}\n\n";
   }
@@ -1316,7 +1320,12 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
     out << "/// The stages of " << name << ", one block per "
         << (decode ? "head of the batch" : "kv-head") << ", in the "
         << "order of the policy" << (crossOp ? ", up to the cross-head op" : "")
-        << ".\n";
+        << (!decode ? ".\n"
+            : foldKernel
+                ? " (numBlocks: the fold blocks of a\n/// head, one "
+                  "selection summary each).\n"
+                : " (numBlocks: the attention's splits of a\n/// head, one "
+                  "partial record each).\n");
     signature(fn);
     out << prologue(body) << body << "}\n\n";
   }
@@ -1925,17 +1934,24 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
            "0, s>>>(args);\n";
   if (foldKernel) {
-    out << "    // Exact merge of the splits and the statistics over their "
-           "slot ranges"
+    out << "    // Exact merge of the splits and the statistics over the "
+           "slots"
         << (oneVictim ? ",\n    // and the selection's summaries" : "")
-        << ", one block per (head of the batch, split)"
+        << ", in blocks of whole slot ranges per head of\n    // the batch "
+           "that fill the device once (FoldPlan)"
         << (stagesInFold ? ";\n    // the last block of a head runs the "
                            "policy's stages for it.\n"
                          : ".\n")
+        << "    int32_t multiprocessors = 0;\n"
+           "    KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors(\""
+        << name << "\", &multiprocessors));\n"
+        << "    const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(\n"
+           "        plan, heads, tables.maxSlots(), multiprocessors);\n"
         << "    " << deviceName("Fold")
-        << "<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, "
+        << "<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, "
            "s>>>(w, stride, plan.splits,\n"
-        << "        plan.slotsPerSplit" << (stagesInFold ? ", layer" : "")
+        << "        fold.blocks, fold.slotsPerBlock"
+        << (stagesInFold ? ", layer" : "")
         << (attention.getOutput() ? ", out" : "") << ");\n";
   }
   if (mergeInAttention)
@@ -1948,7 +1964,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
                          "policy's stages, one block per head of\n    // "
                          "the batch.\n")
         << "    " << fn << "<<<heads, kStageThreads, 0, s>>>(w, stride, "
-        << "plan.splits, layer, " << outArg << ");\n";
+        << (foldKernel ? "fold.blocks" : "plan.splits") << ", layer, "
+        << outArg << ");\n";
   // Indents every line of `text` by two more spaces.
   auto nested = [](const std::string &text) {
     std::string r;
@@ -1980,7 +1997,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
        << "    " << fn << "AcrossHeads<<<batch, kStageThreads, 0, s>>>(w, "
        << "stride, layer);\n"
        << "    " << fn << "AfterHeads<<<heads, kStageThreads, 0, s>>>(w, "
-       << "stride, plan.splits, layer, " << outArg << ");\n";
+       << "stride, " << (foldKernel ? "fold.blocks" : "plan.splits")
+       << ", layer, " << outArg << ");\n";
     if (periodic)
       out << "    if (periodEnds) {\n" << nested(launches) << "    }\n";
     else

@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of four kernel choices, for side-by-side
+// Build-time overrides of five kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -84,6 +84,10 @@
 //    evict-first policy (streamPolicy), so that the step's small outputs
 //    (logits, split records, score state) outlast them in L2 until the
 //    fold and the merge read them; 0 reads them with the default policy.
+//  - KVC_CUDA_FOLD_PLAN (default 1): the decode fold kernel runs as many
+//    blocks as fill the device once, each over whole passes of slots
+//    (planFold); 0 runs one block per attention split, as many as the
+//    attention kernel has.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -95,6 +99,9 @@
 #endif
 #ifndef KVC_CUDA_EVICT_FIRST
 #define KVC_CUDA_EVICT_FIRST 1
+#endif
+#ifndef KVC_CUDA_FOLD_PLAN
+#define KVC_CUDA_FOLD_PLAN 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -108,21 +115,26 @@
 #if KVC_CUDA_EVICT_FIRST != 0 && KVC_CUDA_EVICT_FIRST != 1
 #error "KVC_CUDA_EVICT_FIRST must be 0 or 1"
 #endif
+#if KVC_CUDA_FOLD_PLAN != 0 && KVC_CUDA_FOLD_PLAN != 1
+#error "KVC_CUDA_FOLD_PLAN must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
 // benchmark timing both side by side): a kernel instantiation means one
 // body per program.
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
-    KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1
-#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict)                   \
-  overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict
-#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict)                    \
-  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict)
+    KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
+    KVC_CUDA_FOLD_PLAN != 1
+#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold)             \
+  overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
+      fold
+#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold)              \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
-      KVC_CUDA_EVICT_FIRST) {
+      KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -4048,31 +4060,44 @@ __device__ void splitStatistics(const float *partials, int32_t numSplits,
 /// splitStatistics. When the block has at least two threads per entry of
 /// its run, the entry's splits are spread over them (thread k of an entry:
 /// splits k, k + per, ...) and their sums added in thread order, so that
-/// the block waits for a few rounds of loads rather than numSplits.
-/// Deterministic for a given (parts, kThreads). Every thread of the block
-/// calls it (it synchronizes).
+/// the block waits for a few rounds of loads rather than numSplits. A
+/// thread issues the loads of kMergeUnroll of its splits (the record's
+/// maximum and the entry's sum) before it uses any, and adds them in split
+/// order: with few parts (a fold block per several splits, FoldPlan) an
+/// entry's splits are a thread's alone, and it waits for numSplits /
+/// kMergeUnroll rounds rather than numSplits. Deterministic for a given
+/// (parts, kThreads). Every thread of the block calls it (it synchronizes).
 template <int G, int D, int kThreads>
 __device__ void mergeOutput(const float *partials, int32_t numSplits,
                             int32_t h, float *out, const float *maxLogit,
                             const float *invSum, int32_t part, int32_t parts) {
   constexpr int kRecord = partialFloats<D>(), kEntries = G * D;
+  constexpr int kMergeUnroll = 8;
   __shared__ float sums[kThreads];
   const float *head = partials + static_cast<int64_t>(h) * numSplits * G * kRecord;
   const int32_t run = (kEntries + parts - 1) / parts;
   const int32_t first = part * run;
   const int32_t last = first + run < kEntries ? first + run : kEntries;
   const int32_t n = last - first;
-  // The sum of entry i over splits k, k + step, ...
+  // The sum of entry i over splits k, k + step, ... in that order.
   auto sumOf = [&](int i, int k, int step) {
     const int g = i / D, c = i % D;
     float sum = 0.0f;
-    for (int s = k; s < numSplits; s += step) {
-      // Both words of the record load at once (every split has a record;
+    for (int s0 = k; s0 < numSplits; s0 += kMergeUnroll * step) {
+      // Both words of each record load at once (every split has a record;
       // an empty split's sum is not used).
-      const float ms = head[(s * G + g) * kRecord];
-      const float acc = head[(s * G + g) * kRecord + 2 + c];
-      if (ms != kNegInf)
-        sum += acc * expf(ms - maxLogit[g]);
+      float ms[kMergeUnroll], acc[kMergeUnroll];
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        const int s = s0 + u * step;
+        const bool live = s < numSplits;
+        ms[u] = live ? head[(s * G + g) * kRecord] : kNegInf;
+        acc[u] = live ? head[(s * G + g) * kRecord + 2 + c] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u)
+        if (ms[u] != kNegInf)
+          sum += acc[u] * expf(ms[u] - maxLogit[g]);
     }
     return sum;
   };
@@ -4205,21 +4230,20 @@ __device__ void mergeInLastSplit(const DecodeSplitArgs &a, const HeadTable &t,
                               invSum);
 }
 
-/// Threads of a decode fold block: one block per head of the batch and
-/// attention split, whose kMinSlotsPerSplit (256 or more) slots it walks
-/// once.
+/// Threads of a decode fold block: FoldPlan's blocks per head of the
+/// batch, each walking its range of the head's slots once.
 constexpr int kFoldThreads = 256;
 
 /// The slots [first, last) of one head that a block of the decode fold
-/// kernel covers: the slot range of attention split `blockIdx.y`, cut at the
-/// head's `numSlots`.
+/// kernel covers: range `blockIdx.y` of `slotsPerBlock` slots
+/// (FoldPlan::slotsPerBlock), cut at the head's `numSlots`.
 struct SlotRange {
   int32_t first, last;
 };
 
-__device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerSplit) {
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * slotsPerSplit;
-  const int64_t last = first + slotsPerSplit;
+__device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerBlock) {
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * slotsPerBlock;
+  const int64_t last = first + slotsPerBlock;
   return {static_cast<int32_t>(first < numSlots ? first : numSlots),
           static_cast<int32_t>(last < numSlots ? last : numSlots)};
 }
@@ -4233,6 +4257,15 @@ __device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerSplit) {
 template <int G>
 __host__ __device__ constexpr int foldUnroll() {
   return G >= 8 ? 1 : G >= 4 ? 2 : 4;
+}
+
+/// The slots of the first pass of a fold block over `r` (foldUnroll<G>()
+/// slots per thread): the ones its helpers load first, right after the
+/// merge of the splits.
+template <int G, int kThreads>
+__device__ inline SlotRange firstPass(SlotRange r) {
+  const int32_t pass = kThreads * foldUnroll<G>();
+  return {r.first, r.last - r.first > pass ? r.first + pass : r.last};
 }
 
 /// One array of per-slot elements that a fold block reads: `rows` rows of
@@ -4288,7 +4321,9 @@ __device__ void forSlotLines(SlotRange r, const SlotArray (&arrays)[N],
 /// Asks L2 for every line of the slots in `r` of the `arrays`
 /// (forSlotLines), so that the loads of the fold that follows the merge of
 /// the splits hit L2 rather than wait for device memory behind the merge's
-/// own loads. A hint: no effect on results.
+/// own loads (the fold kernel asks for its first pass, firstPass: a few
+/// kilobytes a block, which the blocks of one wave keep within L2). A
+/// hint: no effect on results.
 template <int kThreads, int N>
 __device__ void prefetchSlotLines(SlotRange r, const SlotArray (&arrays)[N]) {
   forSlotLines<kThreads>(r, arrays,
@@ -8136,6 +8171,78 @@ inline SplitPlan planSplits(int32_t maxSlots, int32_t maxSplits,
   splits = splits < 1 ? 1 : (splits > maxSplits ? maxSplits : splits);
   int32_t per = (maxSlots + splits - 1) / splits;
   return SplitPlan{splits, per < 1 ? 1 : per};
+}
+
+/// Whether the fold kernel's blocks follow planFold (KVC_CUDA_FOLD_PLAN).
+constexpr bool kFoldPlanned = KVC_CUDA_FOLD_PLAN != 0;
+
+/// Fold blocks of kFoldThreads threads that one SM holds at once: the
+/// H2O fold's 64 registers a thread (foldUnroll) allow four; folds of
+/// fewer registers hold more, which leaves planFold's wave short of full,
+/// not longer than one.
+constexpr int32_t kFoldBlocksPerSM = 4;
+
+/// How the decode fold kernel covers the slots of a head: `blocks` blocks
+/// per head of the batch, `slotsPerBlock` consecutive slots each (foldRange).
+struct FoldPlan {
+  int32_t blocks;
+  int32_t slotsPerBlock;
+};
+
+/// The fold blocks of a decode step at group size G over `heads` heads of
+/// at most `maxSlots` slots, on a device of `multiprocessors` SMs. A fold
+/// block waits for a chain of memory round trips before its slots (the
+/// splits' records, its share of the merged output, then the slot passes,
+/// the arrival) and its slot work is a few bytes per slot: a block per
+/// attention split (`split`, up to 64 a head) would make batch x kv-heads
+/// x splits short blocks, many waves of them one after another, each
+/// waiting for the same chain. The plan takes as few blocks per head as
+/// fill the device once (kFoldBlocksPerSM a SM), each a
+/// whole pass of slots at least (kFoldThreads x foldUnroll<G>()), and
+/// never more than the attention's splits; the ranges are whole multiples
+/// of 32 slots (128-byte lines of 4-byte elements), the last one ending
+/// with the longest head. Under KVC_CUDA_FOLD_PLAN=0: a block per
+/// attention split.
+template <int G>
+inline FoldPlan planFold(const SplitPlan &split, int32_t heads,
+                         int32_t maxSlots, int32_t multiprocessors) {
+  if (!kFoldPlanned)
+    return FoldPlan{split.splits, split.slotsPerSplit};
+  const int64_t resident =
+      static_cast<int64_t>(multiprocessors > 0 ? multiprocessors : 1) *
+      kFoldBlocksPerSM;
+  const int64_t pass = static_cast<int64_t>(kFoldThreads) * foldUnroll<G>();
+  int64_t blocks = resident / (heads > 0 ? heads : 1);
+  blocks = std::min(blocks, (maxSlots + pass - 1) / pass);
+  blocks = std::min<int64_t>(blocks, split.splits);
+  blocks = std::max<int64_t>(blocks, 1);
+  int64_t per = (static_cast<int64_t>(maxSlots) + blocks - 1) / blocks;
+  per = std::max<int64_t>((per + 31) / 32 * 32, 32);
+  // The rounding may leave the last blocks without slots: not launched.
+  blocks = std::max<int64_t>((maxSlots + per - 1) / per, 1);
+  return FoldPlan{static_cast<int32_t>(blocks), static_cast<int32_t>(per)};
+}
+
+/// The SMs of the current device (*count), asked of the runtime once per
+/// device.
+inline kvc_status_t deviceMultiprocessors(const char *name, int32_t *count) {
+  constexpr int kDevices = 64;
+  static std::atomic<int32_t> known[kDevices];
+  int device = 0;
+  KVC_CUDA_CHECK(name, cudaGetDevice(&device));
+  const bool cached = device >= 0 && device < kDevices;
+  if (cached) {
+    *count = known[device].load(std::memory_order_relaxed);
+    if (*count > 0)
+      return KVC_STATUS_OK;
+  }
+  int value = 0;
+  KVC_CUDA_CHECK(name, cudaDeviceGetAttribute(
+                           &value, cudaDevAttrMultiProcessorCount, device));
+  *count = value;
+  if (cached)
+    known[device].store(value, std::memory_order_relaxed);
+  return KVC_STATUS_OK;
 }
 
 /// Uploads `entries` (not empty) to `region`; `blocks` receives the grid of

@@ -40,8 +40,10 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   fused_lru   fused's decode reading the cache under the default L2
 #               policy (KVC_CUDA_EVICT_FIRST=0: its logits and score state
 #               compete with the cache's lines for L2 until the fold)
+#   fused_split fused's decode with one fold block per attention split
+#               (KVC_CUDA_FOLD_PLAN=0), against planFold's one wave
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
-    fused_lru)
+    fused_lru fused_split)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -54,3 +56,5 @@ set(gpu_bench_alternative_policy_h2o_cc ${gpu_bench_policy_h2o})
 set(gpu_bench_alternative_defines_h2o_cc KVC_CUDA_PREFILL_MMA=0)
 set(gpu_bench_alternative_policy_fused_lru ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_lru KVC_CUDA_EVICT_FIRST=0)
+set(gpu_bench_alternative_policy_fused_split ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_fused_split KVC_CUDA_FOLD_PLAN=0)

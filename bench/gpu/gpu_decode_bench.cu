@@ -104,7 +104,8 @@ struct BenchGeometry {
   /// (kivi2_free); the plain prefill with CUDA-core attention
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
   /// statistics (h2o_cc); fused's decode reading the cache under the
-  /// default L2 policy (fused_lru).
+  /// default L2 policy (fused_lru) and with one fold block per attention
+  /// split (fused_split).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
@@ -116,6 +117,8 @@ struct BenchGeometry {
   PrefillFn h2oCc = nullptr;
   BatchBytesFn fusedLruBytes = nullptr;
   DecodeFn fusedLruDecode = nullptr;
+  BatchBytesFn fusedSplitBytes = nullptr;
+  DecodeFn fusedSplitDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -138,7 +141,9 @@ struct BenchGeometry {
         KVC_GB(h2o_cc, d, g, prefill_workspace_bytes),                         \
         KVC_GB(h2o_cc, d, g, prefill),                                         \
         KVC_GB(fused_lru, d, g, decode_batch_workspace_bytes),                 \
-        KVC_GB(fused_lru, d, g, decode_batch)                                  \
+        KVC_GB(fused_lru, d, g, decode_batch),                                 \
+        KVC_GB(fused_split, d, g, decode_batch_workspace_bytes),               \
+        KVC_GB(fused_split, d, g, decode_batch)                                \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1139,7 +1144,8 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// The decodes of the alternatives table: plain's (tensor cores at these
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
-/// evict-first) and fused_lru's (GpuBenchPolicies.cmake).
+/// evict-first, a fold of planFold's blocks), fused_lru's and
+/// fused_split's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1148,11 +1154,12 @@ enum Alternative {
   kAltInt2Free = 4,
   kAltFused = 5,
   kAltFusedLru = 6,
-  kNumAlternatives = 7
+  kAltFusedSplit = 7,
+  kNumAlternatives = 8
 };
 const char *kAlternativeNames[] = {"plain",     "plain_cc", "int2",
                                    "int2_cc",   "int2_free", "fused",
-                                   "fused_lru"};
+                                   "fused_lru", "fused_split"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1160,7 +1167,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the seven decodes at one (geometry, batch, context), one after
+/// Times the eight decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1181,15 +1188,18 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
     const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
     buffers.workspace.reserve(std::max(
         {g.plainBytes(batch, stride), g.plainCcBytes(batch, stride),
-         g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride)}));
+         g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
+         g.fusedSplitBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
-    for (int alt : {kAltPlain, kAltPlainCc, kAltFused, kAltFusedLru}) {
-      const DecodeFn decode = alt == kAltPlain     ? g.plainDecode
-                              : alt == kAltPlainCc ? g.plainCcDecode
-                              : alt == kAltFused   ? g.fusedDecode
-                                                   : g.fusedLruDecode;
+    for (int alt :
+         {kAltPlain, kAltPlainCc, kAltFused, kAltFusedLru, kAltFusedSplit}) {
+      const DecodeFn decode = alt == kAltPlain       ? g.plainDecode
+                              : alt == kAltPlainCc   ? g.plainCcDecode
+                              : alt == kAltFused     ? g.fusedDecode
+                              : alt == kAltFusedLru ? g.fusedLruDecode
+                                                     : g.fusedSplitDecode;
       try {
         r.usPerStep[alt] = timeSteps(
             timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
@@ -1472,7 +1482,8 @@ void printList(const Options &o) {
                 "(plain's decode, KVC_CUDA_TENSOR_CORES=0), kivi2_cc (kivi2, "
                 "KVC_CUDA_TENSOR_CORES=0), kivi2_free (kivi2, "
                 "KVC_CUDA_KIVI_MMA_BLOCKS=0), fused_lru (fused, "
-                "KVC_CUDA_EVICT_FIRST=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_EVICT_FIRST=0), fused_split (fused, "
+                "KVC_CUDA_FOLD_PLAN=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1815,15 +1826,18 @@ int main(int argc, char **argv) {
           "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
           "left to ptxas); fused us = fused's decode (its cache read under "
-          "an L2 evict-first policy); lru us = fused_lru "
-          "(KVC_CUDA_EVICT_FIRST=0: the default policy).\n"
-          "cc/tc, cc/i2, fr/i2, lru/fu = the alternative's time / the "
+          "an L2 evict-first policy, its fold in planFold's blocks); lru us "
+          "= fused_lru (KVC_CUDA_EVICT_FIRST=0: the default policy); split "
+          "us = fused_split (KVC_CUDA_FOLD_PLAN=0: one fold block per "
+          "attention split).\n"
+          "cc/tc, cc/i2, fr/i2, lru/fu, sp/fu = the alternative's time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
       std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s | %9s %9s %6s %9s %6s | "
-                  "%9s %9s %6s\n",
+                  "%9s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "int2 us", "int2cc us", "cc/i2", "free us",
-                  "fr/i2", "fused us", "lru us", "lru/fu");
+                  "fr/i2", "fused us", "lru us", "lru/fu", "split us",
+                  "sp/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
@@ -1851,14 +1865,16 @@ int main(int argc, char **argv) {
             };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s | %9s %9s %6s %9s %6s | "
-                "%9s %9s %6s\n",
+                "%9s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltInt2).c_str(),
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),
-                ratio(kAltFusedLru, kAltFused).c_str());
+                ratio(kAltFusedLru, kAltFused).c_str(),
+                us(kAltFusedSplit).c_str(),
+                ratio(kAltFusedSplit, kAltFused).c_str());
             for (int a = 0; a < kNumAlternatives; ++a) {
               if (!r.ok[a])
                 std::printf("     %s: %s\n", kAlternativeNames[a],

@@ -74,9 +74,10 @@
 // The stages, run by the last fold block of each head (ahead of the fold
 // kernel that calls them): the one-victim check ahead of the full stages,
 // each path ending with the head's victim row for the host.
-// CHECK: /// the policy: run by the last of the head's fold blocks, kStageThreads threads.
+// CHECK: /// the policy: run by the last of the head's fold blocks, kStageThreads threads
+// CHECK-NEXT: /// (numBlocks: the fold blocks of a head, one selection summary each).
 // CHECK-NEXT: template <int kStageThreads>
-// CHECK-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// CHECK-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
 // The prologue declares what the body reads; a comment that names a
 // variable ("the head's victim row") does not keep it.
 // CHECK-NEXT: // Head h of the batch: kv-head h % kKvHeads of sequence h / kKvHeads.
@@ -86,7 +87,7 @@
 // CHECK-NEXT: // The fold kernel merged the splits and formed the statistics.
 // CHECK-NEXT: // %3 = kvc.budget_uniform count 256
 // CHECK-NEXT: const int64_t budget0 = 256;
-// CHECK: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
+// CHECK: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numBlocks, numBlocks, budget0,
 // CHECK-NEXT: kvc::cuda::guessProtection(4, 16, position))) {
 // CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // CHECK-NEXT: return;
@@ -107,29 +108,32 @@
 // CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // CHECK-NEXT: }
 // CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
-// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, int32_t layer, float *out) {
-// CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
-// The lines of the slots the fold reads, asked of L2 ahead of the merge:
-// CHECK: // The lines of the block's slots into L2 while the splits' records load.
+// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, int32_t layer, float *out) {
+// CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerBlock);
+// The lines of the first pass of slots the fold reads, asked of L2 ahead of
+// the merge:
+// CHECK: // The lines of the block's first pass of slots into L2 while the splits'
+// CHECK-NEXT: // records load.
 // CHECK-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: r, {kvc::cuda::slotArray(positions),
+// CHECK-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// CHECK-NEXT: {kvc::cuda::slotArray(positions),
 // CHECK-NEXT: kvc::cuda::slotArray(t.state),
 // CHECK-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
 // CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // CHECK: kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, numSplits, h, maxLogit, invSum);
 // CHECK-NEXT: // The output rows of the group, spread over the head's blocks.
 // CHECK-NEXT: kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, numSplits);
+// CHECK-NEXT: w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, foldBlocks);
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(
 // CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
 // CHECK: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
 // CHECK-NEXT: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
 // CHECK-NEXT: positions, r, kvc::cuda::guessProtection(4, 16, position), true,
 // CHECK-NEXT: [&](int32_t i) { return t.state[i]; },
-// CHECK-NEXT: &w.selection[h * numSplits + blockIdx.y]);
+// CHECK-NEXT: &w.selection[h * foldBlocks + blockIdx.y]);
 // CHECK-NEXT: // The last of the head's blocks to finish runs the policy's stages for it.
-// CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, numSplits))
-// CHECK-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, out);
+// CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
+// CHECK-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
 // CHECK-NEXT: }
 // No stages kernel of their own.
 // CHECK-NOT: __global__ void __launch_bounds__(kStageThreads)
@@ -185,9 +189,14 @@
 // CHECK: w.logits, w.partials};
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
+// The fold's blocks: the device filled once (FoldPlan).
 // CHECK: // the last block of a head runs the policy's stages for it.
-// CHECK-NEXT: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// CHECK-NEXT: plan.slotsPerSplit, layer, out);
+// CHECK-NEXT: int32_t multiprocessors = 0;
+// CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors("kvc_heavy_cuda_decode_batch", &multiprocessors));
+// CHECK-NEXT: const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(
+// CHECK-NEXT: plan, heads, tables.maxSlots(), multiprocessors);
+// CHECK-NEXT: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// CHECK-NEXT: fold.blocks, fold.slotsPerBlock, layer, out);
 // CHECK-NOT: decodeStages<<<
 // No synchronization in the step: the victims stay in the device tables.
 // CHECK-NOT: cudaStreamSynchronize
@@ -215,8 +224,8 @@
 // UNFUSED: kvc_status_t kvc_heavy_cuda_prefill_scoring(
 // UNFUSED: kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, kSoftmaxScale, w.scratchOut, w.lse);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const int32_t *positions, void *workspace, uint64_t workspace_bytes, void *stream) {
-// UNFUSED: decodeScoringFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// UNFUSED-NEXT: plan.slotsPerSplit, layer);
+// UNFUSED: decodeScoringFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// UNFUSED-NEXT: fold.blocks, fold.slotsPerBlock, layer);
 // UNFUSED-NOT: decodeScoringStages<<<
 // UNFUSED: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, int32_t position, void *workspace, uint64_t workspace_bytes, void *stream) {
@@ -234,7 +243,7 @@
 // DUO-NEXT: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<kv_head>
 // DUO-NEXT: kvc::cuda::selectVictims<kStageThreads>(s1, positions, n, budget0, true, victim);
 // DUO: __constant__ int8_t kDecodeHeadClasses0[kLayers][kKvHeads] =
-// DUO: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
+// DUO: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
 // DUO-NEXT: // Head h of the batch: kv-head h % kKvHeads of sequence h / kKvHeads.
 // DUO-NEXT: const int32_t h = blockIdx.x;
 // DUO-NEXT: const int32_t head = h % kKvHeads;
@@ -253,9 +262,10 @@
 // TOVA: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<layer>
 // TOVA-NEXT: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: //===--- kvc_tova_cuda_decode: device part ---===//
-// TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t slotsPerSplit, float *out) {
+// TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, float *out) {
 // TOVA: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// TOVA-NEXT: r, {kvc::cuda::slotArray(logits, kGroup, stride)});
+// TOVA-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// TOVA-NEXT: {kvc::cuda::slotArray(logits, kGroup, stride)});
 // TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
 // TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
 // TOVA-NEXT: }
@@ -278,9 +288,9 @@
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
 // TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/true, w.tables,
-// TOVA: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// TOVA: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
-// TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
+// TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
 
 // ADAKV: // %4 = kvc.budget_pyramid capacity 2048 window 8 beta 20
 // ADAKV-NEXT: // Read by the cross-head kernel.
@@ -343,7 +353,7 @@
 // SCISSORHANDS-NEXT: __device__ void decodeStages(
 // SCISSORHANDS: // kvc.attention_pass output persistence 64 threshold 9.765625E-4 by mean
 // SCISSORHANDS-NEXT: // The fold kernel merged the splits and formed the statistics.
-// SCISSORHANDS: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numSplits, numSplits, budget0,
+// SCISSORHANDS: if (kvc::cuda::takeOneVictim<kStageThreads>(t, w.selection + h * numBlocks, numBlocks, budget0,
 // SCISSORHANDS-NEXT: kvc::cuda::guessProtection(0, 64, position))) {
 // SCISSORHANDS-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // SCISSORHANDS-NEXT: return;
@@ -355,7 +365,8 @@
 // SCISSORHANDS-NEXT: }
 // SCISSORHANDS: decodeFold(
 // SCISSORHANDS: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// SCISSORHANDS-NEXT: r, {kvc::cuda::slotArray(positions),
+// SCISSORHANDS-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// SCISSORHANDS-NEXT: {kvc::cuda::slotArray(positions),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(t.history),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
 // SCISSORHANDS: kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(
@@ -364,8 +375,8 @@
 // SCISSORHANDS: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
 // SCISSORHANDS-NEXT: positions, r, kvc::cuda::guessProtection(0, 64, position), true,
 // SCISSORHANDS-NEXT: [&](int32_t i) { return static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory)); },
-// SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, numSplits))
-// SCISSORHANDS-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, out);
+// SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
+// SCISSORHANDS-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
 // SCISSORHANDS-LABEL: extern "C" {
 // SCISSORHANDS: kvc::cuda::prefillColumnStats<kGroup, kHeadDim>
 // SCISSORHANDS-NEXT: <<<
@@ -393,7 +404,8 @@
 // The prefetch only at the window's steps, where the fold reads the slots.
 // RPC: if (position % kPeriod >= kPeriod - kWindow)
 // RPC-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// RPC-NEXT: r, {kvc::cuda::slotArray(positions),
+// RPC-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// RPC-NEXT: {kvc::cuda::slotArray(positions),
 // RPC-NEXT: kvc::cuda::slotArray(t.state),
 // RPC-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
 // RPC-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
@@ -430,9 +442,10 @@
 // RPC: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
 // RPC-NEXT: /*withState=*/true, /*withHistory=*/false,
 // RPC-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_batch"));
-// RPC: decodeFold<<<dim3(heads, plan.splits), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// RPC-NEXT: plan.slotsPerSplit, out);
-// RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, plan.splits, layer, out);
+// RPC: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// RPC-NEXT: fold.blocks, fold.slotsPerBlock, out);
+// The stages read the fold blocks' summaries.
+// RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
 // RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
 // Only the sequences that ended a period selected victims.
 // RPC-NEXT: // The victims stay in the device tables; their download is queued, and the
@@ -543,5 +556,5 @@ kvc.policy @heavy {
 // FOLDSTAGES: constexpr int32_t kMinSlotsPerSplit = 256;
 // FOLDSTAGES-NOT: constexpr int kStageThreads
 // FOLDSTAGES: template <int kStageThreads>
-// FOLDSTAGES-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t layer, float *out) {
-// FOLDSTAGES: decodeStages<kvc::cuda::kFoldThreads>(w, stride, numSplits, layer, out);
+// FOLDSTAGES-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
+// FOLDSTAGES: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);

@@ -15,7 +15,19 @@
 //  - forSlotLines (the lines prefetchSlotLines asks L2 for): over every
 //    thread of a block, each 128-byte line of the range's elements of each
 //    array row is named exactly once, by an address inside the range; none
-//    for an empty range or a null array.
+//    for an empty range or a null array; firstPass, the slots of a block's
+//    first pass (what the fold kernel asks L2 for);
+//  - the merge of a head's split records by the fold blocks
+//    (splitStatistics, then mergeOutput's part blockIdx.y of gridDim.y)
+//    for 1 to 64 splits, some of them empty, cut in 1, 2, 3, 5 and as
+//    many parts as splits (both of mergeOutput's ways: an entry's splits
+//    by one thread, or spread over several): every output entry of the
+//    head written, within a relative 1e-5 of a double-precision merge,
+//    and nothing outside the head's rows;
+//  - planFold: at least one block a head, at most the attention's splits
+//    and as many as one wave of kFoldBlocksPerSM blocks a SM holds (for
+//    more than one block a head), ranges of whole 32-slot multiples that
+//    cover the head, and the plans of the benchmark's cells on 132 SMs.
 // Float results within a relative 1e-6 of the reference (the device code
 // and the reference are the same float expressions; a compiler may contract
 // a multiply-add differently); a persistence bit may differ only where the
@@ -32,6 +44,7 @@
 #include <cstdio>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -84,6 +97,35 @@ __global__ void __launch_bounds__(kThreads)
         ++count;
       });
   counts[threadIdx.x] = count;
+}
+
+/// The fold block's slots of its first pass over [first, last).
+template <int G>
+__global__ void firstPassOf(int32_t first, int32_t last, int32_t *out) {
+  const kvc::cuda::SlotRange r =
+      kvc::cuda::firstPass<G, kThreads>(kvc::cuda::SlotRange{first, last});
+  if (threadIdx.x == 0) {
+    out[0] = r.first;
+    out[1] = r.last;
+  }
+}
+
+/// The fold kernel's merge of head `h`'s split records: part blockIdx.y of
+/// gridDim.y of the output rows, and M and 1/Z per query head (written by
+/// part 0).
+template <int G, int D>
+__global__ void __launch_bounds__(kThreads)
+    mergeParts(const float *partials, int32_t numSplits, int32_t h,
+               float *out, float *stats) {
+  __shared__ float maxLogit[G], invSum[G];
+  kvc::cuda::splitStatistics<G, D>(partials, numSplits, h, maxLogit, invSum);
+  kvc::cuda::mergeOutput<G, D, kThreads>(partials, numSplits, h, out,
+                                         maxLogit, invSum, blockIdx.y,
+                                         gridDim.y);
+  if (blockIdx.y == 0 && threadIdx.x < G) {
+    stats[2 * threadIdx.x] = maxLogit[threadIdx.x];
+    stats[2 * threadIdx.x + 1] = invSum[threadIdx.x];
+  }
 }
 
 bool near(float got, float want) {
@@ -253,6 +295,122 @@ void checkLines(int32_t first, int32_t last, int32_t rows) {
     cudaFree(d);
 }
 
+template <int G, int D>
+void checkMerge(std::mt19937 &rng, int32_t numSplits, int32_t parts) {
+  constexpr int kRecord = kvc::cuda::partialFloats<D>();
+  const int32_t heads = 2, h = 1;
+  const float kSentinel = -12345.0f;
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f), logit(-6.0f, 6.0f);
+  // Split s of head h, query head g: {m, z, acc[D]}; every third split
+  // empty (m = -inf, as a split of free slots leaves it).
+  std::vector<float> partials(static_cast<size_t>(heads) * numSplits * G *
+                              kRecord);
+  for (float &x : partials)
+    x = value(rng);
+  for (int32_t s = 0; s < numSplits; ++s)
+    for (int g = 0; g < G; ++g) {
+      float *record =
+          &partials[((static_cast<size_t>(h) * numSplits + s) * G + g) *
+                    kRecord];
+      const bool empty = s % 3 == 2;
+      record[0] = empty ? kvc::cuda::kNegInf : logit(rng);
+      record[1] = empty ? 0.0f : 1.0f + 20.0f * (value(rng) + 1.0f);
+    }
+  float *dPartials = upload(partials);
+  float *dOut = upload(std::vector<float>(heads * G * D, kSentinel));
+  float *dStats = upload(std::vector<float>(2 * G, kSentinel));
+  mergeParts<G, D><<<dim3(1, parts), kThreads>>>(dPartials, numSplits, h,
+                                                 dOut, dStats);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "mergeParts");
+  const std::vector<float> out = download(dOut, heads * G * D);
+  const std::vector<float> stats = download(dStats, 2 * G);
+  for (int g = 0; g < G; ++g) {
+    double m = -INFINITY;
+    for (int32_t s = 0; s < numSplits; ++s)
+      m = std::max<double>(
+          m, partials[((static_cast<size_t>(h) * numSplits + s) * G + g) *
+                      kRecord]);
+    double z = 0.0;
+    std::vector<double> acc(D, 0.0);
+    for (int32_t s = 0; s < numSplits; ++s) {
+      const float *record =
+          &partials[((static_cast<size_t>(h) * numSplits + s) * G + g) *
+                    kRecord];
+      if (record[0] == kvc::cuda::kNegInf)
+        continue;
+      const double f = std::exp(static_cast<double>(record[0]) - m);
+      z += record[1] * f;
+      for (int c = 0; c < D; ++c)
+        acc[c] += record[2 + c] * f;
+    }
+    char what[96];
+    std::snprintf(what, sizeof what, "G %d, D %d, %d splits in %d parts, head %d",
+                  G, D, numSplits, parts, g);
+    CHECK(stats[2 * g] == static_cast<float>(m), "M %g, want %g; %s",
+          stats[2 * g], m, what);
+    CHECK(std::fabs(stats[2 * g + 1] - 1.0 / z) <= 1e-5 / z,
+          "1/Z %g, want %g; %s", stats[2 * g + 1], 1.0 / z, what);
+    for (int c = 0; c < D; ++c) {
+      const double want = acc[c] / z;
+      const float got = out[(h * G + g) * D + c];
+      CHECK(std::fabs(got - want) <= 1e-5 * (1.0 + std::fabs(want)),
+            "output channel %d: %g, want %g; %s", c, got, want, what);
+    }
+  }
+  for (int i = 0; i < G * D; ++i)
+    CHECK(out[i] == kSentinel, "head 0's output written at %d", i);
+  for (void *d : {static_cast<void *>(dPartials), static_cast<void *>(dOut),
+                  static_cast<void *>(dStats)})
+    cudaFree(d);
+}
+
+template <int G> void checkFirstPass(int32_t first, int32_t last) {
+  int32_t *d = upload(std::vector<int32_t>(2, -1));
+  firstPassOf<G><<<1, kThreads>>>(first, last, d);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "firstPassOf");
+  const std::vector<int32_t> got = download(d, 2);
+  const int32_t pass = kThreads * kvc::cuda::foldUnroll<G>();
+  const int32_t wantLast = std::min(last, first + pass);
+  CHECK(got[0] == first && got[1] == wantLast,
+        "first pass of [%d, %d) at G %d: [%d, %d), want [%d, %d)", first,
+        last, G, got[0], got[1], first, wantLast);
+  cudaFree(d);
+}
+
+/// planFold's plan for `heads` heads of `maxSlots` slots on `sms` SMs: the
+/// properties every plan has, and `want` (blocks, slots per block) where
+/// given.
+template <int G>
+void checkPlan(int32_t heads, int32_t maxSlots, int32_t sms,
+               kvc::cuda::FoldPlan want = {0, 0}) {
+  const kvc::cuda::SplitPlan split =
+      kvc::cuda::planSplits(maxSlots, 64, 256);
+  const kvc::cuda::FoldPlan plan =
+      kvc::cuda::planFold<G>(split, heads, maxSlots, sms);
+  char what[96];
+  std::snprintf(what, sizeof what,
+                "G %d, %d heads of %d slots, %d SMs: %d blocks of %d", G,
+                heads, maxSlots, sms, plan.blocks, plan.slotsPerBlock);
+  CHECK(plan.blocks >= 1 && plan.blocks <= split.splits,
+        "blocks outside [1, %d splits]; %s", split.splits, what);
+  CHECK(plan.blocks == 1 ||
+            static_cast<int64_t>(plan.blocks) * heads <=
+                static_cast<int64_t>(sms) * kvc::cuda::kFoldBlocksPerSM,
+        "more than one wave; %s", what);
+  CHECK(plan.slotsPerBlock % 32 == 0 && plan.slotsPerBlock >= 32,
+        "a range not of whole 32-slot multiples; %s", what);
+  CHECK(static_cast<int64_t>(plan.blocks) * plan.slotsPerBlock >= maxSlots,
+        "the ranges miss slots; %s", what);
+  CHECK(plan.blocks == 1 ||
+            static_cast<int64_t>(plan.blocks - 1) * plan.slotsPerBlock <
+                maxSlots,
+        "an empty last range; %s", what);
+  if (want.blocks)
+    CHECK(plan.blocks == want.blocks &&
+              plan.slotsPerBlock == want.slotsPerBlock,
+          "want %d blocks of %d; %s", want.blocks, want.slotsPerBlock, what);
+}
+
 } // namespace
 
 int main() {
@@ -277,6 +435,43 @@ int main() {
     checkLines(first, last, rows);
     ++cases;
   }
+  for (const auto &[first, last] :
+       {std::pair{0, 3001}, std::pair{513, 1026}, std::pair{7, 7},
+        std::pair{100, 356}}) {
+    checkFirstPass<1>(first, last);
+    checkFirstPass<4>(first, last);
+    checkFirstPass<8>(first, last);
+    cases += 3;
+  }
+  for (const auto &[numSplits, parts] :
+       {std::pair{1, 1}, std::pair{7, 1}, std::pair{7, 3}, std::pair{7, 7},
+        std::pair{64, 1}, std::pair{64, 2}, std::pair{64, 5},
+        std::pair{64, 64}}) {
+    checkMerge<1, 64>(rng, numSplits, parts);
+    checkMerge<4, 128>(rng, numSplits, parts);
+    checkMerge<8, 128>(rng, numSplits, parts);
+    cases += 3;
+  }
+  // The benchmark's cells on 132 SMs (8 kv-heads a sequence): batch 32 and
+  // 8 at 32k, batch 1 at 32k and 4k; a short head; then the properties over
+  // a grid of shapes.
+  checkPlan<1>(256, 32769, 132, {2, 16416});
+  checkPlan<4>(256, 32769, 132, {2, 16416});
+  checkPlan<4>(64, 32769, 132, {8, 4128});
+  checkPlan<8>(64, 32769, 132, {8, 4128});
+  checkPlan<1>(8, 32769, 132, {33, 1024});
+  checkPlan<8>(8, 32769, 132, {61, 544});
+  checkPlan<1>(8, 4097, 132, {5, 832});
+  checkPlan<4>(3, 100, 132, {1, 128});
+  cases += 8;
+  for (int32_t heads : {1, 3, 8, 64, 256, 1000})
+    for (int32_t slots : {1, 31, 256, 1000, 4097, 32769, 131072})
+      for (int32_t sms : {1, 108, 132}) {
+        checkPlan<1>(heads, slots, sms);
+        checkPlan<4>(heads, slots, sms);
+        checkPlan<8>(heads, slots, sms);
+        cases += 3;
+      }
   std::printf("fold slots: %d cases ok\n", cases);
   return 0;
 }

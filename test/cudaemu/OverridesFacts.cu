@@ -26,7 +26,8 @@ KernelFacts defaultFacts() {
               &decodeAttentionKivi<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>),
           kPrefillTensorCores, kPrefillQueryTile,
           reinterpret_cast<const void *>(&prefillAttention<4, 128>),
-          kEvictFirst};
+          kEvictFirst,
+          planFold<4>(planSplits(32769, 64, 256), 64, 32769, 132).blocks};
 }
 
 } // namespace kvc::test

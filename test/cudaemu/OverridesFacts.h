@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the four build-time overrides, and OverridesTest.cu links the
+// and with the five build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -29,6 +29,9 @@ struct KernelFacts {
   /// kEvictFirst: whether the 16-bit decodes read the cache under an L2
   /// evict-first policy.
   bool evictFirst;
+  /// The fold blocks planFold gives a head at G = 4, 64 heads of 32769
+  /// slots on 132 SMs (64 splits of 513).
+  int foldBlocks;
 };
 
 KernelFacts defaultFacts();

@@ -1,13 +1,14 @@
 //===- OverridesTest.cu - Build-time overrides link beside the defaults ----===//
 //
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
-// KVC_CUDA_PREFILL_MMA and KVC_CUDA_EVICT_FIRST (docs/codegen-cuda.md,
-// "Build-time overrides"): a translation unit built with them selects the
-// CUDA-core decodes, no KIVI launch bounds, the CUDA-core prefill
-// attention (16-query tiles) and the default L2 policy for the cache's
-// reads, one built without them the tensor-core decodes, four blocks per
-// SM, the tensor-core prefill attention (64-query tiles) and the
-// evict-first policy, and
+// KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST and KVC_CUDA_FOLD_PLAN
+// (docs/codegen-cuda.md, "Build-time overrides"): a translation unit built
+// with them selects the CUDA-core decodes, no KIVI launch bounds, the
+// CUDA-core prefill attention (16-query tiles), the default L2 policy for
+// the cache's reads and a fold block per attention split, one built
+// without them the tensor-core decodes, four blocks per SM, the
+// tensor-core prefill attention (64-query tiles), the evict-first policy
+// and planFold's fold blocks, and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -47,6 +48,10 @@ int main() {
          "the defaults stream the 16-bit decodes' cache reads (evict first)");
   expect(!overridden.evictFirst,
          "KVC_CUDA_EVICT_FIRST=0 reads the cache under the default policy");
+  expect(shipped.foldBlocks == 8,
+         "the defaults fold 64 heads of 32k slots in 8 blocks a head");
+  expect(overridden.foldBlocks == 64,
+         "KVC_CUDA_FOLD_PLAN=0 folds in a block per attention split");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
