@@ -1890,12 +1890,35 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "config, layout), k, v,\n"
            "        kKvStride, s, \""
         << name << "\")));\n";
+  // The attention kernel's instantiation, indented to follow `at` columns.
+  auto attentionKernel = [&](int at) {
+    std::string pad(at, ' ');
+    if (kivi)
+      return "kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
+             "kKiviGroup, kDtype,\n" +
+             pad + "kvc::cuda::kDecodeThreads>";
+    if (mixed)
+      return "kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
+             "kvc::cuda::kDecodeThreads,\n" +
+             pad + "kLowBits, kLowGroup>";
+    return std::string("kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, "
+                       "kStorage, kvc::cuda::kDecodeThreads>");
+  };
   out << "    " << opComment(attention) << "\n"
       << "    // Split-KV: one block per (split, head of the batch) reads "
-         "every key and value\n    // once.\n"
-         "    const kvc::cuda::SplitPlan plan =\n"
-         "        kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, "
-         "kMinSlotsPerSplit);\n"
+         "every key and value\n    // once, in as many splits as whole "
+         "waves of the kernel's resident blocks\n    // allow (planSplits)."
+         "\n"
+         "    int32_t multiprocessors = 0, resident = 0;\n"
+         "    KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors(\""
+      << name << "\", &multiprocessors));\n"
+      << "    KVC_CUDA_TRY((kvc::cuda::residentBlocks<\n        &"
+      << attentionKernel(kivi ? 40 : 41)
+      << ",\n        kvc::cuda::kDecodeThreads>(\"" << name
+      << "\", &resident)));\n"
+         "    const kvc::cuda::SplitPlan plan = kvc::cuda::planSplits(\n"
+         "        tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit, heads,\n"
+         "        static_cast<int64_t>(multiprocessors) * resident);\n"
          "    kvc::cuda::DecodeSplitArgs args{w.heads, "
          "kvc::cuda::devicePageLayout(config, layout"
       << (mixed ? ", lowLayout" : "")
@@ -1913,26 +1936,15 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     out << "    // KIVI: packed int codes dequantized in registers, the window "
            "read from\n"
            "    // the residual rows (the device tables' word per slot: row "
-           "and formats).\n"
-           "    kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, "
-           "kKiviGroup, kDtype,\n"
-           "                                   kvc::cuda::kDecodeThreads>\n"
-           "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
-           "0, s>>>(args, kResidual);\n";
+           "and formats).\n";
   else if (mixed)
     out << "    // Mixed precision: the low pages (tagged by DeviceTables) hold "
            "grouped int\n"
-           "    // codes, dequantized in registers.\n"
-           "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
-           "kvc::cuda::kDecodeThreads,\n"
-           "                                    kLowBits, kLowGroup>\n"
-           "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
-           "0, s>>>(args);\n";
-  else
-    out << "    kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, "
-           "kvc::cuda::kDecodeThreads>\n"
-           "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, "
-           "0, s>>>(args);\n";
+           "    // codes, dequantized in registers.\n";
+  out << "    " << attentionKernel(kivi ? 35 : 36) << "\n"
+      << "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, "
+         "s>>>(args"
+      << (kivi ? ", kResidual" : "") << ");\n";
   if (foldKernel) {
     out << "    // Exact merge of the splits and the statistics over the "
            "slots"
@@ -1942,9 +1954,6 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
         << (stagesInFold ? ";\n    // the last block of a head runs the "
                            "policy's stages for it.\n"
                          : ".\n")
-        << "    int32_t multiprocessors = 0;\n"
-           "    KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors(\""
-        << name << "\", &multiprocessors));\n"
         << "    const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(\n"
            "        plan, heads, tables.maxSlots(), multiprocessors);\n"
         << "    " << deviceName("Fold")

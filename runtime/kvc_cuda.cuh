@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of five kernel choices, for side-by-side
+// Build-time overrides of six kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -88,6 +88,9 @@
 //    blocks as fill the device once, each over whole passes of slots
 //    (planFold); 0 runs one block per attention split, as many as the
 //    attention kernel has.
+//  - KVC_CUDA_SPLIT_PLAN (default 1): the decode attention's splits are
+//    counted against whole waves of the blocks the device holds at once
+//    (planSplits); 0 counts them from the longest head's length alone.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -102,6 +105,9 @@
 #endif
 #ifndef KVC_CUDA_FOLD_PLAN
 #define KVC_CUDA_FOLD_PLAN 1
+#endif
+#ifndef KVC_CUDA_SPLIT_PLAN
+#define KVC_CUDA_SPLIT_PLAN 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -118,6 +124,9 @@
 #if KVC_CUDA_FOLD_PLAN != 0 && KVC_CUDA_FOLD_PLAN != 1
 #error "KVC_CUDA_FOLD_PLAN must be 0 or 1"
 #endif
+#if KVC_CUDA_SPLIT_PLAN != 0 && KVC_CUDA_SPLIT_PLAN != 1
+#error "KVC_CUDA_SPLIT_PLAN must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -125,16 +134,16 @@
 // body per program.
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
-    KVC_CUDA_FOLD_PLAN != 1
-#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold)             \
+    KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1
+#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split)      \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
-      fold
-#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold)              \
-  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold)
+      fold##_split##split
+#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split)       \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
-      KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN) {
+      KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -8163,12 +8172,42 @@ struct SplitPlan {
   int32_t slotsPerSplit;
 };
 
-/// Enough splits to fill the device with kv_heads x splits blocks without
-/// making a split shorter than `minSlotsPerSplit` (or more than `maxSplits`).
+/// Whether the decode attention's splits follow whole waves of the
+/// device's resident blocks (KVC_CUDA_SPLIT_PLAN).
+constexpr bool kSplitsByWaves = KVC_CUDA_SPLIT_PLAN != 0;
+
+/// The splits of a decode step over `heads` heads of the batch of at most
+/// `maxSlots` slots. By length: a split per `minSlotsPerSplit` slots of
+/// the longest head, 1 to `maxSplits`. The attention's blocks are heads x
+/// splits, and equal splits make equal blocks: where they are more than
+/// the `wave` blocks that the device holds at once (SMs x resident blocks
+/// per SM; 0: unknown), the last wave runs a remainder of blocks alone
+/// for as long as a whole one (at batch 8 and 4k, G = 1: 1,024 blocks
+/// over the 924 of 132 SMs, a second wave of a tenth). The plan models a
+/// count of splits s as waves(s) x slots(s) (ceil(heads s / wave) waves
+/// of blocks of ceil(maxSlots / s) slots) and takes the most splits, at
+/// most the length's count, whose model lies within 1/16 of the least:
+/// the same count where the remainder is a small part of many waves, and
+/// fewer, longer splits where it would be a wave of its own (14 a head
+/// for the 1,024 blocks above: 896 blocks, one wave). Under
+/// KVC_CUDA_SPLIT_PLAN=0: by length only.
 inline SplitPlan planSplits(int32_t maxSlots, int32_t maxSplits,
-                            int32_t minSlotsPerSplit) {
+                            int32_t minSlotsPerSplit, int32_t heads,
+                            int64_t wave) {
   int32_t splits = (maxSlots + minSlotsPerSplit - 1) / minSlotsPerSplit;
   splits = splits < 1 ? 1 : (splits > maxSplits ? maxSplits : splits);
+  if (kSplitsByWaves && wave > 0 && heads > 0 &&
+      static_cast<int64_t>(heads) * splits > wave) {
+    auto model = [&](int32_t s) {
+      const int64_t waves = (static_cast<int64_t>(heads) * s + wave - 1) / wave;
+      return waves * ((static_cast<int64_t>(maxSlots) + s - 1) / s);
+    };
+    int64_t least = model(splits);
+    for (int32_t s = splits - 1; s >= 1; --s)
+      least = std::min(least, model(s));
+    while (splits > 1 && 16 * model(splits) > 17 * least)
+      --splits;
+  }
   int32_t per = (maxSlots + splits - 1) / splits;
   return SplitPlan{splits, per < 1 ? 1 : per};
 }
@@ -8223,26 +8262,60 @@ inline FoldPlan planFold(const SplitPlan &split, int32_t heads,
   return FoldPlan{static_cast<int32_t>(blocks), static_cast<int32_t>(per)};
 }
 
+/// A count of the current device (*count) that `ask(device, &value)` (a
+/// CUDA runtime call) gives, asked once per device: `known` holds each
+/// device's count plus one, 0 before the first call (devices past
+/// kKnownDevices are asked every time).
+constexpr int kKnownDevices = 64;
+template <typename Ask>
+inline kvc_status_t perDeviceCount(const char *name,
+                                   std::atomic<int32_t> (&known)[kKnownDevices],
+                                   Ask ask, int32_t *count) {
+  int device = 0;
+  KVC_CUDA_CHECK(name, cudaGetDevice(&device));
+  const bool cached = device >= 0 && device < kKnownDevices;
+  if (cached) {
+    const int32_t value = known[device].load(std::memory_order_relaxed);
+    if (value > 0) {
+      *count = value - 1;
+      return KVC_STATUS_OK;
+    }
+  }
+  int value = 0;
+  KVC_CUDA_CHECK(name, ask(device, &value));
+  *count = value;
+  if (cached)
+    known[device].store(value + 1, std::memory_order_relaxed);
+  return KVC_STATUS_OK;
+}
+
 /// The SMs of the current device (*count), asked of the runtime once per
 /// device.
 inline kvc_status_t deviceMultiprocessors(const char *name, int32_t *count) {
-  constexpr int kDevices = 64;
-  static std::atomic<int32_t> known[kDevices];
-  int device = 0;
-  KVC_CUDA_CHECK(name, cudaGetDevice(&device));
-  const bool cached = device >= 0 && device < kDevices;
-  if (cached) {
-    *count = known[device].load(std::memory_order_relaxed);
-    if (*count > 0)
-      return KVC_STATUS_OK;
-  }
-  int value = 0;
-  KVC_CUDA_CHECK(name, cudaDeviceGetAttribute(
-                           &value, cudaDevAttrMultiProcessorCount, device));
-  *count = value;
-  if (cached)
-    known[device].store(value, std::memory_order_relaxed);
-  return KVC_STATUS_OK;
+  static std::atomic<int32_t> known[kKnownDevices];
+  return perDeviceCount(
+      name, known,
+      [](int device, int *value) {
+        return cudaDeviceGetAttribute(value, cudaDevAttrMultiProcessorCount,
+                                      device);
+      },
+      count);
+}
+
+/// The blocks of kThreads threads (no dynamic shared memory) of kernel
+/// `Kernel` that one SM of the current device holds at once (*count; 0
+/// where it cannot run one), asked of the runtime once per device. For
+/// planSplits' wave.
+template <auto Kernel, int kThreads>
+inline kvc_status_t residentBlocks(const char *name, int32_t *count) {
+  static std::atomic<int32_t> known[kKnownDevices];
+  return perDeviceCount(
+      name, known,
+      [](int, int *value) {
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(value, Kernel,
+                                                             kThreads, 0);
+      },
+      count);
 }
 
 /// Uploads `entries` (not empty) to `region`; `blocks` receives the grid of

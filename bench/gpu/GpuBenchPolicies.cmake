@@ -42,8 +42,10 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #               compete with the cache's lines for L2 until the fold)
 #   fused_split fused's decode with one fold block per attention split
 #               (KVC_CUDA_FOLD_PLAN=0), against planFold's one wave
+#   plain_len   plain's decode with its attention split by length only
+#               (KVC_CUDA_SPLIT_PLAN=0), against planSplits' whole waves
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
-    fused_lru fused_split)
+    fused_lru fused_split plain_len)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -58,3 +60,5 @@ set(gpu_bench_alternative_policy_fused_lru ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_lru KVC_CUDA_EVICT_FIRST=0)
 set(gpu_bench_alternative_policy_fused_split ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_split KVC_CUDA_FOLD_PLAN=0)
+set(gpu_bench_alternative_policy_plain_len ${gpu_bench_policy_plain})
+set(gpu_bench_alternative_defines_plain_len KVC_CUDA_SPLIT_PLAN=0)

@@ -105,7 +105,7 @@ struct BenchGeometry {
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
   /// statistics (h2o_cc); fused's decode reading the cache under the
   /// default L2 policy (fused_lru) and with one fold block per attention
-  /// split (fused_split).
+  /// split (fused_split); plain's decode split by length only (plain_len).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
@@ -119,6 +119,8 @@ struct BenchGeometry {
   DecodeFn fusedLruDecode = nullptr;
   BatchBytesFn fusedSplitBytes = nullptr;
   DecodeFn fusedSplitDecode = nullptr;
+  BatchBytesFn plainLenBytes = nullptr;
+  DecodeFn plainLenDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -143,7 +145,9 @@ struct BenchGeometry {
         KVC_GB(fused_lru, d, g, decode_batch_workspace_bytes),                 \
         KVC_GB(fused_lru, d, g, decode_batch),                                 \
         KVC_GB(fused_split, d, g, decode_batch_workspace_bytes),               \
-        KVC_GB(fused_split, d, g, decode_batch)                                \
+        KVC_GB(fused_split, d, g, decode_batch),                               \
+        KVC_GB(plain_len, d, g, decode_batch_workspace_bytes),                 \
+        KVC_GB(plain_len, d, g, decode_batch)                                  \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1145,7 +1149,7 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
-/// fused_split's (GpuBenchPolicies.cmake).
+/// fused_split's, plain_len's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1155,11 +1159,12 @@ enum Alternative {
   kAltFused = 5,
   kAltFusedLru = 6,
   kAltFusedSplit = 7,
-  kNumAlternatives = 8
+  kAltPlainLen = 8,
+  kNumAlternatives = 9
 };
-const char *kAlternativeNames[] = {"plain",     "plain_cc", "int2",
-                                   "int2_cc",   "int2_free", "fused",
-                                   "fused_lru", "fused_split"};
+const char *kAlternativeNames[] = {"plain",     "plain_cc",    "int2",
+                                   "int2_cc",   "int2_free",   "fused",
+                                   "fused_lru", "fused_split", "plain_len"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1167,7 +1172,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the eight decodes at one (geometry, batch, context), one after
+/// Times the nine decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1189,17 +1194,18 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
     buffers.workspace.reserve(std::max(
         {g.plainBytes(batch, stride), g.plainCcBytes(batch, stride),
          g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
-         g.fusedSplitBytes(batch, stride)}));
+         g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
-    for (int alt :
-         {kAltPlain, kAltPlainCc, kAltFused, kAltFusedLru, kAltFusedSplit}) {
-      const DecodeFn decode = alt == kAltPlain       ? g.plainDecode
-                              : alt == kAltPlainCc   ? g.plainCcDecode
-                              : alt == kAltFused     ? g.fusedDecode
+    for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltFused,
+                    kAltFusedLru, kAltFusedSplit}) {
+      const DecodeFn decode = alt == kAltPlain      ? g.plainDecode
+                              : alt == kAltPlainCc  ? g.plainCcDecode
+                              : alt == kAltPlainLen ? g.plainLenDecode
+                              : alt == kAltFused    ? g.fusedDecode
                               : alt == kAltFusedLru ? g.fusedLruDecode
-                                                     : g.fusedSplitDecode;
+                                                    : g.fusedSplitDecode;
       try {
         r.usPerStep[alt] = timeSteps(
             timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
@@ -1483,7 +1489,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_TENSOR_CORES=0), kivi2_free (kivi2, "
                 "KVC_CUDA_KIVI_MMA_BLOCKS=0), fused_lru (fused, "
                 "KVC_CUDA_EVICT_FIRST=0), fused_split (fused, "
-                "KVC_CUDA_FOLD_PLAN=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_FOLD_PLAN=0), plain_len (plain, "
+                "KVC_CUDA_SPLIT_PLAN=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1821,7 +1828,9 @@ int main(int argc, char **argv) {
           "one after the other in each cell as the tables above (16-bit: as "
           "plain; int2: as the KIVI table).\n"
           "16b tc = plain's decode (tensor cores, decodeMmaRows); 16b cc = "
-          "plain_cc (KVC_CUDA_TENSOR_CORES=0: decodeStagedRows); int2 tc = "
+          "plain_cc (KVC_CUDA_TENSOR_CORES=0: decodeStagedRows); len us = "
+          "plain_len (KVC_CUDA_SPLIT_PLAN=0: the attention's splits by "
+          "length, not by whole waves of resident blocks); int2 tc = "
           "kivi2 (tensor cores, launch bounds for 4 blocks of 128 threads "
           "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
@@ -1830,14 +1839,15 @@ int main(int argc, char **argv) {
           "= fused_lru (KVC_CUDA_EVICT_FIRST=0: the default policy); split "
           "us = fused_split (KVC_CUDA_FOLD_PLAN=0: one fold block per "
           "attention split).\n"
-          "cc/tc, cc/i2, fr/i2, lru/fu, sp/fu = the alternative's time / the "
+          "cc/tc, len/tc, cc/i2, fr/i2, lru/fu, sp/fu = the alternative's "
+          "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
-      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s | %9s %9s %6s %9s %6s | "
-                  "%9s %9s %6s %9s %6s\n",
+      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s | %9s %9s %6s "
+                  "%9s %6s | %9s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
-                  "cc/tc", "int2 us", "int2cc us", "cc/i2", "free us",
-                  "fr/i2", "fused us", "lru us", "lru/fu", "split us",
-                  "sp/fu");
+                  "cc/tc", "len us", "len/tc", "int2 us", "int2cc us",
+                  "cc/i2", "free us", "fr/i2", "fused us", "lru us", "lru/fu",
+                  "split us", "sp/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
@@ -1864,11 +1874,12 @@ int main(int argc, char **argv) {
                               : 0.0);
             };
             std::printf(
-                "%4d %3d %4d %3d %7d | %9s %9s %6s | %9s %9s %6s %9s %6s | "
-                "%9s %9s %6s %9s %6s\n",
+                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s | %9s %9s %6s %9s "
+                "%6s | %9s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
-                ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltInt2).c_str(),
+                ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
+                ratio(kAltPlainLen, kAltPlain).c_str(), us(kAltInt2).c_str(),
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),

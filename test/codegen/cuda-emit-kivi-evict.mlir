@@ -21,7 +21,9 @@
 // CHECK-NEXT: /*withState=*/true, /*withHistory=*/false,
 // CHECK-NEXT: /*withVictims=*/true, "kvc_h2o_kivi_cuda_decode_batch",
 // CHECK-NEXT: /*withKivi=*/true));
-// CHECK: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// CHECK: &kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// CHECK: // the residual rows (the device tables' word per slot: row and formats).
+// CHECK-NEXT: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // CHECK-NOT: cudaStreamSynchronize
 // CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
 // CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));

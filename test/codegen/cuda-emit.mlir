@@ -184,15 +184,23 @@
 // CHECK-NEXT: tables, w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout(config, layout), k, v,
 // CHECK-NEXT: kKvStride, s, "kvc_heavy_cuda_decode_batch")));
 // CHECK-NOT: StoreEntry
-// CHECK: kvc::cuda::planSplits(tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit);
+// The splits: whole waves of the attention kernel's resident blocks.
+// CHECK: // once, in as many splits as whole waves of the kernel's resident blocks
+// CHECK-NEXT: // allow (planSplits).
+// CHECK-NEXT: int32_t multiprocessors = 0, resident = 0;
+// CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors("kvc_heavy_cuda_decode_batch", &multiprocessors));
+// CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::residentBlocks<
+// CHECK-NEXT: &kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>,
+// CHECK-NEXT: kvc::cuda::kDecodeThreads>("kvc_heavy_cuda_decode_batch", &resident)));
+// CHECK-NEXT: const kvc::cuda::SplitPlan plan = kvc::cuda::planSplits(
+// CHECK-NEXT: tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit, heads,
+// CHECK-NEXT: static_cast<int64_t>(multiprocessors) * resident);
 // The statistics read every slot's logits: the attention stores them.
 // CHECK: w.logits, w.partials};
 // CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
 // CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
 // The fold's blocks: the device filled once (FoldPlan).
 // CHECK: // the last block of a head runs the policy's stages for it.
-// CHECK-NEXT: int32_t multiprocessors = 0;
-// CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors("kvc_heavy_cuda_decode_batch", &multiprocessors));
 // CHECK-NEXT: const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(
 // CHECK-NEXT: plan, heads, tables.maxSlots(), multiprocessors);
 // CHECK-NEXT: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
@@ -530,7 +538,12 @@ kvc.policy @heavy {
 // KIVI-NEXT: // same launch, the tables' words.
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, kResidual, kKiviGroup), s, "kvc_kivi2_cuda_decode_batch", &tables)));
-// KIVI: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// KIVI: KVC_CUDA_TRY((kvc::cuda::residentBlocks<
+// KIVI-NEXT: &kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// KIVI-NEXT: kvc::cuda::kDecodeThreads>,
+// KIVI-NEXT: kvc::cuda::kDecodeThreads>("kvc_kivi2_cuda_decode_batch", &resident)));
+// KIVI: // the residual rows (the device tables' word per slot: row and formats).
+// KIVI-NEXT: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>
 // KIVI-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args, kResidual);
 // No kernel after the attention: its last block of a head merges the splits.

@@ -30,8 +30,12 @@
 // CHECK:      KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, numHigh,
 // CHECK:      KVC_CUDA_TRY(kvc_append_format(context, sequence, layer, h, kLowFormat, count - numHigh,
 // CHECK:      kvc::cuda::launchLowStores<kHeadDim, kLowBits, kLowGroup>(
+// CHECK:      &kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
+// CHECK-NEXT:                                          kLowBits, kLowGroup>,
+// CHECK-NEXT:         kvc::cuda::kDecodeThreads>(
 // CHECK:      kvc::cuda::devicePageLayout(config, layout, lowLayout)
-// CHECK:      kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
+// CHECK:      // codes, dequantized in registers.
+// CHECK-NEXT: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
 // CHECK-NEXT:                                     kLowBits, kLowGroup>
 // CHECK:      config->group_size = kLowGroup;
 // CHECK:      config->low_format = kLowFormat;

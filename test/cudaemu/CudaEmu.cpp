@@ -601,6 +601,27 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr,
   }
 }
 
+// The emulated SM holds as many blocks as its 2,048 threads allow, at
+// most 32, whatever a kernel's registers and shared memory. (The template
+// of cuda_runtime.h calls the form with flags.)
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int *numBlocks, const void *func, int blockSize, size_t dynamicSMemSize,
+    unsigned int flags) {
+  if (!numBlocks || !func)
+    return fail(cudaErrorInvalidValue);
+  if (blockSize < 1 || blockSize > 1024 || dynamicSMemSize > 48 * 1024 ||
+      (flags != cudaOccupancyDefault &&
+       flags != cudaOccupancyDisableCachingOverride))
+    return fail(cudaErrorInvalidValue);
+  *numBlocks = std::min(32, 2048 / blockSize);
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    int *numBlocks, const void *func, int blockSize, size_t dynamicSMemSize) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+      numBlocks, func, blockSize, dynamicSMemSize, cudaOccupancyDefault);
+}
+
 cudaError_t cudaRuntimeGetVersion(int *version) {
   *version = CUDART_VERSION;
   return cudaSuccess;

@@ -27,7 +27,15 @@
 //  - planFold: at least one block a head, at most the attention's splits
 //    and as many as one wave of kFoldBlocksPerSM blocks a SM holds (for
 //    more than one block a head), ranges of whole 32-slot multiples that
-//    cover the head, and the plans of the benchmark's cells on 132 SMs.
+//    cover the head, and the plans of the benchmark's cells on 132 SMs;
+//  - planSplits, the attention's splits: by length without a wave (a
+//    split per 256 slots, 1 to 64), and with one the most splits, at most
+//    the length's, whose modelled time (waves x slots a split) lies within
+//    1/16 of the least over every count: exact plans of 4k cells (924
+//    blocks at once: 7 blocks of the G = 1 decode on 132 SMs; 396: 3 of
+//    the tensor-core decode), of the benchmark's cells that
+//    docs/codegen-cuda.md lists, and the properties over a grid of shapes;
+//    residentBlocks: the emulated SM's blocks (2,048 threads, at most 32).
 // Float results within a relative 1e-6 of the reference (the device code
 // and the reference are the same float expressions; a compiler may contract
 // a multiply-add differently); a persistence bit may differ only where the
@@ -384,7 +392,7 @@ template <int G>
 void checkPlan(int32_t heads, int32_t maxSlots, int32_t sms,
                kvc::cuda::FoldPlan want = {0, 0}) {
   const kvc::cuda::SplitPlan split =
-      kvc::cuda::planSplits(maxSlots, 64, 256);
+      kvc::cuda::planSplits(maxSlots, 64, 256, heads, 0);
   const kvc::cuda::FoldPlan plan =
       kvc::cuda::planFold<G>(split, heads, maxSlots, sms);
   char what[96];
@@ -409,6 +417,70 @@ void checkPlan(int32_t heads, int32_t maxSlots, int32_t sms,
     CHECK(plan.blocks == want.blocks &&
               plan.slotsPerBlock == want.slotsPerBlock,
           "want %d blocks of %d; %s", want.blocks, want.slotsPerBlock, what);
+}
+
+/// The modelled time of `splits` splits (planSplits): waves of heads x
+/// splits blocks, `wave` at once, times the slots of a split.
+int64_t splitModel(int32_t heads, int32_t maxSlots, int64_t wave,
+                   int32_t splits) {
+  const int64_t blocks = static_cast<int64_t>(heads) * splits;
+  return (blocks + wave - 1) / wave * ((maxSlots + splits - 1) / splits);
+}
+
+/// planSplits's plan for `heads` heads of `maxSlots` slots with `wave`
+/// blocks at once: the properties every plan has, and `want` (splits,
+/// slots a split) where given.
+void checkSplits(int32_t heads, int32_t maxSlots, int64_t wave,
+                 kvc::cuda::SplitPlan want = {0, 0}) {
+  const kvc::cuda::SplitPlan plan =
+      kvc::cuda::planSplits(maxSlots, 64, 256, heads, wave);
+  const int32_t byLength =
+      std::clamp((maxSlots + 255) / 256, int32_t{1}, int32_t{64});
+  char what[112];
+  std::snprintf(what, sizeof what,
+                "%d heads of %d slots, %lld blocks at once: %d splits of %d",
+                heads, maxSlots, static_cast<long long>(wave), plan.splits,
+                plan.slotsPerSplit);
+  CHECK(plan.splits >= 1 && plan.splits <= byLength,
+        "splits outside [1, %d]; %s", byLength, what);
+  CHECK(plan.slotsPerSplit == std::max(1, (maxSlots + plan.splits - 1) /
+                                              plan.splits),
+        "not the shortest equal splits; %s", what);
+  if (wave <= 0 || static_cast<int64_t>(heads) * byLength <= wave)
+    CHECK(plan.splits == byLength, "not the length's %d splits; %s",
+          byLength, what);
+  if (wave > 0 && maxSlots > 0) {
+    int64_t least = splitModel(heads, maxSlots, wave, byLength);
+    for (int32_t s = 1; s < byLength; ++s)
+      least = std::min(least, splitModel(heads, maxSlots, wave, s));
+    const int64_t model = splitModel(heads, maxSlots, wave, plan.splits);
+    CHECK(16 * model <= 17 * least, "model %lld, least %lld; %s",
+          static_cast<long long>(model), static_cast<long long>(least), what);
+    for (int32_t s = plan.splits + 1; s <= byLength; ++s)
+      CHECK(16 * splitModel(heads, maxSlots, wave, s) > 17 * least,
+            "%d splits are within 1/16 of the least too; %s", s, what);
+  }
+  if (want.splits)
+    CHECK(plan.splits == want.splits &&
+              plan.slotsPerSplit == want.slotsPerSplit,
+          "want %d splits of %d; %s", want.splits, want.slotsPerSplit, what);
+}
+
+__global__ void emptyKernel(int) {}
+
+/// residentBlocks of kThreads threads, asked twice (the second answer from
+/// its cache): `want` both times.
+template <int kThreads> void checkResident(int32_t want) {
+  int32_t first = -1, second = -1;
+  const kvc_status_t asked =
+      kvc::cuda::residentBlocks<&emptyKernel, kThreads>("fold-slots", &first);
+  const kvc_status_t cached =
+      kvc::cuda::residentBlocks<&emptyKernel, kThreads>("fold-slots", &second);
+  CHECK(asked == KVC_STATUS_OK && cached == KVC_STATUS_OK,
+        "residentBlocks of %d threads failed", kThreads);
+  CHECK(first == want && second == want,
+        "resident blocks of %d threads: %d and %d, want %d", kThreads, first,
+        second, want);
 }
 
 } // namespace
@@ -472,6 +544,35 @@ int main() {
         checkPlan<8>(heads, slots, sms);
         cases += 3;
       }
+  // Batch 8 at 4k (64 heads): 1,024 blocks by length, 2 waves of 924
+  // (G = 1) or 3 of 396 (the tensor cores); batch 32 at 4k and batch 1
+  // at 32k keep the length's splits; no wave: by length.
+  checkSplits(64, 4096, 924, {14, 293});
+  checkSplits(64, 4096, 396, {12, 342});
+  checkSplits(256, 4096, 396, {16, 256});
+  checkSplits(8, 32768, 924, {64, 512});
+  checkSplits(64, 4096, 0, {16, 256});
+  checkSplits(1, 0, 132, {1, 1});
+  // The benchmark's cells (a step's append makes 4k 65 pages of 64, 32k
+  // 513) whose plans docs/codegen-cuda.md lists, and one that keeps them.
+  checkSplits(64, 4160, 924, {14, 298});
+  checkSplits(64, 32832, 924, {57, 576});
+  checkSplits(8, 32832, 396, {49, 671});
+  checkSplits(64, 4160, 660, {10, 416});
+  checkSplits(64, 32832, 660, {61, 539});
+  checkSplits(64, 4160, 528, {16, 260});
+  checkSplits(64, 4160, 396, {17, 245});
+  cases += 13;
+  for (int32_t heads : {1, 3, 8, 64, 256, 1000})
+    for (int32_t slots : {1, 255, 257, 1000, 4096, 4097, 16384, 32769})
+      for (int64_t wave : {0, 132, 396, 528, 924, 4224}) {
+        checkSplits(heads, slots, wave);
+        ++cases;
+      }
+  checkResident<128>(16);
+  checkResident<256>(8);
+  checkResident<1024>(2);
+  cases += 3;
   std::printf("fold slots: %d cases ok\n", cases);
   return 0;
 }

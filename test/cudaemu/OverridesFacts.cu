@@ -27,7 +27,9 @@ KernelFacts defaultFacts() {
           kPrefillTensorCores, kPrefillQueryTile,
           reinterpret_cast<const void *>(&prefillAttention<4, 128>),
           kEvictFirst,
-          planFold<4>(planSplits(32769, 64, 256), 64, 32769, 132).blocks};
+          planFold<4>(planSplits(32769, 64, 256, 64, 0), 64, 32769, 132)
+              .blocks,
+          planSplits(4096, 64, 256, 64, 924).splits};
 }
 
 } // namespace kvc::test

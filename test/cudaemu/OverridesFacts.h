@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the five build-time overrides, and OverridesTest.cu links the
+// and with the six build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -32,6 +32,9 @@ struct KernelFacts {
   /// The fold blocks planFold gives a head at G = 4, 64 heads of 32769
   /// slots on 132 SMs (64 splits of 513).
   int foldBlocks;
+  /// The attention splits planSplits gives 64 heads of 4096 slots on a
+  /// device that holds 924 blocks at once (16 splits by length).
+  int splits;
 };
 
 KernelFacts defaultFacts();

@@ -1,14 +1,14 @@
 //===- OverridesTest.cu - Build-time overrides link beside the defaults ----===//
 //
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
-// KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST and KVC_CUDA_FOLD_PLAN
-// (docs/codegen-cuda.md, "Build-time overrides"): a translation unit built
-// with them selects the CUDA-core decodes, no KIVI launch bounds, the
-// CUDA-core prefill attention (16-query tiles), the default L2 policy for
-// the cache's reads and a fold block per attention split, one built
-// without them the tensor-core decodes, four blocks per SM, the
-// tensor-core prefill attention (64-query tiles), the evict-first policy
-// and planFold's fold blocks, and
+// KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN and
+// KVC_CUDA_SPLIT_PLAN (docs/codegen-cuda.md, "Build-time overrides"): a
+// translation unit built with them selects the CUDA-core decodes, no KIVI
+// launch bounds, the CUDA-core prefill attention (16-query tiles), the
+// default L2 policy for the cache's reads, a fold block per attention split
+// and splits by length, one built without them the tensor-core decodes,
+// four blocks per SM, the tensor-core prefill attention (64-query tiles),
+// the evict-first policy, planFold's fold blocks and splits by waves, and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -52,6 +52,11 @@ int main() {
          "the defaults fold 64 heads of 32k slots in 8 blocks a head");
   expect(overridden.foldBlocks == 64,
          "KVC_CUDA_FOLD_PLAN=0 folds in a block per attention split");
+  expect(shipped.splits == 14,
+         "the defaults split 64 heads of 4096 slots 14 ways where 924 "
+         "blocks fit the device at once");
+  expect(overridden.splits == 16,
+         "KVC_CUDA_SPLIT_PLAN=0 splits by length (16 splits of 256)");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
