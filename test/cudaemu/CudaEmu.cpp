@@ -12,9 +12,11 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <new>
 #include <vector>
@@ -143,6 +145,9 @@ struct BlockRun {
   const void *schedulerBottom = nullptr;
   size_t schedulerBytes = 0;
   Fiber *current = nullptr;
+  // KVC_EMU_THREAD_ORDER=reverse: warps from the last, lanes from the
+  // highest.
+  bool reverseThreads = false;
 };
 
 BlockRun *active = nullptr;
@@ -192,14 +197,20 @@ cudaError_t lastError = cudaSuccess;
     std::fprintf(stderr, ", thread (%u, %u, %u)", f->index.x, f->index.y,
                  f->index.z);
   std::fprintf(stderr, "\n");
+  if (const char *order = std::getenv("KVC_EMU_BLOCK_ORDER"); order && *order)
+    std::fprintf(stderr, "  block order: %s\n", order);
+  if (const char *order = std::getenv("KVC_EMU_THREAD_ORDER");
+      order && *order)
+    std::fprintf(stderr, "  thread order: %s\n", order);
   std::fflush(stderr);
   std::_Exit(3);
 }
 
 /// The calling fiber has just changed state (reached a barrier or ended):
 /// opens its warp's barrier if every live lane waits at it, then passes
-/// control to the next runnable lane of the warp (the caller itself, last)
-/// or, when none is, back to the scheduler.
+/// control to the next runnable lane of the warp (the caller itself, last;
+/// the next lower one first under a reverse thread order) or, when none
+/// is, back to the scheduler.
 void block() {
   BlockRun &run = *active;
   Fiber *self = run.current;
@@ -219,8 +230,10 @@ void block() {
     run.waitingLanes[warp] = 0;
   }
   const int width = end - begin;
+  const int stride = run.reverseThreads ? width - 1 : 1;
   for (int step = 1; step <= width; ++step) {
-    Fiber &next = run.fibers[begin + (self->linear - begin + step) % width];
+    Fiber &next =
+        run.fibers[begin + (self->linear - begin + step * stride) % width];
     if (next.state != State::Runnable)
       continue;
     if (&next == self)
@@ -272,8 +285,8 @@ const void *stackOf(const Fiber &f) { return stacks[f.linear]; }
 /// pass control among themselves (block()) and return here when the warp
 /// waits at __syncthreads, has ended, or is stuck.
 void runWarp(BlockRun &run, int begin, int end) {
-  for (int i = begin; i < end; ++i) {
-    Fiber &f = run.fibers[i];
+  for (int k = begin; k < end; ++k) {
+    Fiber &f = run.fibers[run.reverseThreads ? begin + end - 1 - k : k];
     if (f.state != State::Runnable)
       continue;
     run.current = &f;
@@ -312,8 +325,10 @@ void runBlock(BlockRun &run) {
   // Warp by warp, each until it waits at __syncthreads or ends; then the
   // block barrier opens when every live thread waits at it.
   for (;;) {
-    for (int w = 0; w < threads; w += kWarpSize)
+    for (int k = 0; k < warps; ++k) {
+      const int w = kWarpSize * (run.reverseThreads ? warps - 1 - k : k);
       runWarp(run, w, std::min(w + kWarpSize, threads));
+    }
     run.current = nullptr;
     bool live = false, ready = true;
     for (Fiber &f : run.fibers) {
@@ -428,6 +443,93 @@ const uint64_t *publishWords(unsigned mask, const uint64_t *values,
          static_cast<size_t>(f.linear / kWarpSize * kWarpSize) * kPublishWords;
 }
 
+/// The order in which a launch runs its blocks (KVC_EMU_BLOCK_ORDER, read at
+/// every launch): `forward` (unset or empty: blockIdx order, x fastest),
+/// `reverse`, or `shuffle[:SEED]` (a permutation drawn per launch from SEED,
+/// default 1, and the launch's number, so that a run is reproducible and
+/// its launches differ). A device runs blocks in no promised order, and
+/// concurrently: a kernel whose results depend on the order (one block
+/// reading what another wrote without an arrival count, or shared memory
+/// read before it is written) fails a suite under one of them.
+struct BlockOrder {
+  enum Kind { Forward, Reverse, Shuffle } kind = Forward;
+  uint64_t seed = 1;
+};
+
+/// Whether KVC_EMU_THREAD_ORDER (read at every launch) asks for the
+/// reverse thread order: `forward` (unset or empty: a block's warps from
+/// the first, each warp's lanes from the lowest, each until its next
+/// barrier or collective) or `reverse` (warps from the last, lanes from the
+/// highest). Between two barriers a device's threads run in no promised
+/// order either: a thread that reads shared memory another wrote since
+/// their last common barrier sees the write in one order and not in the
+/// other, so a suite run under both shows such a race.
+/// Ends the run (status 2) on a setting the emulator does not know.
+[[noreturn]] void badSetting(const char *variable, const char *value,
+                             const char *expected) {
+  std::fprintf(stderr, "kvc CUDA emulator: %s=%s: expected %s\n", variable,
+               value, expected);
+  std::fflush(stderr);
+  std::_Exit(2);
+}
+
+bool reverseThreadOrder() {
+  const char *v = std::getenv("KVC_EMU_THREAD_ORDER");
+  if (!v || !*v || !std::strcmp(v, "forward"))
+    return false;
+  if (!std::strcmp(v, "reverse"))
+    return true;
+  badSetting("KVC_EMU_THREAD_ORDER", v, "forward or reverse");
+}
+
+BlockOrder blockOrder() {
+  BlockOrder order;
+  const char *v = std::getenv("KVC_EMU_BLOCK_ORDER");
+  if (!v || !*v || !std::strcmp(v, "forward"))
+    return order;
+  if (!std::strcmp(v, "reverse")) {
+    order.kind = BlockOrder::Reverse;
+    return order;
+  }
+  if (!std::strncmp(v, "shuffle", 7) && (!v[7] || v[7] == ':')) {
+    order.kind = BlockOrder::Shuffle;
+    char *end = nullptr;
+    if (v[7] == ':') {
+      errno = 0;
+      order.seed = std::strtoull(v + 8, &end, 10);
+      if (v[8] >= '0' && v[8] <= '9' && !*end && errno == 0)
+        return order;
+    } else {
+      return order;
+    }
+  }
+  badSetting("KVC_EMU_BLOCK_ORDER", v,
+             "forward, reverse, shuffle or shuffle:SEED (SEED a decimal "
+             "integer)");
+}
+
+/// The linear block indices of a launch of `count` blocks, in the order
+/// that `order` gives the launch numbered `launch`.
+std::vector<uint64_t> blockSequence(const BlockOrder &order, uint64_t count,
+                                    uint64_t launch) {
+  std::vector<uint64_t> sequence(count);
+  for (uint64_t i = 0; i < count; ++i)
+    sequence[i] = order.kind == BlockOrder::Reverse ? count - 1 - i : i;
+  if (order.kind != BlockOrder::Shuffle)
+    return sequence;
+  // Fisher-Yates over splitmix64 of the seed and the launch's number.
+  uint64_t state = order.seed * 0x9e3779b97f4a7c15ull + launch;
+  auto next = [&state] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (uint64_t i = count; i > 1; --i)
+    std::swap(sequence[i - 1], sequence[next() % i]);
+  return sequence;
+}
+
 void run(const char *file, int line, const char *kernel, dim3 grid,
          dim3 block, const std::function<void()> &body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -438,6 +540,8 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   }
   if (active)
     fatal("kernel launched from inside a kernel");
+  const BlockOrder order = blockOrder();
+  const bool reverseThreads = reverseThreadOrder();
 #if defined(KVC_EMU_CALLGRIND)
   static const bool hostOnly = [] {
     const char *v = std::getenv("KVC_EMU_CALLGRIND_HOST_ONLY");
@@ -452,6 +556,7 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   run.line = line;
   run.kernel = kernel;
   run.body = &body;
+  run.reverseThreads = reverseThreads;
   run.fibers.resize(threads);
   run.words[0].assign(threads, 0);
   run.words[1].assign(threads, 0);
@@ -467,12 +572,19 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   active = &run;
   blockDimension = block;
   gridDimension = grid;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        blockIndex = uint3{x, y, z};
-        runBlock(run);
-      }
+  auto runAt = [&](uint64_t b) {
+    blockIndex = uint3{static_cast<unsigned>(b % grid.x),
+                       static_cast<unsigned>(b / grid.x % grid.y),
+                       static_cast<unsigned>(b / grid.x / grid.y)};
+    runBlock(run);
+  };
+  const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+  if (order.kind == BlockOrder::Forward)
+    for (uint64_t b = 0; b < blocks; ++b)
+      runAt(b);
+  else
+    for (uint64_t b : blockSequence(order, blocks, counterValues.launches))
+      runAt(b);
   active = nullptr;
   ++counterValues.launches;
   counterValues.kernelSeconds +=

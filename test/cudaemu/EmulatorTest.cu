@@ -10,7 +10,9 @@
 //    it; threads that exit early do not hold the barrier;
 //  - built-in variables of a 3-D grid of 2-D blocks;
 //  - launch limits set cudaErrorInvalidConfiguration;
-//  - a wait for a non-blocking stream finishes no other stream's event.
+//  - a wait for a non-blocking stream finishes no other stream's event;
+//  - the block orders of KVC_EMU_BLOCK_ORDER (forward, reverse, shuffle)
+//    and the thread orders of KVC_EMU_THREAD_ORDER (forward, reverse).
 // With an argument, it runs one kernel that must be reported instead (ctest
 // matches the report):
 //  - `deadlock`: lanes of a warp wait at different barriers;
@@ -24,7 +26,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -107,6 +111,14 @@ __global__ void indices(int *out) {
 }
 
 __global__ void nothing() {}
+
+/// Thread 0 of each block writes the order in which its block ran at the
+/// block's linear index (the emulator runs one block at a time).
+__global__ void blockTurns(int *next, int *turns) {
+  if (threadIdx.x == 0)
+    turns[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)] =
+        (*next)++;
+}
 
 __global__ void deadlock() {
   if (threadIdx.x % 32 == 0)
@@ -263,6 +275,131 @@ void checkStreams() {
   cudaStreamDestroy(own);
 }
 
+/// `run()` with the environment variable `name` set to `value` (null:
+/// unset), then as it was.
+template <typename Run>
+auto withSetting(const char *name, const char *value, Run run) {
+  const char *was = std::getenv(name);
+  const std::string saved = was ? was : "";
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+  auto result = run();
+  if (was)
+    setenv(name, saved.c_str(), 1);
+  else
+    unsetenv(name);
+  return result;
+}
+
+/// Thread t of a block of 64 writes when it ran in three rounds: before any
+/// barrier, after a __syncwarp, after a __syncthreads (a device counter
+/// read and incremented by one thread at a time, as the emulator runs them).
+__global__ void threadTurns(int *next, int *turns) {
+  const int t = threadIdx.x;
+  turns[t] = (*next)++;
+  __syncwarp();
+  turns[64 + t] = (*next)++;
+  __syncthreads();
+  turns[128 + t] = (*next)++;
+}
+
+/// Turns of threadTurns under KVC_EMU_THREAD_ORDER `order` (null: unset).
+std::vector<int> threadTurnsUnder(const char *order) {
+  return withSetting("KVC_EMU_THREAD_ORDER", order, [] {
+    int *d = nullptr;
+    cudaMalloc(&d, sizeof(int) * (1 + 3 * 64));
+    cudaMemset(d, 0, sizeof(int) * (1 + 3 * 64));
+    threadTurns<<<1, 64>>>(d, d + 1);
+    std::vector<int> turns(3 * 64);
+    cudaMemcpy(turns.data(), d + 1, sizeof(int) * turns.size(),
+               cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return turns;
+  });
+}
+
+/// KVC_EMU_THREAD_ORDER: warps from the first and lanes from the lowest by
+/// default and as `forward`; under `reverse` warps from the last and lanes
+/// from the highest, after a warp barrier and a block barrier too.
+void checkThreadOrder() {
+  std::vector<int> forward(3 * 64), reverse(3 * 64);
+  for (int t = 0; t < 64; ++t) {
+    // Round 0: warp 0's lanes, then warp 1's; round 1 (after __syncwarp):
+    // each warp passes its own barrier, so warp 0 runs its second round
+    // before warp 1 starts its first; round 2 after the block barrier.
+    const int w = t / 32, lane = t % 32;
+    forward[t] = 64 * w + lane;
+    forward[64 + t] = 64 * w + 32 + lane;
+    forward[128 + t] = 128 + t;
+    reverse[t] = 64 * (1 - w) + 31 - lane;
+    reverse[64 + t] = 64 * (1 - w) + 32 + 31 - lane;
+    reverse[128 + t] = 128 + 63 - t;
+  }
+  expect(threadTurnsUnder(nullptr) == forward,
+         "threads run warp by warp, lanes in order, by default");
+  expect(threadTurnsUnder("forward") == forward,
+         "KVC_EMU_THREAD_ORDER=forward: the default order");
+  expect(threadTurnsUnder("reverse") == reverse,
+         "KVC_EMU_THREAD_ORDER=reverse: warps from the last, lanes from the "
+         "highest");
+}
+
+/// Turns of the 60 blocks of a 5 x 4 x 3 grid under KVC_EMU_BLOCK_ORDER
+/// `order` (null: unset): turns[b] is when linear block b ran.
+std::vector<int> blockTurnsUnder(const char *order) {
+  return withSetting("KVC_EMU_BLOCK_ORDER", order, [] {
+    const int blocks = 60;
+    int *d = nullptr;
+    cudaMalloc(&d, sizeof(int) * (blocks + 1));
+    cudaMemset(d, 0, sizeof(int) * (blocks + 1));
+    blockTurns<<<dim3(5, 4, 3), 64>>>(d, d + 1);
+    std::vector<int> turns(blocks);
+    cudaMemcpy(turns.data(), d + 1, sizeof(int) * blocks,
+               cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return turns;
+  });
+}
+
+/// KVC_EMU_BLOCK_ORDER: blockIdx order by default and as `forward`, its
+/// reverse, and under `shuffle` a permutation that is neither and that
+/// differs from one launch to the next and from one seed to another.
+void checkBlockOrder() {
+  const int blocks = 60;
+  std::vector<int> forward(blocks), reverse(blocks);
+  for (int b = 0; b < blocks; ++b) {
+    forward[b] = b;
+    reverse[b] = blocks - 1 - b;
+  }
+  expect(blockTurnsUnder(nullptr) == forward,
+         "blocks run in blockIdx order (x fastest) by default");
+  expect(blockTurnsUnder("forward") == forward,
+         "KVC_EMU_BLOCK_ORDER=forward: blockIdx order");
+  expect(blockTurnsUnder("reverse") == reverse,
+         "KVC_EMU_BLOCK_ORDER=reverse: the reverse of blockIdx order");
+  const std::vector<int> first = blockTurnsUnder("shuffle");
+  const std::vector<int> second = blockTurnsUnder("shuffle");
+  const std::vector<int> seeded = blockTurnsUnder("shuffle:12345");
+  for (const std::vector<int> *turns : {&first, &second, &seeded}) {
+    std::vector<bool> seen(blocks, false);
+    bool permutation = true;
+    for (int t : *turns) {
+      permutation &= t >= 0 && t < blocks && !seen[t];
+      if (t >= 0 && t < blocks)
+        seen[t] = true;
+    }
+    expect(permutation && *turns != forward && *turns != reverse,
+           "KVC_EMU_BLOCK_ORDER=shuffle: every block once, in neither "
+           "blockIdx order nor its reverse");
+  }
+  expect(first != second, "KVC_EMU_BLOCK_ORDER=shuffle: a new order per "
+                          "launch");
+  expect(seeded != first && seeded != second,
+         "KVC_EMU_BLOCK_ORDER=shuffle:SEED: another seed, other orders");
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -290,6 +427,8 @@ int main(int argc, char **argv) {
   checkIndices();
   checkLimits();
   checkStreams();
+  checkBlockOrder();
+  checkThreadOrder();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

@@ -7,10 +7,18 @@
 // `k * ::kvc::emu::Launch(__FILE__, __LINE__, grid, block, smem, s)(args)`
 // (test/cudaemu/RewriteLaunches.cmake). Kernels then run on the calling
 // thread when launched:
-//  - blocks one after another, in blockIdx order (x fastest);
+//  - blocks one after another, in blockIdx order (x fastest), or in the
+//    order KVC_EMU_BLOCK_ORDER asks for: `reverse`, or `shuffle[:SEED]` (a
+//    permutation per launch, reproducible from SEED): a kernel whose
+//    results depend on the order in which its blocks run has a race on a
+//    device, and a suite run under another order shows it;
 //  - the threads of a block as fibers on one stack each, switched only at
 //    __syncthreads, __syncwarp and the warp collectives (shuffles,
-//    ballot), so a block's run is deterministic;
+//    ballot), so a block's run is deterministic: warp by warp from the
+//    first, lanes from the lowest, or under KVC_EMU_THREAD_ORDER=reverse
+//    from the last warp and the highest lane, so that a thread reading
+//    shared memory that another wrote since their last common barrier
+//    sees the write in one order and not in the other;
 //  - __shared__ variables are function statics: one instance, which is
 //    exactly the block's shared memory since blocks never overlap;
 //  - device memory is host memory; streams and events are ordered trivially

@@ -1186,6 +1186,27 @@ int main() {
     KVC_API(duo_small, false, false),
 #endif
   };
+  // A name of KVC_GPU_TEST_POLICIES that no test of this geometry has would
+  // narrow the run to less than its caller meant: refused.
+  if (const char *list = std::getenv("KVC_GPU_TEST_POLICIES"); list && *list) {
+    const std::string names = list;
+    for (size_t at = 0; at <= names.size();) {
+      size_t comma = names.find(',', at);
+      if (comma == std::string::npos)
+        comma = names.size();
+      const std::string name = names.substr(at, comma - at);
+      bool known = false;
+      for (const Api &api : apis)
+        known |= name == api.name;
+      if (!known) {
+        std::printf("FAIL: KVC_GPU_TEST_POLICIES names '%s', which is not a "
+                    "policy of this geometry's test\n",
+                    name.c_str());
+        return 1;
+      }
+      at = comma + 1;
+    }
+  }
   for (const Api &api : apis)
     if (selected(api.name))
       for (bool structured : {false, true})
