@@ -748,16 +748,25 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void **pointer, size_t bytes) {
-  ++counterValues.allocations;
-  // Device allocations are 256-byte aligned. The block is exactly `bytes`
-  // long, so that AddressSanitizer reports an access past it.
+namespace {
+/// A device allocation: 256-byte aligned like a device's, exactly `bytes`
+/// long, so that AddressSanitizer reports an access past it, every byte
+/// kvc::emu::kFreshByte (kvc_cuda_emu.h).
+cudaError_t allocateDevice(void **pointer, size_t bytes) {
   *pointer = nullptr;
   if (bytes && posix_memalign(pointer, 256, bytes) != 0) {
     *pointer = nullptr;
     return fail(cudaErrorMemoryAllocation);
   }
+  if (bytes)
+    std::memset(*pointer, kvc::emu::kFreshByte, bytes);
   return cudaSuccess;
+}
+} // namespace
+
+cudaError_t cudaMalloc(void **pointer, size_t bytes) {
+  ++counterValues.allocations;
+  return allocateDevice(pointer, bytes);
 }
 cudaError_t cudaFree(void *pointer) {
   ++counterValues.allocations;
@@ -857,12 +866,7 @@ cudaError_t cudaMallocFromPoolAsync(void **pointer, size_t bytes,
   if (!pool)
     return fail(cudaErrorInvalidValue);
   ++counterValues.poolAllocations;
-  *pointer = nullptr;
-  if (bytes && posix_memalign(pointer, 256, bytes) != 0) {
-    *pointer = nullptr;
-    return fail(cudaErrorMemoryAllocation);
-  }
-  return cudaSuccess;
+  return allocateDevice(pointer, bytes);
 }
 cudaError_t cudaFreeAsync(void *pointer, cudaStream_t) {
   ++counterValues.poolFrees;

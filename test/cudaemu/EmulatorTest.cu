@@ -11,6 +11,7 @@
 //  - built-in variables of a 3-D grid of 2-D blocks;
 //  - launch limits set cudaErrorInvalidConfiguration;
 //  - a wait for a non-blocking stream finishes no other stream's event;
+//  - device allocations start as kFreshByte, not zeros;
 //  - the block orders of KVC_EMU_BLOCK_ORDER (forward, reverse, shuffle)
 //    and the thread orders of KVC_EMU_THREAD_ORDER (forward, reverse).
 // With an argument, it runs one kernel that must be reported instead (ctest
@@ -275,6 +276,36 @@ void checkStreams() {
   cudaStreamDestroy(own);
 }
 
+/// Device allocations, from cudaMalloc and from a pool, small and large,
+/// start as kvc::emu::kFreshByte in every byte, not as the zeros of fresh
+/// host pages.
+void checkFreshMemory() {
+  cudaMemPool_t pool = nullptr;
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  expect(cudaMemPoolCreate(&pool, &props) == cudaSuccess, "a memory pool");
+  for (size_t bytes : {size_t{40}, size_t{4} << 20})
+    for (bool fromPool : {false, true}) {
+      unsigned char *d = nullptr;
+      const cudaError_t error =
+          fromPool ? cudaMallocFromPoolAsync(reinterpret_cast<void **>(&d),
+                                             bytes, pool, nullptr)
+                   : cudaMalloc(&d, bytes);
+      bool filled = error == cudaSuccess && d;
+      for (size_t i = 0; filled && i < bytes; ++i)
+        filled = d[i] == kvc::emu::kFreshByte;
+      expect(filled, fromPool ? "a pool allocation starts as kFreshByte"
+                              : "a cudaMalloc allocation starts as "
+                                "kFreshByte");
+      if (fromPool)
+        cudaFreeAsync(d, nullptr);
+      else
+        cudaFree(d);
+    }
+  cudaMemPoolDestroy(pool);
+}
+
 /// `run()` with the environment variable `name` set to `value` (null:
 /// unset), then as it was.
 template <typename Run>
@@ -429,6 +460,7 @@ int main(int argc, char **argv) {
   checkStreams();
   checkBlockOrder();
   checkThreadOrder();
+  checkFreshMemory();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

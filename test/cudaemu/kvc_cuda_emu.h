@@ -21,8 +21,10 @@
 //    sees the write in one order and not in the other;
 //  - __shared__ variables are function statics: one instance, which is
 //    exactly the block's shared memory since blocks never overlap;
-//  - device memory is host memory; streams and events are ordered trivially
-//    (every call completes before it returns).
+//  - device memory is host memory, every byte of a new allocation set to
+//    kFreshByte (0x7f), since a device's holds whatever was there before;
+//    streams and events are ordered trivially (every call completes before
+//    it returns).
 // A barrier that some live thread of the block (or warp) never reaches, a
 // warp collective with a partial mask, or a launch configuration outside the
 // device limits (block > 1024 threads, grid y or z > 65535) is reported:
@@ -72,6 +74,14 @@ extern uint3 threadIndex;
 extern uint3 blockIndex;
 extern dim3 blockDimension;
 extern dim3 gridDimension;
+
+/// The byte every new device allocation (cudaMalloc, a pool's, and
+/// cudaMallocHost's pinned memory) starts as, in every byte: on a device an
+/// allocation holds what was there before (a pool's freed block, an
+/// engine's reused workspace), so code that reads what it never wrote must
+/// not find the zeros of fresh host pages. 0x7f7f7f7f is an index past any
+/// array and the float 3.4e38.
+constexpr unsigned char kFreshByte = 0x7f;
 
 /// Block-wide barrier (__syncthreads) and warp-wide barrier (__syncwarp).
 void syncBlock();

@@ -50,6 +50,9 @@
 // stored); heads keep different counts, so a boundary swap may move an
 // entry between heads: per-head counts may differ by kMaxBoundarySwaps,
 // the total kept must be equal.
+// Every device buffer (the pools, the workspaces, the inputs) starts with
+// 0x7f in every byte, not zeros, on a device as on the emulator: a policy
+// must not read pool or workspace bytes it did not write.
 // Exits 77 (skipped) when no CUDA device is usable.
 //
 //===----------------------------------------------------------------------===//
@@ -258,13 +261,19 @@ Inputs makeInputs(std::mt19937 &rng, int tokens, bool structured,
   return in;
 }
 
-/// A device buffer freed on scope exit.
+/// A device buffer freed on scope exit, every byte kFreshByte once
+/// allocated: the pools and workspaces an engine hands a policy hold what
+/// was there before (a freshly mapped allocation may read as zeros on a
+/// device), so the suite runs every policy on memory it did not zero.
 struct DeviceBuffer {
+  static constexpr int kFreshByte = 0x7f;
   void *ptr = nullptr;
   size_t bytes = 0;
   cudaError_t allocate(size_t n) {
     bytes = n;
-    return cudaMalloc(&ptr, n ? n : 1);
+    const cudaError_t error = cudaMalloc(&ptr, n ? n : 1);
+    return error != cudaSuccess ? error
+                                : cudaMemset(ptr, kFreshByte, n ? n : 1);
   }
   ~DeviceBuffer() { cudaFree(ptr); }
   template <typename T> T *as() const { return static_cast<T *>(ptr); }
@@ -746,7 +755,6 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
   void *hostPool = alignedHostPool(hostPoolStorage, poolBytes);
   DeviceBuffer devicePool;
   CUDA_OK(devicePool.allocate(poolBytes));
-  CUDA_OK(cudaMemset(devicePool.ptr, 0, poolBytes));
   kvc_context_t *cpu = makeContext(cpuConfig, hostPool, poolBytes);
   kvc_context_t *gpu = makeContext(gpuConfig, devicePool.ptr, poolBytes);
   if (!cpu || !gpu) {
@@ -1008,7 +1016,6 @@ void runBatch(const BatchApi &api, cudaStream_t stream) {
   void *hostPool = alignedHostPool(hostPoolStorage, poolBytes);
   DeviceBuffer devicePool;
   CUDA_OK(devicePool.allocate(poolBytes));
-  CUDA_OK(cudaMemset(devicePool.ptr, 0, poolBytes));
   kvc_context_t *cpu = nullptr, *gpu = nullptr;
   struct Cleanup {
     kvc_context_t **a, **b;
