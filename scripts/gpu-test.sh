@@ -6,7 +6,8 @@
 #
 # Usage: scripts/gpu-test.sh [g1 g3 g8]
 # Environment: KVC_BUILD_DIR, KVC_GPU_BIN, KVC_GPU_TEST_POLICIES (a comma-
-#        separated subset of the policies; default every one).
+#        separated subset of the policies; default every one; a name that
+#        is not a policy of the test fails the run).
 # Exit status: 0 every geometry passed, 1 one failed, 77 no usable GPU.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -456,14 +456,6 @@ struct BlockOrder {
   uint64_t seed = 1;
 };
 
-/// Whether KVC_EMU_THREAD_ORDER (read at every launch) asks for the
-/// reverse thread order: `forward` (unset or empty: a block's warps from
-/// the first, each warp's lanes from the lowest, each until its next
-/// barrier or collective) or `reverse` (warps from the last, lanes from the
-/// highest). Between two barriers a device's threads run in no promised
-/// order either: a thread that reads shared memory another wrote since
-/// their last common barrier sees the write in one order and not in the
-/// other, so a suite run under both shows such a race.
 /// Ends the run (status 2) on a setting the emulator does not know.
 [[noreturn]] void badSetting(const char *variable, const char *value,
                              const char *expected) {
@@ -473,6 +465,14 @@ struct BlockOrder {
   std::_Exit(2);
 }
 
+/// Whether KVC_EMU_THREAD_ORDER (read at every launch) asks for the
+/// reverse thread order: `forward` (unset or empty: a block's warps from
+/// the first, each warp's lanes from the lowest, each until its next
+/// barrier or collective) or `reverse` (warps from the last, lanes from the
+/// highest). Between two barriers a device's threads run in no promised
+/// order either: a thread that reads shared memory another wrote since
+/// their last common barrier sees the write in one order and not in the
+/// other, so a suite run under both shows such a race.
 bool reverseThreadOrder() {
   const char *v = std::getenv("KVC_EMU_THREAD_ORDER");
   if (!v || !*v || !std::strcmp(v, "forward"))
@@ -482,6 +482,7 @@ bool reverseThreadOrder() {
   badSetting("KVC_EMU_THREAD_ORDER", v, "forward or reverse");
 }
 
+/// KVC_EMU_BLOCK_ORDER as a BlockOrder (see there).
 BlockOrder blockOrder() {
   BlockOrder order;
   const char *v = std::getenv("KVC_EMU_BLOCK_ORDER");

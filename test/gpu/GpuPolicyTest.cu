@@ -1193,7 +1193,7 @@ int main() {
     KVC_API(duo_small, false, false),
 #endif
   };
-  // A name of KVC_GPU_TEST_POLICIES that no test of this geometry has would
+  // A name of KVC_GPU_TEST_POLICIES that no geometry's test has would
   // narrow the run to less than its caller meant: refused.
   if (const char *list = std::getenv("KVC_GPU_TEST_POLICIES"); list && *list) {
     const std::string names = list;
@@ -1205,9 +1205,17 @@ int main() {
       bool known = false;
       for (const Api &api : apis)
         known |= name == api.name;
+#if !KVC_TEST_HEAD_CLASSES
+      // DuoAttention's test table is shaped like geometry g3 only.
+      if (name == "duo_small") {
+        std::printf("duo_small: a policy of geometry g3 only, not run "
+                    "here\n");
+        known = true;
+      }
+#endif
       if (!known) {
         std::printf("FAIL: KVC_GPU_TEST_POLICIES names '%s', which is not a "
-                    "policy of this geometry's test\n",
+                    "policy of the GPU test\n",
                     name.c_str());
         return 1;
       }
