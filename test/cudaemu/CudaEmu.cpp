@@ -9,16 +9,20 @@
 
 #include "kvc_cuda_emu.h"
 
+#include <link.h>
 #include <pthread.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #if __has_include(<valgrind/callgrind.h>)
@@ -148,20 +152,28 @@ struct BlockRun {
   // KVC_EMU_THREAD_ORDER=reverse: warps from the last, lanes from the
   // highest.
   bool reverseThreads = false;
+  // The fibers' stacks (one of StackPool's sets).
+  std::vector<char *> *stacks = nullptr;
+  // The block's index, and with blocks in flight
+  // (KVC_EMU_CONCURRENT_BLOCKS): whether it has started, and whether an
+  // atomic asks it to pause at its next barrier.
+  uint3 index{};
+  bool started = false, pauseAsked = false;
 };
 
 BlockRun *active = nullptr;
 
-/// The fibers' stacks, reused by every launch, freed at exit.
+/// The fibers' stacks, one set per block in flight, reused by every
+/// launch, freed at exit.
 struct StackPool {
-  std::vector<char *> stacks;
+  std::vector<std::vector<char *>> sets;
   ~StackPool() {
-    for (char *stack : stacks)
-      ::operator delete(stack, std::align_val_t(64));
+    for (std::vector<char *> &set : sets)
+      for (char *stack : set)
+        ::operator delete(stack, std::align_val_t(64));
   }
 };
 StackPool pool;
-std::vector<char *> &stacks = pool.stacks;
 
 /// Switches from the running context to the one whose saved stack pointer
 /// is `to` and whose stack is [bottom, bottom + bytes). Under
@@ -202,6 +214,9 @@ cudaError_t lastError = cudaSuccess;
   if (const char *order = std::getenv("KVC_EMU_THREAD_ORDER");
       order && *order)
     std::fprintf(stderr, "  thread order: %s\n", order);
+  if (const char *flight = std::getenv("KVC_EMU_CONCURRENT_BLOCKS");
+      flight && *flight)
+    std::fprintf(stderr, "  blocks in flight: %s\n", flight);
   std::fflush(stderr);
   std::_Exit(3);
 }
@@ -279,7 +294,7 @@ void *initialStack(char *base, int thread) {
   return sp;
 }
 
-const void *stackOf(const Fiber &f) { return stacks[f.linear]; }
+const void *stackOf(const Fiber &f) { return (*active->stacks)[f.linear]; }
 
 /// Runs the lanes of warp [begin, end) until none is runnable: the lanes
 /// pass control among themselves (block()) and return here when the warp
@@ -295,8 +310,10 @@ void runWarp(BlockRun &run, int begin, int end) {
   }
 }
 
-void runBlock(BlockRun &run) {
+/// Makes every thread of the block runnable from the kernel's start.
+void startBlock(BlockRun &run) {
   const int threads = static_cast<int>(run.fibers.size());
+  std::vector<char *> &stacks = *run.stacks;
   while (stacks.size() < run.fibers.size())
     stacks.push_back(static_cast<char *>(
         ::operator new(kStackBytes, std::align_val_t(64))));
@@ -322,33 +339,38 @@ void runBlock(BlockRun &run) {
   run.waitingLanes.assign(warps, 0);
   for (int i = 0; i < threads; ++i)
     ++run.liveLanes[i / kWarpSize];
-  // Warp by warp, each until it waits at __syncthreads or ends; then the
-  // block barrier opens when every live thread waits at it.
-  for (;;) {
-    for (int k = 0; k < warps; ++k) {
-      const int w = kWarpSize * (run.reverseThreads ? warps - 1 - k : k);
-      runWarp(run, w, std::min(w + kWarpSize, threads));
-    }
-    run.current = nullptr;
-    bool live = false, ready = true;
-    for (Fiber &f : run.fibers) {
-      if (f.state == State::Done)
-        continue;
-      live = true;
-      if (f.state != State::AtBlockBarrier && !run.current)
-        run.current = &f;
-      ready &= f.state == State::AtBlockBarrier;
-    }
-    if (!live)
-      return;
-    if (!ready)
-      fatal("deadlock: a thread waits at a warp barrier or collective that "
-            "a live lane of its warp never reaches (it waits at "
-            "__syncthreads or has exited)");
-    for (Fiber &f : run.fibers)
-      if (f.state == State::AtBlockBarrier)
-        f.state = State::Runnable;
+}
+
+/// Runs the block's warps one by one, each until it waits at
+/// __syncthreads or ends, then opens that barrier (every live thread waits
+/// at it): false once every thread has ended.
+bool runPhase(BlockRun &run) {
+  const int threads = static_cast<int>(run.fibers.size());
+  const int warps = (threads + kWarpSize - 1) / kWarpSize;
+  for (int k = 0; k < warps; ++k) {
+    const int w = kWarpSize * (run.reverseThreads ? warps - 1 - k : k);
+    runWarp(run, w, std::min(w + kWarpSize, threads));
   }
+  run.current = nullptr;
+  bool live = false, ready = true;
+  for (Fiber &f : run.fibers) {
+    if (f.state == State::Done)
+      continue;
+    live = true;
+    if (f.state != State::AtBlockBarrier && !run.current)
+      run.current = &f;
+    ready &= f.state == State::AtBlockBarrier;
+  }
+  if (!live)
+    return false;
+  if (!ready)
+    fatal("deadlock: a thread waits at a warp barrier or collective that "
+          "a live lane of its warp never reaches (it waits at "
+          "__syncthreads or has exited)");
+  for (Fiber &f : run.fibers)
+    if (f.state == State::AtBlockBarrier)
+      f.state = State::Runnable;
+  return true;
 }
 
 void waitAt(State barrier) {
@@ -378,6 +400,49 @@ void syncWarp(unsigned mask) {
 }
 
 int laneId() { return active->current->linear % kWarpSize; }
+
+namespace {
+/// Bytes of the program's own thread-local block (PT_TLS of the
+/// executable, rounded up to its alignment): the thread-local __shared__
+/// variables of kvc_cuda_emu.h. 0 without one.
+size_t programTlsBytes() {
+  static const size_t bytes = [] {
+    size_t found = 0;
+    dl_iterate_phdr(
+        [](dl_phdr_info *info, size_t, void *out) {
+          if (info->dlpi_tls_modid != 1)
+            return 0;
+          for (int i = 0; i < info->dlpi_phnum; ++i) {
+            const ElfW(Phdr) &h = info->dlpi_phdr[i];
+            if (h.p_type == PT_TLS) {
+              const size_t align = h.p_align ? h.p_align : 1;
+              *static_cast<size_t *>(out) =
+                  (h.p_memsz + align - 1) / align * align;
+              return 1;
+            }
+          }
+          return 0;
+        },
+        &found);
+    return found;
+  }();
+  return bytes;
+}
+
+/// Whether `address` is in the calling thread's shared memory: the
+/// program's thread-local block, which on x86-64 ends at the thread
+/// pointer.
+bool inSharedMemory(const void *address) {
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  const auto end = reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
+  return at < end && at >= end - programTlsBytes();
+}
+} // namespace
+
+void afterAtomic(const void *address) {
+  if (active && !inSharedMemory(address))
+    active->pauseAsked = true;
+}
 
 void copyAsync(void *shared, const void *global, int bytes) {
   if (bytes != 4 && bytes != 8 && bytes != 16)
@@ -509,6 +574,53 @@ BlockOrder blockOrder() {
              "integer)");
 }
 
+/// KVC_EMU_CONCURRENT_BLOCKS (read at every launch): how many blocks may
+/// be in flight at once (unset or empty: 1, one block after another), and
+/// the seed of the draws that pick which of them runs on whenever one
+/// pauses (`N:SEED`; default 1). See kvc_cuda_emu.h.
+struct Concurrency {
+  uint64_t blocks = 1;
+  uint64_t seed = 1;
+};
+
+Concurrency concurrency() {
+  Concurrency c;
+  const char *v = std::getenv("KVC_EMU_CONCURRENT_BLOCKS");
+  if (!v || !*v)
+    return c;
+  char *end = nullptr;
+  errno = 0;
+  c.blocks = std::strtoull(v, &end, 10);
+  bool ok = *v >= '0' && *v <= '9' && errno == 0 && c.blocks >= 1 &&
+            c.blocks <= 64;
+  if (ok && *end == ':') {
+    const char *seed = end + 1;
+    c.seed = std::strtoull(seed, &end, 10);
+    ok = *seed >= '0' && *seed <= '9' && errno == 0;
+  }
+  if (!ok || *end)
+    badSetting("KVC_EMU_CONCURRENT_BLOCKS", v,
+               "N or N:SEED (N from 1 to 64, SEED a decimal integer)");
+#if defined(__SANITIZE_ADDRESS__)
+  if (c.blocks > 1)
+    badSetting("KVC_EMU_CONCURRENT_BLOCKS", v,
+               "1 in an AddressSanitizer build (its shared memory is plain "
+               "statics, which blocks in flight would share)");
+#endif
+  return c;
+}
+
+/// splitmix64: the emulator's reproducible draws.
+struct SplitMix {
+  uint64_t state;
+  uint64_t operator()() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+
 /// The linear block indices of a launch of `count` blocks, in the order
 /// that `order` gives the launch numbered `launch`.
 std::vector<uint64_t> blockSequence(const BlockOrder &order, uint64_t count,
@@ -519,16 +631,125 @@ std::vector<uint64_t> blockSequence(const BlockOrder &order, uint64_t count,
   if (order.kind != BlockOrder::Shuffle)
     return sequence;
   // Fisher-Yates over splitmix64 of the seed and the launch's number.
-  uint64_t state = order.seed * 0x9e3779b97f4a7c15ull + launch;
-  auto next = [&state] {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  SplitMix next{order.seed * 0x9e3779b97f4a7c15ull + launch};
   for (uint64_t i = count; i > 1; --i)
     std::swap(sequence[i - 1], sequence[next() % i]);
   return sequence;
+}
+
+/// The threads that run the blocks in flight (KVC_EMU_CONCURRENT_BLOCKS):
+/// slot i's blocks run on thread i, whose thread-local __shared__
+/// variables (kvc_cuda_emu.h) are thus the slot's shared memory. One
+/// thread runs at a time: the launching thread hands a slot its turn and
+/// waits until the slot hands it back, so a run stays deterministic.
+class Slots {
+public:
+  ~Slots() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      quit_ = true;
+    }
+    turns_.notify_all();
+    for (std::thread &t : threads_)
+      t.join();
+  }
+  /// Runs `step` on slot `slot`'s thread; returns once it has.
+  void runOn(size_t slot, const std::function<void()> &step) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (threads_.size() <= slot)
+      threads_.emplace_back(&Slots::serve, this, threads_.size());
+    step_ = &step;
+    turn_ = static_cast<long>(slot);
+    turns_.notify_all();
+    turns_.wait(lock, [this] { return turn_ < 0; });
+  }
+
+private:
+  void serve(size_t slot) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      turns_.wait(lock, [&] {
+        return quit_ || turn_ == static_cast<long>(slot);
+      });
+      if (quit_)
+        return;
+      lock.unlock();
+      (*step_)();
+      lock.lock();
+      turn_ = -1;
+      turns_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable turns_;
+  std::vector<std::thread> threads_;
+  long turn_ = -1; // the slot whose thread runs; -1: the launching thread
+  const std::function<void()> *step_ = nullptr;
+  bool quit_ = false;
+};
+Slots slots;
+
+/// Runs the blocks of `sequence` with up to runs.size() in flight, block i
+/// of `runs` on slot i's thread. A block runs until it ends or pauses (at
+/// the first barrier after an atomic). New blocks enter in the sequence's
+/// order as others end, and each runs before any paused block resumes;
+/// once none is new, the block to resume is drawn from `seed` and the
+/// launch's number. So every block in flight counts itself in before one
+/// goes on, and the last to arrive goes on before some of the others most
+/// of the time: what a block writes after its arrival is then still
+/// unwritten when the last arrival reads.
+void runConcurrent(std::vector<BlockRun> &runs,
+                   const std::vector<uint64_t> &sequence, uint64_t seed,
+                   uint64_t launch, dim3 grid) {
+  std::vector<size_t> flying, idle;
+  for (size_t i = runs.size(); i-- > 0;)
+    idle.push_back(i);
+  SplitMix draw{seed * 0xd1342543de82ef95ull + launch};
+  size_t next = 0;
+  while (next < sequence.size() || !flying.empty()) {
+    while (!idle.empty() && next < sequence.size()) {
+      BlockRun &r = runs[idle.back()];
+      const uint64_t b = sequence[next++];
+      r.index = uint3{static_cast<unsigned>(b % grid.x),
+                      static_cast<unsigned>(b / grid.x % grid.y),
+                      static_cast<unsigned>(b / grid.x / grid.y)};
+      r.started = false;
+      flying.push_back(idle.back());
+      idle.pop_back();
+    }
+    size_t pick = 0;
+    while (pick < flying.size() && runs[flying[pick]].started)
+      ++pick;
+    if (pick == flying.size())
+      pick = draw() % flying.size();
+    const size_t slot = flying[pick];
+    BlockRun &r = runs[slot];
+    active = &r;
+    blockIndex = r.index;
+    bool more = true;
+    slots.runOn(slot, [&] {
+      if (!r.started) {
+        // The slot thread's stack is the scheduler's.
+        pthread_attr_t attributes;
+        void *bottom = nullptr;
+        if (pthread_getattr_np(pthread_self(), &attributes) == 0) {
+          pthread_attr_getstack(&attributes, &bottom, &r.schedulerBytes);
+          pthread_attr_destroy(&attributes);
+        }
+        r.schedulerBottom = bottom;
+        startBlock(r);
+        r.started = true;
+      }
+      r.pauseAsked = false;
+      while (more && !r.pauseAsked)
+        more = runPhase(r);
+    });
+    if (!more) {
+      idle.push_back(slot);
+      flying.erase(flying.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+  }
 }
 
 void run(const char *file, int line, const char *kernel, dim3 grid,
@@ -543,6 +764,7 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
     fatal("kernel launched from inside a kernel");
   const BlockOrder order = blockOrder();
   const bool reverseThreads = reverseThreadOrder();
+  const Concurrency concurrent = concurrency();
 #if defined(KVC_EMU_CALLGRIND)
   static const bool hostOnly = [] {
     const char *v = std::getenv("KVC_EMU_CALLGRIND_HOST_ONLY");
@@ -552,40 +774,57 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
     CALLGRIND_TOGGLE_COLLECT;
 #endif
   const auto start = std::chrono::steady_clock::now();
-  BlockRun run;
-  run.file = file;
-  run.line = line;
-  run.kernel = kernel;
-  run.body = &body;
-  run.reverseThreads = reverseThreads;
-  run.fibers.resize(threads);
-  run.words[0].assign(threads, 0);
-  run.words[1].assign(threads, 0);
-  run.wideWords[0].assign(threads * kPublishWords, 0);
-  run.wideWords[1].assign(threads * kPublishWords, 0);
+  const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+  // A run per block in flight, each with its own set of stacks.
+  std::vector<BlockRun> runs(std::min(concurrent.blocks, blocks));
+  if (pool.sets.size() < runs.size())
+    pool.sets.resize(runs.size());
   pthread_attr_t attributes;
   void *bottom = nullptr;
+  size_t bottomBytes = 0;
   if (pthread_getattr_np(pthread_self(), &attributes) == 0) {
-    pthread_attr_getstack(&attributes, &bottom, &run.schedulerBytes);
+    pthread_attr_getstack(&attributes, &bottom, &bottomBytes);
     pthread_attr_destroy(&attributes);
   }
-  run.schedulerBottom = bottom;
-  active = &run;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    BlockRun &run = runs[i];
+    run.file = file;
+    run.line = line;
+    run.kernel = kernel;
+    run.body = &body;
+    run.reverseThreads = reverseThreads;
+    run.stacks = &pool.sets[i];
+    run.fibers.resize(threads);
+    run.words[0].assign(threads, 0);
+    run.words[1].assign(threads, 0);
+    run.wideWords[0].assign(threads * kPublishWords, 0);
+    run.wideWords[1].assign(threads * kPublishWords, 0);
+    run.schedulerBottom = bottom;
+    run.schedulerBytes = bottomBytes;
+  }
   blockDimension = block;
   gridDimension = grid;
-  auto runAt = [&](uint64_t b) {
-    blockIndex = uint3{static_cast<unsigned>(b % grid.x),
-                       static_cast<unsigned>(b / grid.x % grid.y),
-                       static_cast<unsigned>(b / grid.x / grid.y)};
-    runBlock(run);
-  };
-  const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
-  if (order.kind == BlockOrder::Forward)
-    for (uint64_t b = 0; b < blocks; ++b)
-      runAt(b);
-  else
-    for (uint64_t b : blockSequence(order, blocks, counterValues.launches))
-      runAt(b);
+  if (runs.size() > 1) {
+    runConcurrent(runs, blockSequence(order, blocks, counterValues.launches),
+                  concurrent.seed, counterValues.launches, grid);
+  } else {
+    BlockRun &run = runs[0];
+    active = &run;
+    auto runAt = [&](uint64_t b) {
+      blockIndex = uint3{static_cast<unsigned>(b % grid.x),
+                         static_cast<unsigned>(b / grid.x % grid.y),
+                         static_cast<unsigned>(b / grid.x / grid.y)};
+      startBlock(run);
+      while (runPhase(run)) {
+      }
+    };
+    if (order.kind == BlockOrder::Forward)
+      for (uint64_t b = 0; b < blocks; ++b)
+        runAt(b);
+    else
+      for (uint64_t b : blockSequence(order, blocks, counterValues.launches))
+        runAt(b);
+  }
   active = nullptr;
   ++counterValues.launches;
   counterValues.kernelSeconds +=

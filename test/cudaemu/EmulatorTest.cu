@@ -26,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -431,6 +432,165 @@ void checkBlockOrder() {
          "KVC_EMU_BLOCK_ORDER=shuffle:SEED: another seed, other orders");
 }
 
+/// Thread 0 of each block logs its block's start and end (2 b and 2 b + 1)
+/// at the places a device counter hands out, a barrier between them (where
+/// a block pauses after an atomic under KVC_EMU_CONCURRENT_BLOCKS). It
+/// keeps its block index in shared memory across that barrier.
+__global__ void inFlight(int *counter, int *events, int *kept) {
+  __shared__ int mine;
+  if (threadIdx.x == 0) {
+    mine = static_cast<int>(blockIdx.x);
+    events[atomicAdd(counter, 1)] = 2 * static_cast<int>(blockIdx.x);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    kept[blockIdx.x] = mine;
+    events[atomicAdd(counter, 1)] = 2 * static_cast<int>(blockIdx.x) + 1;
+  }
+  __syncthreads();
+}
+
+/// A race that one block at a time cannot show: each block counts itself
+/// in, then writes its flag; the last to arrive counts the flags set.
+__global__ void lateWriter(int *arrivals, int *flags, int *seen) {
+  __shared__ bool last;
+  if (threadIdx.x == 0)
+    last = atomicAdd(arrivals, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    flags[blockIdx.x] = 1; // after the arrival: the bug
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    int set = 0;
+    for (unsigned b = 0; b < gridDim.x; ++b)
+      set += flags[b] == 1;
+    *seen = set;
+  }
+}
+
+/// inFlight's log without atomics on device memory (a device counter read
+/// and incremented by thread 0, as blocks never overlap between pauses),
+/// and an atomic on shared memory between start and end, which must not
+/// pause the block.
+__global__ void sharedAtomic(int *next, int *events) {
+  __shared__ int count;
+  if (threadIdx.x == 0) {
+    count = 0;
+    events[(*next)++] = 2 * static_cast<int>(blockIdx.x);
+  }
+  __syncthreads();
+  atomicAdd(&count, 1);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    events[(*next)++] = 2 * static_cast<int>(blockIdx.x) + (count == 64);
+}
+
+struct FlightLog {
+  std::vector<int> events, kept, sharedEvents;
+  /// The fewest flags that the last arrival of kLateLaunches launches of
+  /// lateWriter saw.
+  int lateSeen = 0;
+};
+constexpr int kLateLaunches = 8;
+
+/// inFlight, then lateWriter kLateLaunches times, over 16 blocks of 64
+/// threads under KVC_EMU_CONCURRENT_BLOCKS `setting` (null: unset).
+FlightLog flightUnder(const char *setting) {
+  return withSetting("KVC_EMU_CONCURRENT_BLOCKS", setting, [] {
+    const int blocks = 16;
+    int *d = nullptr;
+    const int words = 1 + 2 * blocks + blocks + 1 + blocks + 1 + 1 +
+                      2 * blocks;
+    cudaMalloc(&d, sizeof(int) * words);
+    cudaMemset(d, 0, sizeof(int) * words);
+    int *events = d + 1, *kept = events + 2 * blocks;
+    int *arrivals = kept + blocks, *flags = arrivals + 1,
+        *seen = flags + blocks, *next = seen + 1,
+        *sharedEvents = next + 1;
+    inFlight<<<blocks, 64>>>(d, events, kept);
+    sharedAtomic<<<blocks, 64>>>(next, sharedEvents);
+    FlightLog log;
+    log.lateSeen = blocks;
+    for (int i = 0; i < kLateLaunches; ++i) {
+      cudaMemset(arrivals, 0, sizeof(int) * (blocks + 2));
+      lateWriter<<<blocks, 64>>>(arrivals, flags, seen);
+      int set = 0;
+      cudaMemcpy(&set, seen, sizeof(int), cudaMemcpyDeviceToHost);
+      log.lateSeen = std::min(log.lateSeen, set);
+    }
+    log.events.resize(2 * blocks);
+    log.kept.resize(blocks);
+    log.sharedEvents.resize(2 * blocks);
+    cudaMemcpy(log.sharedEvents.data(), sharedEvents,
+               sizeof(int) * 2 * blocks, cudaMemcpyDeviceToHost);
+    cudaMemcpy(log.events.data(), events, sizeof(int) * 2 * blocks,
+               cudaMemcpyDeviceToHost);
+    cudaMemcpy(log.kept.data(), kept, sizeof(int) * blocks,
+               cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return log;
+  });
+}
+
+/// KVC_EMU_CONCURRENT_BLOCKS: one block at a time by default; with N in
+/// flight, blocks overlap (at most N open at once), each keeps its own
+/// shared memory, and the late writer's race shows.
+void checkConcurrentBlocks() {
+  const int blocks = 16;
+  std::vector<int> sequential(2 * blocks);
+  for (int i = 0; i < 2 * blocks; ++i)
+    sequential[i] = i;
+  const FlightLog one = flightUnder(nullptr);
+  expect(one.events == sequential,
+         "blocks run one after another by default");
+  expect(one.lateSeen == blocks,
+         "one block at a time: the last arrival sees every late write, "
+         "launch after launch");
+  expect(flightUnder("1").events == sequential,
+         "KVC_EMU_CONCURRENT_BLOCKS=1: one block at a time");
+  const struct {
+    const char *setting;
+    int inFlight;
+  } settings[] = {{"4", 4}, {"3:99", 3}, {"16:7", 16}};
+  for (const auto &[setting, inFlight] : settings) {
+    const FlightLog log = flightUnder(setting);
+    std::vector<int> started(blocks, 0), ended(blocks, 0);
+    int open = 0, widest = 0;
+    bool ordered = true;
+    for (int e : log.events) {
+      if (e < 0 || e >= 2 * blocks) {
+        ordered = false;
+        continue;
+      }
+      const int b = e / 2;
+      if (e % 2 == 0) {
+        ordered &= ++started[b] == 1 && ended[b] == 0;
+        widest = std::max(widest, ++open);
+      } else {
+        ordered &= started[b] == 1 && ++ended[b] == 1;
+        --open;
+      }
+    }
+    expect(ordered && open == 0,
+           "blocks in flight: every block starts once, then ends once");
+    expect(widest > 1 && widest <= inFlight,
+           "KVC_EMU_CONCURRENT_BLOCKS=N: blocks overlap, at most N open");
+    bool kept = true;
+    for (int b = 0; b < blocks; ++b)
+      kept &= log.kept[b] == b;
+    expect(kept, "blocks in flight keep their own shared memory");
+    // sharedAtomic: start 2 b, end 2 b + 1 (with the block's 64 adds).
+    std::vector<int> oneByOne(2 * blocks);
+    for (int i = 0; i < 2 * blocks; ++i)
+      oneByOne[i] = i;
+    expect(log.sharedEvents == oneByOne,
+           "blocks in flight: an atomic on shared memory does not pause");
+    expect(log.lateSeen < blocks,
+           "blocks in flight: the last arrival misses a write made after "
+           "counting in, in one launch or more");
+  }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -461,6 +621,7 @@ int main(int argc, char **argv) {
   checkBlockOrder();
   checkThreadOrder();
   checkFreshMemory();
+  checkConcurrentBlocks();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

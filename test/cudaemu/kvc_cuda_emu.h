@@ -19,8 +19,18 @@
 //    from the last warp and the highest lane, so that a thread reading
 //    shared memory that another wrote since their last common barrier
 //    sees the write in one order and not in the other;
-//  - __shared__ variables are function statics: one instance, which is
-//    exactly the block's shared memory since blocks never overlap;
+//  - one block at a time by default; under KVC_EMU_CONCURRENT_BLOCKS=N
+//    (or N:SEED) up to N blocks are in flight at once, each on a host
+//    thread of its own (one runs at a time), and a block pauses at the
+//    first __syncthreads after an atomic on device memory (where blocks
+//    count themselves in, lastArrival) while the others go on, new ones
+//    first, then paused ones drawn from SEED: a block that writes what the
+//    last arrival reads after counting itself in has a race on a device,
+//    and a suite run so shows it;
+//  - __shared__ variables are function statics, thread-local outside
+//    AddressSanitizer builds: the shared memory of the block that runs,
+//    and with blocks in flight each host thread's own (a block finds what
+//    the last block on its thread left, as on a device's multiprocessor);
 //  - device memory is host memory, every byte of a new allocation set to
 //    kFreshByte (0x7f), since a device's holds whatever was there before;
 //    streams and events are ordered trivially (every call completes before
@@ -34,9 +44,11 @@
 //
 // It checks the logic of the kernels (indexing, merges, selection, host
 // staging and transfers) against the CPU backend without a GPU. It says
-// nothing about speed, memory ordering between concurrently running blocks,
-// or races inside a block beyond the barriers the code declares: those
-// need the device (test/gpu, scripts/gpu-sanitize.sh).
+// nothing about speed, about memory ordering (a write is everyone's at
+// once, fence or not: a missing __threadfence goes unseen), about blocks
+// interleaved at other points than their atomics, or about races inside a
+// block beyond the barriers the code declares: those need the device
+// (test/gpu, scripts/gpu-sanitize.sh).
 //
 //===----------------------------------------------------------------------===//
 
@@ -49,10 +61,18 @@
 
 #define KVC_CUDA_EMULATED 1
 
-// Shared memory: one block runs at a time, so a function static is the
-// block's shared memory. Must precede the CUDA headers, which define
-// __shared__ only where it is not defined yet.
+// Shared memory: a function static is the shared memory of the block that
+// runs. Outside AddressSanitizer builds it is thread-local, and the
+// emulator runs each block in flight on a thread of its own
+// (KVC_EMU_CONCURRENT_BLOCKS); an AddressSanitizer build keeps plain
+// statics, which it guards with redzones (it does not guard thread-local
+// variables), and runs one block at a time. Must precede the CUDA headers,
+// which define __shared__ only where it is not defined yet.
+#if defined(__SANITIZE_ADDRESS__)
 #define __shared__ static
+#else
+#define __shared__ static thread_local
+#endif
 #define __launch_bounds__(...)
 
 #include <cuda_bf16.h>
@@ -109,6 +129,11 @@ const uint64_t *publishWords(unsigned mask, const uint64_t *values,
 void copyAsync(void *shared, const void *global, int bytes);
 void commitCopies();
 void waitCopies(int newest);
+/// The calling thread has just read and written `address` in one atomic
+/// operation. On device memory, under KVC_EMU_CONCURRENT_BLOCKS, its block
+/// then pauses at its next __syncthreads (or its end), and another block
+/// in flight may run on; an atomic on shared memory does not pause.
+void afterAtomic(const void *address);
 /// The number of lanes of the calling thread's warp (32 but in a last,
 /// partial warp).
 int lanes();
@@ -292,10 +317,13 @@ inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 
-// Single host thread: read-modify-write is atomic by construction.
+// Single host thread: read-modify-write is atomic by construction. It is
+// also where blocks communicate (an arrival count), so under
+// KVC_EMU_CONCURRENT_BLOCKS the block pauses after it (afterAtomic).
 template <typename T> T atomicAdd(T *address, T value) {
   const T old = *address;
   *address = old + value;
+  ::kvc::emu::afterAtomic(address);
   return old;
 }
 

@@ -236,6 +236,11 @@ struct Inputs {
   std::vector<float> q, k, v;
 };
 
+/// What KVC_GPU_TEST_SEED adds to every generator's seed: 0 (the inputs
+/// the suite always ran) when unset. Other values draw other q, k and v
+/// of the same shapes, to look for data on which the backends part.
+uint32_t gSeedOffset = 0;
+
 Inputs makeInputs(std::mt19937 &rng, int tokens, bool structured,
                   int firstPosition) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -770,7 +775,7 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
     }
   } cleanup{cpu, gpu};
 
-  std::mt19937 rng(4321 + structured);
+  std::mt19937 rng(4321 + structured + gSeedOffset);
   std::vector<int32_t> positions(kPrompt);
   for (int i = 0; i < kPrompt; ++i)
     positions[i] = i;
@@ -1031,7 +1036,7 @@ void runBatch(const BatchApi &api, cudaStream_t stream) {
     KVC_OK(kvc_sequence_add(gpu, s));
   }
 
-  std::mt19937 rng(977);
+  std::mt19937 rng(977 + gSeedOffset);
   const size_t qRow = size_t(kQHeads) * kDim, kvRow = size_t(kKvHeads) * kDim;
   DeviceBuffer q, k, v, out, workspace;
   CUDA_OK(q.allocate(kPrompt * qRow * 4));
@@ -1159,11 +1164,22 @@ int main() {
                                      : "zero devices");
     return 77;
   }
+  if (const char *seed = std::getenv("KVC_GPU_TEST_SEED"); seed && *seed) {
+    char *end = nullptr;
+    const unsigned long value = std::strtoul(seed, &end, 10);
+    if (*end || *seed == '-' || value > 0xffffffffUL) {
+      std::printf("FAIL: KVC_GPU_TEST_SEED is '%s', not a decimal number "
+                  "below 2^32\n",
+                  seed);
+      return 1;
+    }
+    gSeedOffset = static_cast<uint32_t>(value);
+  }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("kvc GPU test on %s: geometry layers=%d q_heads=%d kv_heads=%d "
-              "head_dim=%d\n",
-              prop.name, kLayers, kQHeads, kKvHeads, kDim);
+              "head_dim=%d seed+%u\n",
+              prop.name, kLayers, kQHeads, kKvHeads, kDim, gSeedOffset);
   cudaStream_t stream = nullptr;
   if (cudaStreamCreate(&stream) != cudaSuccess) {
     std::printf("FAIL: cudaStreamCreate\n");
