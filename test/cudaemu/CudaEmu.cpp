@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -530,6 +531,17 @@ struct BlockOrder {
   std::_Exit(2);
 }
 
+/// Whether the setting `variable` of two values is `on`: false unset, empty
+/// or `off`; any other value ends the run (badSetting).
+bool switchedOn(const char *variable, const char *off, const char *on) {
+  const char *v = std::getenv(variable);
+  if (!v || !*v || !std::strcmp(v, off))
+    return false;
+  if (!std::strcmp(v, on))
+    return true;
+  badSetting(variable, v, (std::string(off) + " or " + on).c_str());
+}
+
 /// Whether KVC_EMU_THREAD_ORDER (read at every launch) asks for the
 /// reverse thread order: `forward` (unset or empty: a block's warps from
 /// the first, each warp's lanes from the lowest, each until its next
@@ -539,12 +551,7 @@ struct BlockOrder {
 /// their last common barrier sees the write in one order and not in the
 /// other, so a suite run under both shows such a race.
 bool reverseThreadOrder() {
-  const char *v = std::getenv("KVC_EMU_THREAD_ORDER");
-  if (!v || !*v || !std::strcmp(v, "forward"))
-    return false;
-  if (!std::strcmp(v, "reverse"))
-    return true;
-  badSetting("KVC_EMU_THREAD_ORDER", v, "forward or reverse");
+  return switchedOn("KVC_EMU_THREAD_ORDER", "forward", "reverse");
 }
 
 /// KVC_EMU_BLOCK_ORDER as a BlockOrder (see there).
@@ -752,16 +759,16 @@ void runConcurrent(std::vector<BlockRun> &runs,
   }
 }
 
-void run(const char *file, int line, const char *kernel, dim3 grid,
-         dim3 block, const std::function<void()> &body) {
+/// Queues `work` on `stream` (KVC_EMU_DEVICE_WORK=deferred), or runs it
+/// now after any work still queued (the default). Defined with the
+/// runtime API below.
+void deviceWork(cudaStream_t stream, std::function<void()> work);
+
+/// Runs the launch numbered `launch` (the seed of its block order).
+void execute(const char *file, int line, const char *kernel, dim3 grid,
+             dim3 block, const std::function<void()> &body,
+             uint64_t launch) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
-  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 ||
-      grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
-    lastError = cudaErrorInvalidConfiguration;
-    return;
-  }
-  if (active)
-    fatal("kernel launched from inside a kernel");
   const BlockOrder order = blockOrder();
   const bool reverseThreads = reverseThreadOrder();
   const Concurrency concurrent = concurrency();
@@ -805,8 +812,8 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   blockDimension = block;
   gridDimension = grid;
   if (runs.size() > 1) {
-    runConcurrent(runs, blockSequence(order, blocks, counterValues.launches),
-                  concurrent.seed, counterValues.launches, grid);
+    runConcurrent(runs, blockSequence(order, blocks, launch),
+                  concurrent.seed, launch, grid);
   } else {
     BlockRun &run = runs[0];
     active = &run;
@@ -822,11 +829,10 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
       for (uint64_t b = 0; b < blocks; ++b)
         runAt(b);
     else
-      for (uint64_t b : blockSequence(order, blocks, counterValues.launches))
+      for (uint64_t b : blockSequence(order, blocks, launch))
         runAt(b);
   }
   active = nullptr;
-  ++counterValues.launches;
   counterValues.kernelSeconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -836,32 +842,193 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
 #endif
 }
 
+void run(const char *file, int line, const char *kernel, dim3 grid,
+         dim3 block, cudaStream_t stream, std::function<void()> body) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 ||
+      grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+    lastError = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (active)
+    fatal("kernel launched from inside a kernel");
+  const uint64_t launch = counterValues.launches++;
+  deviceWork(stream, [=] {
+    execute(file, line, kernel, grid, block, body, launch);
+  });
+}
+
 } // namespace kvc::emu
 
-// The runtime API over host memory. Every call completes before it returns,
-// so streams and events need no ordering of their own.
+// The runtime API over host memory. By default every call completes its
+// device work before it returns, so streams and events need no ordering of
+// their own; under KVC_EMU_DEVICE_WORK=deferred the work waits in a queue
+// until the host waits for it (kvc_cuda_emu.h).
 struct CUstream_st {
   int id;
   /// Made with cudaStreamNonBlocking: a wait for it waits for its own work
-  /// only (what a device would run on it ran at the call).
+  /// only.
   bool nonBlocking = false;
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point recorded;
   /// The record's number (0: never recorded, or recorded while not held).
   uint64_t record = 0;
+  /// Deferred work: the number of the queued record (0: none waiting) and
+  /// its stream.
+  uint64_t queued = 0;
+  cudaStream_t stream = nullptr;
 };
 struct CUmemPoolHandle_st {
   int device;
 };
 
+namespace kvc::emu {
+namespace {
+
+/// What orders a stream's work against another's: the legacy stream (the
+/// null handle and cudaStreamLegacy) and the streams made blocking (and
+/// the per-thread default stream) wait for each other's earlier work; a
+/// non-blocking stream only for its own.
+struct StreamKey {
+  uintptr_t id;
+  bool legacy, blocking;
+};
+
+StreamKey keyOf(cudaStream_t stream) {
+  const auto id = reinterpret_cast<uintptr_t>(stream);
+  if (id <= 1)
+    return {0, true, true};
+  if (id == 2)
+    return {2, false, true};
+  return {id, false, !stream->nonBlocking};
+}
+
+/// Whether work on `later` waits for earlier work on `earlier`.
+bool waitsFor(const StreamKey &later, const StreamKey &earlier) {
+  return later.id == earlier.id || (later.legacy && earlier.blocking) ||
+         (later.blocking && earlier.legacy);
+}
+
+struct QueuedWork {
+  uint64_t number;
+  StreamKey stream;
+  std::function<void()> work;
+};
+
+/// The deferred work, in the order it was queued.
+std::vector<QueuedWork> queue;
+uint64_t queuedCount = 0;
+
+/// KVC_EMU_DEVICE_WORK (read at every call that gives a stream work):
+/// `immediate` (unset or empty) or `deferred`.
+bool deferred() {
+  return switchedOn("KVC_EMU_DEVICE_WORK", "immediate", "deferred");
+}
+
+/// Runs the queued work that work on `stream`, queued after the first
+/// `end` entries, would wait for (all of it on a device by then), in
+/// queue order, and takes it off the queue.
+void finish(const StreamKey &stream, size_t end) {
+  std::vector<StreamKey> waiting{stream};
+  std::vector<bool> due(end, false);
+  for (size_t i = end; i-- > 0;) {
+    for (const StreamKey &w : waiting)
+      if (waitsFor(w, queue[i].stream)) {
+        due[i] = true;
+        break;
+      }
+    if (due[i]) {
+      bool known = false;
+      for (const StreamKey &w : waiting)
+        known |= w.id == queue[i].stream.id;
+      if (!known)
+        waiting.push_back(queue[i].stream);
+    }
+  }
+  std::vector<std::function<void()>> run;
+  std::vector<QueuedWork> rest;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    if (i < end && due[i])
+      run.push_back(std::move(queue[i].work));
+    else
+      rest.push_back(std::move(queue[i]));
+  }
+  queue.swap(rest);
+  for (std::function<void()> &work : run)
+    work();
+}
+
+/// Runs everything queued (the device synchronized).
+void finishAll() {
+  std::vector<QueuedWork> run;
+  run.swap(queue);
+  for (QueuedWork &w : run)
+    w.work();
+}
+
+/// Runs what `stream`'s work queued so far, and what it waits for.
+void finishStream(cudaStream_t stream) { finish(keyOf(stream), queue.size()); }
+
+/// Runs the work up to `event`'s queued record on its stream (the record
+/// included).
+void finishEvent(const CUevent_st &event) {
+  if (!event.queued)
+    return;
+  for (size_t i = 0; i < queue.size(); ++i)
+    if (queue[i].number == event.queued) {
+      finish(keyOf(event.stream), i + 1);
+      return;
+    }
+}
+
+/// Whether `event`'s record still waits in the queue.
+bool eventQueued(const CUevent_st &event) {
+  if (!event.queued)
+    return false;
+  for (const QueuedWork &w : queue)
+    if (w.number == event.queued)
+      return true;
+  return false;
+}
+
+/// Queues an empty piece of work on `stream` for an event's record and
+/// returns its number (0 when work is not deferred).
+uint64_t queueRecord(cudaStream_t stream) {
+  if (!deferred())
+    return 0;
+  queue.push_back({++queuedCount, keyOf(stream), [] {}});
+  return queuedCount;
+}
+
+} // namespace
+
+void runQueuedWork() { finishAll(); }
+
+void deviceWork(cudaStream_t stream, std::function<void()> work) {
+  if (deferred()) {
+    queue.push_back({++queuedCount, keyOf(stream), std::move(work)});
+    return;
+  }
+  finishAll(); // what an earlier deferred setting left
+  work();
+}
+
+} // namespace kvc::emu
+
 using kvc::emu::counterValues;
+using kvc::emu::deviceWork;
+using kvc::emu::eventQueued;
 using kvc::emu::eventsHeld;
+using kvc::emu::finishAll;
 using kvc::emu::finishedRecords;
+using kvc::emu::finishEvent;
+using kvc::emu::finishStream;
 using kvc::emu::lastError;
 using kvc::emu::lastRecord;
 using kvc::emu::PendingSource;
 using kvc::emu::pendingSources;
+using kvc::emu::queueRecord;
 
 namespace {
 // The emulated device reports 4 GiB, half of it free, so that programs
@@ -1010,6 +1177,7 @@ cudaError_t cudaMalloc(void **pointer, size_t bytes) {
 }
 cudaError_t cudaFree(void *pointer) {
   ++counterValues.allocations;
+  finishAll(); // a free waits for the device
   std::free(pointer);
   return cudaSuccess;
 }
@@ -1093,6 +1261,7 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool,
 }
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   ++counterValues.allocations;
+  finishAll(); // its blocks' stream-ordered frees first
   delete pool;
   return cudaSuccess;
 }
@@ -1108,9 +1277,9 @@ cudaError_t cudaMallocFromPoolAsync(void **pointer, size_t bytes,
   ++counterValues.poolAllocations;
   return allocateDevice(pointer, bytes);
 }
-cudaError_t cudaFreeAsync(void *pointer, cudaStream_t) {
+cudaError_t cudaFreeAsync(void *pointer, cudaStream_t stream) {
   ++counterValues.poolFrees;
-  std::free(pointer);
+  deviceWork(stream, [pointer] { std::free(pointer); });
   return cudaSuccess;
 }
 
@@ -1122,53 +1291,93 @@ cudaError_t copyBytes(void *dst, const void *src, size_t bytes) {
   return cudaSuccess;
 }
 } // namespace
+// A synchronous copy or memset runs on the legacy stream, after the work
+// of the blocking streams. An asynchronous copy from pageable memory reads
+// its source at the call (the runtime stages it), one into pageable memory
+// returns when it has run; the others run with their stream's work.
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
                        cudaMemcpyKind) {
   ++counterValues.syncCopies;
+  finishStream(nullptr);
   return copyBytes(dst, src, bytes);
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
-                            cudaMemcpyKind kind, cudaStream_t) {
+                            cudaMemcpyKind kind, cudaStream_t stream) {
   ++counterValues.asyncCopies;
   countPageable(kind, dst, src, bytes);
   if (kind == cudaMemcpyHostToDevice)
     notePinnedSource(src, bytes);
-  return copyBytes(dst, src, bytes);
+  if (bytes && (!dst || !src))
+    return fail(cudaErrorInvalidValue);
+  if (kind == cudaMemcpyHostToDevice && !isPinned(src, bytes)) {
+    const auto *from = static_cast<const char *>(src);
+    deviceWork(stream, [dst, staged = std::vector<char>(from, from + bytes)] {
+      std::memcpy(dst, staged.data(), staged.size());
+    });
+  } else if (kind == cudaMemcpyDeviceToHost && !isPinned(dst, bytes)) {
+    finishStream(stream);
+    std::memmove(dst, src, bytes);
+  } else {
+    deviceWork(stream, [=] { std::memmove(dst, src, bytes); });
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
                               size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind kind, cudaStream_t) {
+                              cudaMemcpyKind kind, cudaStream_t stream) {
   ++counterValues.asyncCopies;
+  const size_t span = height ? (height - 1) * (kind == cudaMemcpyHostToDevice
+                                                   ? spitch
+                                                   : dpitch) +
+                                   width
+                             : 0;
   if (height)
-    countPageable(kind, dst, src,
-                  (height - 1) * (kind == cudaMemcpyHostToDevice ? spitch
-                                                                 : dpitch) +
-                      width);
+    countPageable(kind, dst, src, span);
   if (width > dpitch || width > spitch)
     return fail(cudaErrorInvalidPitchValue);
-  for (size_t r = 0; r < height; ++r)
-    std::memmove(static_cast<char *>(dst) + r * dpitch,
-                 static_cast<const char *>(src) + r * spitch, width);
+  auto copyRows = [=](const char *from, size_t fromPitch) {
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char *>(dst) + r * dpitch, from + r * fromPitch,
+                   width);
+  };
+  const auto *from = static_cast<const char *>(src);
+  if (kind == cudaMemcpyHostToDevice && height && !isPinned(src, span)) {
+    std::vector<char> staged(height * width);
+    for (size_t r = 0; r < height; ++r)
+      std::memcpy(staged.data() + r * width, from + r * spitch, width);
+    deviceWork(stream, [copyRows, staged = std::move(staged), width] {
+      copyRows(staged.data(), width);
+    });
+  } else if (kind == cudaMemcpyDeviceToHost && height && !isPinned(dst, span)) {
+    finishStream(stream);
+    copyRows(from, spitch);
+  } else {
+    deviceWork(stream, [copyRows, from, spitch] { copyRows(from, spitch); });
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *pointer, int value, size_t bytes) {
   ++counterValues.memsets;
+  finishStream(nullptr);
   std::memset(pointer, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *pointer, int value, size_t bytes,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
   ++counterValues.memsets;
-  std::memset(pointer, value, bytes);
+  deviceWork(stream, [=] { std::memset(pointer, value, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaMemset2DAsync(void *pointer, size_t pitch, int value,
-                              size_t width, size_t height, cudaStream_t) {
+                              size_t width, size_t height,
+                              cudaStream_t stream) {
   ++counterValues.memsets;
   if (width > pitch)
     return fail(cudaErrorInvalidPitchValue);
-  for (size_t r = 0; r < height; ++r)
-    std::memset(static_cast<char *>(pointer) + r * pitch, value, width);
+  deviceWork(stream, [=] {
+    for (size_t r = 0; r < height; ++r)
+      std::memset(static_cast<char *>(pointer) + r * pitch, value, width);
+  });
   return cudaSuccess;
 }
 
@@ -1182,11 +1391,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream,
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  finishStream(stream); // its work completes all the same
   delete stream;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   ++counterValues.waits;
+  finishStream(stream);
   // The special handles (0, cudaStreamLegacy, cudaStreamPerThread) are not
   // objects of the emulator.
   if (reinterpret_cast<uintptr_t>(stream) > 2 && stream->nonBlocking) {
@@ -1199,6 +1410,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 cudaError_t cudaDeviceSynchronize() {
   ++counterValues.waits;
+  finishAll();
   finishedRecords = lastRecord;
   pendingSources.clear();
   return cudaSuccess;
@@ -1219,21 +1431,26 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   ++counterValues.eventRecords;
   event->recorded = std::chrono::steady_clock::now();
   event->record = eventsHeld ? ++lastRecord : 0;
+  event->queued = queueRecord(stream);
+  event->stream = stream;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ++counterValues.waits;
+  finishEvent(*event);
   if (event->record > finishedRecords)
     finishedRecords = event->record;
   return cudaSuccess;
 }
 // Not ready is a status, not an error: the last error stays as it was.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return event->record > finishedRecords ? cudaErrorNotReady : cudaSuccess;
+  return event->record > finishedRecords || eventQueued(*event)
+             ? cudaErrorNotReady
+             : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
                                  cudaEvent_t end) {

@@ -514,6 +514,7 @@ void run(bool kivi) {
                 k + kRows * 8, kHeads * 8, nullptr, "stores")) ==
                 KVC_STATUS_OK,
             "step %d: stores", step);
+      kvc::emu::runQueuedWork();
       // Each new row is in the slot's page, which the HeadTable names.
       for (int i = 0; i < kRows; ++i) {
         void *address = nullptr;
@@ -732,6 +733,7 @@ void serve() {
                         false, region, regionBytes, nullptr,
                         &heads) == KVC_STATUS_OK,
           "upload");
+    kvc::emu::runQueuedWork();
     // A head over 12 live entries on the device evicts one of them.
     std::fill(flags.begin(), flags.end(), 0);
     std::vector<std::vector<int32_t>> chosen(n * kHeads);
@@ -747,6 +749,7 @@ void serve() {
       ++evicted;
     }
     endStep(tables, heads, victims, flags, n, evict, index % 2 == 0);
+    kvc::emu::runQueuedWork(); // the stages' writes, for the reads below
     for (int32_t b = 0; b < n; ++b) {
       const kvc::cuda::TableMirror &m = *mirrorOf(active[b]);
       kvc_attachment_t a{};
@@ -990,6 +993,7 @@ void unwrittenWords() {
                 KVC_STATUS_OK,
             "an empty KIVI plan");
       CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");
+      kvc::emu::runQueuedWork(); // the launch's writes, for the reads below
       kvc_attachment_t a{};
       CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK && a.data,
             "detach");

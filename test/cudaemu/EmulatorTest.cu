@@ -591,6 +591,83 @@ void checkConcurrentBlocks() {
   }
 }
 
+__global__ void setWord(int *word, int value) { *word = value; }
+
+/// KVC_EMU_DEVICE_WORK: by default a kernel has run when its launch
+/// returns; deferred, a stream's work runs when the host waits for it (a
+/// stream, an event, a synchronous copy), in order, and not before.
+void checkDeferredWork() {
+  int *pinned = nullptr, *device = nullptr;
+  cudaMallocHost(reinterpret_cast<void **>(&pinned), 4 * sizeof(int));
+  cudaMalloc(&device, 4 * sizeof(int));
+  pinned[0] = 0;
+  withSetting("KVC_EMU_DEVICE_WORK", nullptr, [&] {
+    setWord<<<1, 1>>>(pinned, 3);
+    return 0;
+  });
+  expect(pinned[0] == 3, "by default a kernel has run when its launch "
+                         "returns");
+  withSetting("KVC_EMU_DEVICE_WORK", "deferred", [&] {
+    cudaStream_t a = nullptr, b = nullptr, blocking = nullptr;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaStreamCreate(&blocking);
+    cudaEvent_t event = nullptr;
+    cudaEventCreate(&event);
+    pinned[0] = 0;
+    pinned[1] = 0;
+    setWord<<<1, 1, 0, a>>>(pinned, 1);
+    cudaEventRecord(event, a);
+    setWord<<<1, 1, 0, a>>>(pinned + 1, 2);
+    expect(pinned[0] == 0, "deferred: a kernel has not run before the host "
+                           "waits for it");
+    expect(cudaEventQuery(event) == cudaErrorNotReady,
+           "deferred: an event whose work is queued is not ready");
+    cudaStreamSynchronize(b);
+    expect(pinned[0] == 0, "deferred: waiting for one non-blocking stream "
+                           "runs nothing of another");
+    cudaEventSynchronize(event);
+    expect(pinned[0] == 1 && pinned[1] == 0,
+           "deferred: an event's wait runs its stream's work up to the "
+           "record, not beyond");
+    expect(cudaEventQuery(event) == cudaSuccess,
+           "deferred: an event is ready once its work ran");
+    cudaStreamSynchronize(a);
+    expect(pinned[1] == 2, "deferred: a stream's wait runs its work");
+    // A copy from pinned memory reads it when it runs; one from pageable
+    // memory at the call; one into pageable memory returns when it ran.
+    int pageable = 5, back[2] = {0, 0};
+    pinned[2] = 5;
+    cudaMemcpyAsync(device, pinned + 2, sizeof(int), cudaMemcpyHostToDevice,
+                    a);
+    cudaMemcpyAsync(device + 1, &pageable, sizeof(int),
+                    cudaMemcpyHostToDevice, a);
+    pinned[2] = 6;
+    pageable = 6;
+    cudaMemcpyAsync(back, device, sizeof back, cudaMemcpyDeviceToHost, a);
+    expect(back[0] == 6 && back[1] == 5,
+           "deferred: a copy reads pinned memory when it runs, pageable "
+           "memory at the call");
+    // The legacy stream waits for the blocking streams' work.
+    setWord<<<1, 1, 0, blocking>>>(device + 2, 7);
+    int word = 0;
+    cudaMemcpy(&word, device + 2, sizeof(int), cudaMemcpyDeviceToHost);
+    expect(word == 7, "deferred: a synchronous copy waits for a blocking "
+                      "stream's work");
+    setWord<<<1, 1, 0, b>>>(pinned + 3, 8);
+    pinned[3] = 0;
+    cudaDeviceSynchronize();
+    expect(pinned[3] == 8, "deferred: the device's wait runs everything");
+    cudaEventDestroy(event);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaStreamDestroy(blocking);
+    return 0;
+  });
+  cudaFree(device);
+  cudaFreeHost(pinned);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -622,6 +699,7 @@ int main(int argc, char **argv) {
   checkThreadOrder();
   checkFreshMemory();
   checkConcurrentBlocks();
+  checkDeferredWork();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

@@ -33,8 +33,20 @@
 //    the last block on its thread left, as on a device's multiprocessor);
 //  - device memory is host memory, every byte of a new allocation set to
 //    kFreshByte (0x7f), since a device's holds whatever was there before;
-//    streams and events are ordered trivially (every call completes before
-//    it returns).
+//  - by default every call completes its device work before it returns;
+//    under KVC_EMU_DEVICE_WORK=deferred the work a stream is given
+//    (kernels, copies from and to pinned or device memory, memsets,
+//    stream-ordered frees, event records) waits in a queue until the host
+//    waits for it: a stream, an event or the device synchronized, a
+//    synchronous copy or memset (the legacy stream, which waits for the
+//    blocking streams' work), a copy into pageable memory, a free. A
+//    stream's work runs in order, after what it depends on (the legacy
+//    stream's and the blocking streams' work on each other); no other
+//    order is kept, so a host that reads what a kernel wrote into pinned
+//    memory before it waits for the kernel, or rewrites a pinned buffer
+//    that a queued copy has not read yet, or two streams that use each
+//    other's data without a wait between them, get other bytes than a
+//    device would give in some runs, and a suite run so fails.
 // A barrier that some live thread of the block (or warp) never reaches, a
 // warp collective with a partial mask, or a launch configuration outside the
 // device limits (block > 1024 threads, grid y or z > 65535) is reported:
@@ -177,6 +189,12 @@ struct Counters {
 };
 const Counters &counters();
 
+/// Runs every piece of device work still queued (KVC_EMU_DEVICE_WORK=
+/// deferred), as a device does in time, without the host waiting for
+/// anything: for tests that look at device memory from the host, which
+/// only the emulator allows.
+void runQueuedWork();
+
 /// While held, the events recorded stay unfinished to cudaEventQuery
 /// (cudaErrorNotReady) until a wait covers them: cudaEventSynchronize on
 /// one of them finishes it and every event recorded before it (one stream
@@ -185,18 +203,21 @@ const Counters &counters();
 /// for code that polls events; the work itself has run at the launch.
 void holdEvents(bool hold);
 
-/// Runs `body` for every thread of every block of `grid` x `block`; records
-/// cudaErrorInvalidConfiguration instead when the configuration is outside
-/// the device limits. Under callgrind with KVC_EMU_CALLGRIND_HOST_ONLY=1 in
-/// the environment, the kernel's run is left out of the collected costs, so
-/// that a profile holds the host code alone.
+/// Runs `body` for every thread of every block of `grid` x `block`, at once
+/// or, under KVC_EMU_DEVICE_WORK=deferred, when the host waits for
+/// `stream`'s work; records cudaErrorInvalidConfiguration instead when the
+/// configuration is outside the device limits. Under callgrind with
+/// KVC_EMU_CALLGRIND_HOST_ONLY=1 in the environment, the kernel's run is
+/// left out of the collected costs, so that a profile holds the host code
+/// alone.
 void run(const char *file, int line, const char *kernel, dim3 grid,
-         dim3 block, const std::function<void()> &body);
+         dim3 block, cudaStream_t stream, std::function<void()> body);
 
 template <typename... A> struct Pending {
   const char *file;
   int line;
   dim3 grid, block;
+  cudaStream_t stream;
   std::tuple<std::decay_t<A>...> args;
 };
 
@@ -207,11 +228,12 @@ struct Launch {
   const char *file;
   int line;
   dim3 grid, block;
+  cudaStream_t stream;
   Launch(const char *file, int line, dim3 grid, dim3 block, size_t = 0,
-         cudaStream_t = nullptr)
-      : file(file), line(line), grid(grid), block(block) {}
+         cudaStream_t stream = nullptr)
+      : file(file), line(line), grid(grid), block(block), stream(stream) {}
   template <typename... A> Pending<A...> operator()(A &&...args) const {
-    return Pending<A...>{file, line, grid, block,
+    return Pending<A...>{file, line, grid, block, stream,
                          std::tuple<std::decay_t<A>...>(
                              std::forward<A>(args)...)};
   }
@@ -220,11 +242,13 @@ struct Launch {
 template <typename... P, typename... A>
 void operator*(void (*kernel)(P...), Pending<A...> &&launch) {
   // Every thread receives its own copies of the arguments, converted to the
-  // kernel's parameter types, as a device launch does.
+  // kernel's parameter types, as a device launch does; the launch keeps
+  // the values it was given until it runs.
   run(launch.file, launch.line, __PRETTY_FUNCTION__, launch.grid,
-      launch.block, [&] {
-    std::apply([&](const auto &...args) { kernel(args...); }, launch.args);
-  });
+      launch.block, launch.stream,
+      [kernel, args = std::move(launch.args)] {
+        std::apply([&](const auto &...a) { kernel(a...); }, args);
+      });
 }
 
 template <typename T> T shuffle(unsigned mask, T value, int source) {
