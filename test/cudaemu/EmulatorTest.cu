@@ -13,7 +13,14 @@
 //  - a wait for a non-blocking stream finishes no other stream's event;
 //  - device allocations start as kFreshByte, not zeros;
 //  - the block orders of KVC_EMU_BLOCK_ORDER (forward, reverse, shuffle)
-//    and the thread orders of KVC_EMU_THREAD_ORDER (forward, reverse).
+//    and the thread orders of KVC_EMU_THREAD_ORDER (forward, reverse);
+//  - blocks in flight (KVC_EMU_CONCURRENT_BLOCKS): overlapping, at most N
+//    open, each with its own shared memory, paused by an atomic on device
+//    memory and not by one on shared memory, and a write made after
+//    counting in that the last arrival misses;
+//  - deferred device work (KVC_EMU_DEVICE_WORK=deferred): what runs at
+//    each kind of wait, and what a copy reads from pinned and pageable
+//    memory.
 // With an argument, it runs one kernel that must be reported instead (ctest
 // matches the report):
 //  - `deadlock`: lanes of a warp wait at different barriers;
