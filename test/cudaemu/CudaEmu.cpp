@@ -1301,40 +1301,25 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
   finishStream(nullptr);
   return copyBytes(dst, src, bytes);
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
-                            cudaMemcpyKind kind, cudaStream_t stream) {
-  ++counterValues.asyncCopies;
-  countPageable(kind, dst, src, bytes);
-  if (kind == cudaMemcpyHostToDevice)
-    notePinnedSource(src, bytes);
-  if (bytes && (!dst || !src))
-    return fail(cudaErrorInvalidValue);
-  if (kind == cudaMemcpyHostToDevice && !isPinned(src, bytes)) {
-    const auto *from = static_cast<const char *>(src);
-    deviceWork(stream, [dst, staged = std::vector<char>(from, from + bytes)] {
-      std::memcpy(dst, staged.data(), staged.size());
-    });
-  } else if (kind == cudaMemcpyDeviceToHost && !isPinned(dst, bytes)) {
-    finishStream(stream);
-    std::memmove(dst, src, bytes);
-  } else {
-    deviceWork(stream, [=] { std::memmove(dst, src, bytes); });
-  }
-  return cudaSuccess;
+namespace {
+/// Bytes from the first to the last byte of a copy's host side (the
+/// source of a host-to-device copy, else the destination).
+size_t hostSpan(cudaMemcpyKind kind, size_t dpitch, size_t spitch,
+                size_t width, size_t height) {
+  return height ? (height - 1) *
+                          (kind == cudaMemcpyHostToDevice ? spitch : dpitch) +
+                      width
+                : 0;
 }
-cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
-                              size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind kind, cudaStream_t stream) {
-  ++counterValues.asyncCopies;
-  const size_t span = height ? (height - 1) * (kind == cudaMemcpyHostToDevice
-                                                   ? spitch
-                                                   : dpitch) +
-                                   width
-                             : 0;
-  if (height)
-    countPageable(kind, dst, src, span);
-  if (width > dpitch || width > spitch)
-    return fail(cudaErrorInvalidPitchValue);
+
+/// The asynchronous copy of `height` rows of `width` bytes on `stream`
+/// (cudaMemcpyAsync: one row): from pageable memory staged at the call,
+/// into pageable memory run before it returns, otherwise run with the
+/// stream's work.
+void queueCopy(void *dst, size_t dpitch, const void *src, size_t spitch,
+               size_t width, size_t height, cudaMemcpyKind kind,
+               cudaStream_t stream) {
+  const size_t span = hostSpan(kind, dpitch, spitch, width, height);
   auto copyRows = [=](const char *from, size_t fromPitch) {
     for (size_t r = 0; r < height; ++r)
       std::memmove(static_cast<char *>(dst) + r * dpitch, from + r * fromPitch,
@@ -1354,6 +1339,30 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
   } else {
     deviceWork(stream, [copyRows, from, spitch] { copyRows(from, spitch); });
   }
+}
+} // namespace
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
+                            cudaMemcpyKind kind, cudaStream_t stream) {
+  ++counterValues.asyncCopies;
+  countPageable(kind, dst, src, bytes);
+  if (kind == cudaMemcpyHostToDevice)
+    notePinnedSource(src, bytes);
+  if (bytes && (!dst || !src))
+    return fail(cudaErrorInvalidValue);
+  if (bytes)
+    queueCopy(dst, bytes, src, bytes, bytes, 1, kind, stream);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  ++counterValues.asyncCopies;
+  if (height)
+    countPageable(kind, dst, src,
+                  hostSpan(kind, dpitch, spitch, width, height));
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue);
+  queueCopy(dst, dpitch, src, spitch, width, height, kind, stream);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *pointer, int value, size_t bytes) {
