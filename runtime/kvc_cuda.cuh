@@ -1939,6 +1939,69 @@ __device__ __forceinline__ void mmaK16(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
+/// C += A B for one 16x8x32 tile of unsigned bytes (mma.sync m16n8k32
+/// u8.u8, exact 32-bit integer sums), in the PTX ISA's fragment layout:
+/// lane (g, t) holds a = {A[g][4t .. 4t+3], A[g+8][4t .. 4t+3], A[g][4t+16
+/// .. 4t+19], A[g+8][4t+16 .. 4t+19]} (byte i of a register: the i-th of
+/// its four k), b = {B[4t .. 4t+3][g], B[4t+16 .. 4t+19][g]} and c =
+/// {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}. The whole warp calls
+/// it, converged.
+__device__ __forceinline__ void mmaK32U8(int32_t (&c)[4],
+                                         const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(KVC_CUDA_EMULATED)
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+                 "r"(b1));
+#else
+  // Row g of A is in lanes 4g .. 4g+3, column n of B in lanes 4n .. 4n+3:
+  // lane 4g + s holds k 4s .. 4s+3 of both rows (a0, a1) and k 4s+16 ..
+  // 4s+19 (a2, a3), lane 4n + s those of column n (b0, b1).
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+#if defined(KVC_CUDA_EMULATED)
+  const uint64_t words[3] = {a[0] | uint64_t{a[1]} << 32,
+                             a[2] | uint64_t{a[3]} << 32,
+                             b0 | uint64_t{b1} << 32};
+  const uint64_t *w = ::kvc::emu::publishWords(kFullMask, words, 3);
+  const auto word = [&](int source, int i) {
+    return w[source * ::kvc::emu::kPublishWords + i];
+  };
+#else
+  const auto word = [&](int source, int i) {
+    const uint32_t lo = __shfl_sync(kFullMask, i == 2 ? b0 : a[2 * i], source);
+    const uint32_t hi =
+        __shfl_sync(kFullMask, i == 2 ? b1 : a[2 * i + 1], source);
+    return lo | uint64_t{hi} << 32;
+  };
+#endif
+  int32_t d[4] = {0, 0, 0, 0};
+  const auto dot = [](uint32_t x, uint32_t y) {
+    int32_t sum = 0;
+    for (int i = 0; i < 4; ++i)
+      sum += static_cast<int32_t>((x >> 8 * i & 0xffu) * (y >> 8 * i & 0xffu));
+    return sum;
+  };
+  for (int s = 0; s < 4; ++s)
+    for (int half = 0; half < 2; ++half) {
+      // k 4s + 16 half .. +3: A's word `half`, B's word 2, shifted by half.
+      const uint64_t rows = word(4 * g + s, half);
+      const uint32_t b = static_cast<uint32_t>(word(4 * (2 * t) + s, 2) >>
+                                               (32 * half));
+      const uint32_t b1 = static_cast<uint32_t>(
+          word(4 * (2 * t + 1) + s, 2) >> (32 * half));
+      d[0] += dot(static_cast<uint32_t>(rows), b);
+      d[1] += dot(static_cast<uint32_t>(rows), b1);
+      d[2] += dot(static_cast<uint32_t>(rows >> 32), b);
+      d[3] += dot(static_cast<uint32_t>(rows >> 32), b1);
+    }
+  for (int i = 0; i < 4; ++i)
+    c[i] += d[i];
+#endif
+}
+
 /// The B operands (mmaK8) of four 8x8 blocks of a row-major tile of 16-bit
 /// elements in shared memory: `rows` points at element (0, 0) of eight rows
 /// `pitch` bytes apart, and block i is columns column0 + 8i .. +7. Lane (g,
@@ -3475,17 +3538,27 @@ struct Bf16Parts {
 };
 
 /// Geometry of decodeKiviMma. A warp's tile of 32 slots (as in KiviTiles)
-/// goes through mma.sync m16n8k16 (bf16, float sums) twice:
-///  - logits S = Q' K^T: rows 0..G-1 of A the query heads folded with the
-///    block's record (q s 2^b in bf16 parts, Bf16Parts), rows 8..8+G-1
-///    the second parts, and the third parts (24 significant bits: a
-///    logit sums D products) in rows 4..4+G-1 at G <= 4 (kPairedLanes),
-///    in a second A at G > 4; B the slots' key codes
-///    as units (KiviBf16Units), four blocks of 8 slots, kKSteps steps of
-///    16 channels. Step ks, lane
-///    (g, t): the four codes of byte t of key word ks (int2; channels 16 ks
-///    + 4t + i) or byte t of words 2 ks and 2 ks + 1 (int4; channels
-///    16 ks + 2t + {0, 1, 8, 9}): keyChannel;
+/// goes through mma.sync twice:
+///  - logits S = Q' K^T in exact integers (mmaK32U8: bytes, 32-bit sums), four
+///    blocks of 8 slots, kKeySteps steps of 32 channels. A dequantized key is
+///    code s + min per channel, so q . k = sum_c (q_c s_c) code_c + sum_c q_c
+///    min_c (the bias, in float). The factors q_c s_c of a query head become
+///    integers X_c = q_c s_c / U, |X_c| < 2^22, under one unit U per head and
+///    tile (U = (E / t)(P / 2^11), t = KeyFixedPoint::kTop just below 2^11: E
+///    the head's largest |q_c|, fixed for the step, and P the least power of
+///    two above the block's scales, so that a tile's division is exact), by
+///    one fused multiply-add whose result's low three bytes are the digits of
+///    X_c + 2^22; A holds those digits (rows: head g's digit 0, 1, 2), B the
+///    slots' codes, a byte each, and a row of ones sums each slot's codes to
+///    take the 2^22 back out: l = U (C0 + 2^8 C1 + 2^16 (C2 - 2^6 C1s)) +
+///    bias. At G <= 4 (kPairedLanes) the rows are g, g + 4 and g + 8 and the
+///    ones row 12, one mma per key block and step; at G > 4 rows g and g + 8
+///    of a first A, row g of a second and its row 8 the ones, two mmas. Step
+///    ks, lane (g, t): A's k 4t + i and 4t + 16 + i are the channels whose
+///    factors keyIndex puts in entries 8t + i and 8t + 4 + i of the step, and
+///    B's bytes are (word >> kBits (t % kCodesPerByte)) & kByteMask of the
+///    slot's key words keyWord(ks, t, half): a shift and a mask per four
+///    codes;
 ///  - value sums O += W U: A the weights e^(l - m) times the slot's value
 ///    scale s 2^b per group (two bf16 parts, rows g and g + 8), which lane
 ///    (g, t) holds already as the logits of its slots 8n + 2t, 8n + 2t + 1 (the
@@ -3495,6 +3568,39 @@ struct Bf16Parts {
 ///    row, code r of it): valueChannel.
 /// Each value group's offset sum_slots p (min - s 2^b) goes per lane and
 /// group alongside (corr), as in decodeKiviTiles.
+/// decodeKiviMma's fixed-point key factors (KiviMma).
+struct KeyFixedPoint {
+  /// 1.5 * 2^23: fmaf(x, y, kMagic) for |x y| < 2^22 rounds x y to the
+  /// nearest integer X and holds X + 2^22 in its low 23 bits (the float's
+  /// mantissa, its unit 1), so bytes 0, 1, 2 of its bits are the digits of
+  /// X + 2^22, the last below 128.
+  static constexpr float kMagic = 12582912.0f;
+  /// What a query's and a block's largest magnitude become: 2^11 less
+  /// 2^-9, so that two factors' product stays below 2^22 whatever their
+  /// roundings.
+  static constexpr float kTop = 2048.0f - 0x1p-9f;
+  /// The least magnitude a largest one is taken as (a zero query or a
+  /// block of zero scales: its factors are 0 whatever the unit).
+  static constexpr float kFloor = 1e-30f;
+  /// kTop / x for a largest magnitude x, and x / kTop (once per block).
+  __device__ static __forceinline__ float scale(float x) {
+    return kTop / fmaxf(x, kFloor);
+  }
+  __device__ static __forceinline__ float unit(float x) {
+    return fmaxf(x, kFloor) * (1.0f / kTop);
+  }
+  /// The least power of two above x >= 0, within 2^-99 .. 2^100 (per
+  /// tile: no division), and 2^11 over it, exactly.
+  __device__ static __forceinline__ float above(float x) {
+    const uint32_t e = min(max(__float_as_uint(x) & 0x7F800000u, 27u << 23),
+                           226u << 23);
+    return __uint_as_float(e + 0x00800000u);
+  }
+  __device__ static __forceinline__ float over(float p) {
+    return __uint_as_float((265u << 23) - __float_as_uint(p));
+  }
+};
+
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 struct KiviMma {
   using Tiles = KiviTiles<G, D, kBits, KG, T, kThreads>;
@@ -3507,15 +3613,24 @@ struct KiviMma {
   static constexpr int kPitch =
       (kRowWords + 3) / 4 % 2 ? (kRowWords + 3) / 4 * 4
                               : (kRowWords + 3) / 4 * 4 + 4;
-  /// Query rows padded so that the heads' fragment loads miss each other's
-  /// banks (float4 loads for int2, float2 for int4).
+  /// Query rows padded so that the window keys' broadcast loads of the
+  /// heads miss each other's banks.
   static constexpr int kQueryPitch = D + (kBits == 2 ? 16 : 8);
-  static constexpr int kKSteps = D / 16;
+  /// Key steps of 32 channels (mmaK32U8), blocks of 8 slots.
+  static constexpr int kKeySteps = D / 32;
   static constexpr int kKeyBlocks = kWarpSize / 8;
-  /// Whether rows 4..7 of A are free (G <= 4): there lanes g and g + 4
-  /// share head g's fold and row g + 4 carries its third parts, one mma
+  /// Codes per byte and per word of a packed key row, and the mask that
+  /// keeps the low code of every byte.
+  static constexpr int kCodesPerByte = 8 / kBits;
+  static constexpr int kCodesPerWord = 32 / kBits;
+  static constexpr uint32_t kByteMask = Tiles::kByteMask;
+  /// Whether one A holds every row of the logits (G <= 4): head g's digits
+  /// in rows g, g + 4 (lane g + 4) and g + 8, the ones in row 12, one mma
   /// per key block and step instead of two.
   static constexpr bool kPairedLanes = G <= 4;
+  /// Rows of the staged fixed-point query: the heads of rows 0..3 or 0..7
+  /// (those past G zero).
+  static constexpr int kKeyRows = kPairedLanes ? 4 : 8;
   /// Value channel blocks (8 kCpb channels: a byte of every column's row),
   /// n-blocks of 8 channels, channel blocks per value group.
   static constexpr int kQBlocks = D / (8 * kCpb);
@@ -3524,7 +3639,8 @@ struct KiviMma {
   static constexpr int kSharedBytes =
       4 * 8 * kQueryPitch + 2 * 4 * kWarps * kWarpSize * kPitch +
       8 * kWarps * D + 8 * kWarps * kWarpSize * Tiles::kGroups +
-      4 * kWarps * kWarpSize * G + 4 * (G * D + 2 * kWarps * G);
+      4 * kWarps * kWarpSize * G + 4 * (G * D + 2 * kWarps * G) +
+      4 * kKeyRows * (D + 1);
   /// Two to eight query heads (one fragment row each), whole key blocks per
   /// tile, whole value groups per channel block, the static shared memory
   /// limit; others go through decodeKiviTiles or decodeKiviRows.
@@ -3537,15 +3653,25 @@ struct KiviMma {
   /// takes 168 at G = 4, head dim 128 (three blocks); at 128 it keeps
   /// head g's sum and group offsets (z, corr) in local memory, about five
   /// to a dozen 4-byte loads and stores per lane and tile, against about
-  /// 1600 instructions a tile, for a third more warps to hide the latency
+  /// 1,900 instructions a tile, for a third more warps to hide the latency
   /// of shared memory, shuffles and mma.sync. KVC_CUDA_KIVI_MMA_BLOCKS
   /// overrides the four (0: no bound).
   static constexpr int kMinBlocks = KVC_CUDA_KIVI_MMA_BLOCKS * 128 / kThreads;
 
-  /// Channel of A's k index {2t, 2t+1, 2t+8, 2t+9}[i] at key step ks.
-  __device__ static int keyChannel(int ks, int t, int i) {
-    return kBits == 2 ? 16 * ks + 4 * t + i
-                      : 16 * ks + 8 * (i / 2) + 2 * t + i % 2;
+  /// Where channel c's factors go among the 32 entries of its key step
+  /// (c / 32): entry 8t + 4 half + i for A's k 4t + 16 half + i, the
+  /// channel of code kCodesPerByte i + t % kCodesPerByte of key word
+  /// keyWord(c / 32, t, half). A permutation of the step's channels.
+  __host__ __device__ static constexpr int keyIndex(int c) {
+    const int w16 = c % 16, r = w16 % kCodesPerWord;
+    const int t = w16 / kCodesPerWord * kCodesPerByte + r % kCodesPerByte;
+    return c / 32 * 32 + 8 * t + 4 * (c % 32 / 16) + r / kCodesPerByte;
+  }
+  /// The key word whose bytes lane t takes as B at step ks (half 0: k 4t ..
+  /// 4t+3, half 1: k 4t+16 .. 4t+19), shifted right by kBits (t %
+  /// kCodesPerByte).
+  __device__ static int keyWord(int ks, int t, int half) {
+    return (32 * ks + 16 * half) / kCodesPerWord + t / kCodesPerByte;
   }
   /// Channel of column n of value n-block kCpb q + r.
   __device__ static int valueChannel(int q, int n, int r) {
@@ -3559,10 +3685,10 @@ struct KiviMma {
 /// records and stages them in shared memory; a window key's logits come
 /// from its full-precision row (by its lane) and a window value's row is
 /// added by every lane to the channels it sums, times the slot's weight.
-/// The codes are never converted to float: a key code costs about 1.25
-/// integer instructions and a value code about 1.1 (KiviBf16Units), and
-/// the multiplications go to the tensor cores. Same outputs as
-/// decodeKiviTiles.
+/// The codes are never converted to float: four key codes cost a shift
+/// and a mask (bytes of mmaK32U8) and a value code about 1.1 integer
+/// instructions (KiviBf16Units), and the multiplications go to the tensor
+/// cores. Same outputs as decodeKiviTiles.
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 __device__ __forceinline__ void
 decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
@@ -3579,12 +3705,28 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   const int g = lane / 4, tq = lane % 4;
 
   // The queries times the softmax scale (zero rows from G to the
-  // fragment's 8); the tile's codes (keyWords, valueWords: rows of kPitch
-  // words), the block's key factors {s 2^b, min - s 2^b} per channel, the
-  // slots' value factors per group ({0, 0} for a free slot or a window
-  // value), and per slot and head a window key's logit, then (same lane,
-  // same entry) the weight of a window value.
+  // fragment's 8), and as fixed-point factors (keyQuery: q t / E in
+  // keyIndex order, E = headBound the head's largest |q|, t = kTop); the
+  // tile's codes (keyWords, valueWords: rows of kPitch words), the block's
+  // key factors {s 2^11 / P, min} per channel in keyIndex order (P a power
+  // of two above the block's scales), the slots' value factors per
+  // group ({0, 0} for a free slot or a window value), and per slot and head
+  // a window key's logit, then (same lane, same entry) the weight of a
+  // window value.
+  static_assert([] {
+    for (int c = 0; c < kWarpSize; ++c) {
+      int hits = 0;
+      for (int d = 0; d < kWarpSize; ++d)
+        hits += P::keyIndex(d) == c;
+      if (hits != 1)
+        return false;
+    }
+    return true;
+  }(), "keyIndex permutes the channels of a key step");
+  using Fixed = KeyFixedPoint;
   __shared__ __align__(16) float queries[8][P::kQueryPitch];
+  __shared__ __align__(16) float keyQuery[P::kKeyRows][D];
+  __shared__ float headBound[P::kKeyRows], headScale[P::kKeyRows];
   __shared__ __align__(16) uint32_t keyWords[kWarps][kWarpSize][P::kPitch];
   __shared__ __align__(16) uint32_t valueWords[kWarps][kWarpSize][P::kPitch];
   __shared__ __align__(16) float2 keyTerms[kWarps][D];
@@ -3594,10 +3736,29 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     queries[i / D][i % D] =
         i < G * D ? a.q[static_cast<int64_t>(h) * G * D + i] * a.scale : 0.0f;
   __syncthreads();
+  for (int row = warp; row < P::kKeyRows; row += kWarps) {
+    float x = 0.0f;
+    for (int c = lane; c < D; c += kWarpSize)
+      x = fmaxf(x, fabsf(queries[row][c]));
+    x = warpMax(x);
+    if (lane == 0) {
+      headBound[row] = Fixed::unit(x);
+      headScale[row] = Fixed::scale(x);
+    }
+  }
+  __syncthreads();
+  static_assert(P::kKeyRows * D % kThreads == 0,
+                "the fixed-point query is whole rounds of the block");
+#pragma unroll
+  for (int k = 0; k < P::kKeyRows * D / kThreads; ++k) {
+    const int i = threadIdx.x + k * kThreads, row = i / D, c = i % D;
+    keyQuery[row][P::keyIndex(c)] = queries[row][c] * headScale[row];
+  }
+  __syncthreads();
 
-  // x0 and x1 as bf16 pairs of kParts parts (Bf16Parts): parts[0] the
-  // rounded values, parts[i] those of what the parts before leave, the
-  // last truncated.
+  // x0 and x1 as bf16 pairs of kParts parts (Bf16Parts; the weights take
+  // two): parts[0] the rounded values, parts[i] those of what the parts
+  // before leave, the last truncated.
   auto splitParts = [](float x0, float x1, auto &parts) {
     constexpr int kParts = sizeof(parts) / sizeof(parts[0]);
 #pragma unroll
@@ -3622,9 +3783,23 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
   for (int x = 0; x < Tiles::kGroups; ++x)
     corr[x] = 0.0f;
-  // Byte tq of a key word (zeros above); byte g % 4 of two value words
-  // into bytes 0 and 2.
-  const uint32_t keyByte = 0x4440u | static_cast<uint32_t>(tq);
+  // The key path's lane constants: the query row of its A (head g, or g %
+  // 4 at G <= 4, where lanes g >= 4 hold digit 1), the digit bytes it
+  // gathers (bytePerm of two factors: digit 0 or 1 of both, then digit 2 or
+  // 1), the ones row's bytes (row 12 at G <= 4: lane g = 4; row 8 of the
+  // second A: lane g = 0), the shift of its key codes, where its channels'
+  // factors go (keyIndex), and the unit's E / t (times P 2^-11 per tile),
+  // which the bias takes too.
+  const int loShift = g < 4 ? 0 : 8;
+  const int keyRow = P::kPairedLanes ? g % 4 : g;
+  const uint32_t digitBytes = P::kPairedLanes
+                                  ? (g < 4 ? 0x6240u : 0x6251u)
+                                  : 0x5140u;
+  const uint32_t onesRow = g == (P::kPairedLanes ? 4 : 0) ? 0x01010101u : 0u;
+  const int keyShift = kBits * (tq % P::kCodesPerByte);
+  const int keyTerm = P::keyIndex(lane);
+  const float headUnit = headBound[keyRow];
+  // Byte g % 4 of two value words into bytes 0 and 2.
   const uint32_t valueBytes =
       static_cast<uint32_t>(g % 4) | static_cast<uint32_t>(4 + g % 4) << 8;
 
@@ -3667,13 +3842,22 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
                                       ? make_float2(s, in.valueRecord[x].y - s)
                                       : make_float2(0.0f, 0.0f);
     }
-    if (codeKeys)
+    // The block's key factors as fixed point: s 2^11 / P, P a power of two
+    // above the block's scales, so that |q s| / U < 2^22.
+    float keyUnit = 0.0f;
+    if (codeKeys) {
+      float sMax = 0.0f;
 #pragma unroll
-      for (int i = 0; i < D / kWarpSize; ++i) {
-        const float s = in.keyRecord[i].x * Tiles::kUnit;
-        keyTerms[warp][i * kWarpSize + lane] =
-            make_float2(s, in.keyRecord[i].y - s);
-      }
+      for (int i = 0; i < D / kWarpSize; ++i)
+        sMax = fmaxf(sMax, in.keyRecord[i].x);
+      const float bound = Fixed::above(warpMax(sMax));
+      const float toFixed = Fixed::over(bound);
+#pragma unroll
+      for (int i = 0; i < D / kWarpSize; ++i)
+        keyTerms[warp][i * kWarpSize + keyTerm] =
+            make_float2(in.keyRecord[i].x * toFixed, in.keyRecord[i].y);
+      keyUnit = headUnit * bound * 0x1p-11f;
+    }
     if (live && keyFull) {
       // A window key: its logits from the full-precision row.
       float l[G];
@@ -3689,99 +3873,101 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     __syncwarp();
     walk.prefetchNext(a, t, lane);
 
-    // S = Q' K^T and head g's bias sum_c q (min - s 2^b), over the lane's
-    // channels, then over the lanes of the head.
-    float s[P::kKeyBlocks][4];
-#pragma unroll
-    for (int n = 0; n < P::kKeyBlocks; ++n)
-#pragma unroll
-      for (int x = 0; x < 4; ++x)
-        s[n][x] = 0.0f;
+    // S = Q' K^T in integers over key steps of 32 channels: per step the
+    // lane's 8 factors (entries 8t .. 8t+7: k 4t .. 4t+3, 4t+16 .. 4t+19)
+    // as fixed point, their digit bytes gathered into A (bytePerm), and
+    // per key block its slot's codes as bytes (B); head g's bias sum_c q
+    // min over the lane's channels, then over the lanes of the head.
+    int32_t acc[P::kPairedLanes ? 1 : 2][P::kKeyBlocks][4] = {};
     float bias = 0.0f;
-    // The slots' codes of key step ks as B (two registers per key block).
-    auto keyUnits = [&](int ks, int n, uint32_t &b0, uint32_t &b1) {
-      const uint32_t *codes = keyWords[warp][8 * n + g];
-      if constexpr (kBits == 2) {
-        const uint32_t x = bytePerm(codes[ks], 0u, keyByte);
-        b0 = U::pair(x, 0);
-        b1 = U::pair(x, 2);
-      } else {
-        b0 = U::pair(bytePerm(codes[2 * ks], 0u, keyByte), 0);
-        b1 = U::pair(bytePerm(codes[2 * ks + 1], 0u, keyByte), 0);
-      }
-    };
-    // A query row's channels keyChannel(ks, tq, i) and the next folded
-    // with the block's record (q s 2^b) into three bf16 parts, and their
-    // terms q (min - s 2^b) added to the bias.
-    auto foldPair = [&](const float *query, int ks, int i,
-                        uint32_t(&parts)[3]) {
-      const int c = P::keyChannel(ks, tq, i);
-      const float4 terms =
-          *reinterpret_cast<const float4 *>(&keyTerms[warp][c]);
-      const float2 q = *reinterpret_cast<const float2 *>(query + c);
-      bias = fmaf(q.x, terms.y, bias);
-      bias = fmaf(q.y, terms.w, bias);
-      splitParts(q.x * terms.x, q.y * terms.z, parts);
-    };
-    if (codeKeys && P::kPairedLanes) {
-      // G <= 4: lanes g and g + 4 (lane ^ 16) fold head g's channels of
-      // k 2t, 2t + 1 and of k 2t + 8, 2t + 9 respectively, each into
-      // three parts, and trade them: rows g and g + 8 of A take the first
-      // two parts, row g + 4 the third, so one mma per key block sums
-      // all three.
-      const bool low = g < 4;
-      const int side = low ? 0 : 2;
-      const float *query = queries[g % 4];
+    if (codeKeys) {
 #pragma unroll 1
-      for (int ks = 0; ks < P::kKSteps; ++ks) {
-        uint32_t parts[3];
-        foldPair(query, ks, side, parts);
-        const uint32_t first =
-            __shfl_xor_sync(kFullMask, low ? parts[2] : parts[0], 16);
-        const uint32_t second = __shfl_xor_sync(kFullMask, parts[1], 16);
-        const uint32_t qa[4] = {low ? parts[0] : first, low ? parts[1] : 0u,
-                                low ? first : parts[2], low ? second : 0u};
+      for (int ks = 0; ks < P::kKeySteps; ++ks) {
+        const float4 *factors =
+            reinterpret_cast<const float4 *>(&keyQuery[keyRow][32 * ks]) +
+            2 * tq;
+        const float4 *terms =
+            reinterpret_cast<const float4 *>(&keyTerms[warp][32 * ks]) +
+            4 * tq;
+        const float4 f0 = factors[0], f1 = factors[1];
+        const float q[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+        uint32_t x[8];
 #pragma unroll
-        for (int n = 0; n < P::kKeyBlocks; ++n) {
-          uint32_t b0, b1;
-          keyUnits(ks, n, b0, b1);
-          mmaK16<Storage::BF16>(s[n], qa, b0, b1);
+        for (int v = 0; v < 4; ++v) {
+          const float4 st = terms[v]; // {s0, min0, s1, min1}
+          x[2 * v] = __float_as_uint(fmaf(q[2 * v], st.x, Fixed::kMagic));
+          x[2 * v + 1] =
+              __float_as_uint(fmaf(q[2 * v + 1], st.z, Fixed::kMagic));
+          bias = fmaf(q[2 * v], st.y, bias);
+          bias = fmaf(q[2 * v + 1], st.w, bias);
         }
-      }
-      // Row g + 4 (lane ^ 16) into rows g (the third parts).
-#pragma unroll
-      for (int n = 0; n < P::kKeyBlocks; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          s[n][e] += __shfl_xor_sync(kFullMask, s[n][e], 16);
-    } else if (codeKeys) {
-      const float *query = queries[g];
-#pragma unroll 1
-      for (int ks = 0; ks < P::kKSteps; ++ks) {
-        // Rows g and g + 8 of the first A: the folded query rounded and
-        // its remainder; row g of the second: the remainder's remainder.
-        uint32_t qa[4], qr[4] = {0u, 0u, 0u, 0u};
+        uint32_t qa[4], qb[4];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          uint32_t parts[3];
-          foldPair(query, ks, 2 * half, parts);
-          qa[2 * half] = parts[0];
-          qa[2 * half + 1] = parts[1];
-          qr[2 * half] = parts[2];
+          const uint32_t *y = x + 4 * half;
+          const uint32_t p01 = bytePerm(y[0], y[1], digitBytes);
+          const uint32_t p23 = bytePerm(y[2], y[3], digitBytes);
+          qa[2 * half] = bytePerm(p01, p23, 0x5410u);
+          qa[2 * half + 1] = bytePerm(p01, p23, 0x7632u);
+          if constexpr (P::kPairedLanes) {
+            if (g >= 4)
+              qa[2 * half + 1] = onesRow;
+          } else {
+            qb[2 * half] = bytePerm(bytePerm(y[0], y[1], 0x62u),
+                                    bytePerm(y[2], y[3], 0x62u), 0x5410u);
+            qb[2 * half + 1] = onesRow;
+          }
         }
 #pragma unroll
         for (int n = 0; n < P::kKeyBlocks; ++n) {
-          uint32_t b0, b1;
-          keyUnits(ks, n, b0, b1);
-          mmaK16<Storage::BF16>(s[n], qa, b0, b1);
-          mmaK16<Storage::BF16>(s[n], qr, b0, b1);
+          const uint32_t *words = keyWords[warp][8 * n + g];
+          const uint32_t b0 =
+              words[P::keyWord(ks, tq, 0)] >> keyShift & P::kByteMask;
+          const uint32_t b1 =
+              words[P::keyWord(ks, tq, 1)] >> keyShift & P::kByteMask;
+          mmaK32U8(acc[0][n], qa, b0, b1);
+          if constexpr (!P::kPairedLanes)
+            mmaK32U8(acc[1][n], qb, b0, b1);
         }
       }
     }
-    if (P::kPairedLanes)
-      bias += __shfl_xor_sync(kFullMask, bias, 16);
     bias += __shfl_xor_sync(kFullMask, bias, 1);
     bias += __shfl_xor_sync(kFullMask, bias, 2);
+    bias *= headUnit;
+
+    // The logits of head g's slots 8n + 2t + e from the digit rows: C0 +
+    // 2^8 C1 (below 2^27) and 2^16 (C2 - 2^6 C1s) (the ones row takes back
+    // the 2^22 of every factor), times the unit; for int2 up to head dim
+    // 128 the whole sum in one 32-bit integer (|C2 - 2^6 C1s| <= 2^6 3 D,
+    // C0 + 2^8 C1 <= 257 255 3 D: below 2^31), else two floats.
+    // At G <= 4 lane g + 4 (lane ^ 16) adds 2^8 C1 and lane 16 + t holds
+    // the ones; lanes g >= 4 get C0 + 2^8 C1 and a C2 of no head's (rows
+    // 4..7 of W, whose sums no lane keeps), finite either way.
+    float kl[P::kKeyBlocks][2];
+#pragma unroll
+    for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int32_t lo, hi;
+        if constexpr (P::kPairedLanes) {
+          const int32_t ones =
+              __shfl_sync(kFullMask, acc[0][n][2 + e], 16 + tq);
+          lo = acc[0][n][e] << loShift;
+          lo += __shfl_xor_sync(kFullMask, lo, 16);
+          hi = acc[0][n][2 + e] - (ones << 6);
+        } else {
+          const int32_t ones = __shfl_sync(kFullMask, acc[1][n][2 + e], tq);
+          lo = acc[0][n][e] + (acc[0][n][2 + e] << 8);
+          hi = acc[1][n][e] - (ones << 6);
+        }
+        float x;
+        if constexpr (kBits == 2 && D <= 128)
+          x = static_cast<float>(static_cast<int32_t>(
+              static_cast<uint32_t>(lo) + (static_cast<uint32_t>(hi) << 16)));
+        else
+          x = fmaf(65536.0f, static_cast<float>(hi), static_cast<float>(lo));
+        kl[n][e] = fmaf(keyUnit, x, bias);
+      }
 
     // Head g's logits of slots 8n + 2t + e (rounded and remainder rows
     // added; a window key's from slotHeads, a free slot's -inf), every
@@ -3797,7 +3983,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int r = 8 * n + 2 * tq + e;
-          float l = s[n][e] + s[n][2 + e] + bias;
+          float l = kl[n][e];
           if constexpr (decltype(mixed)::value) {
             if (windowKeys >> r & 1u)
               l = g < G ? slotHeads[warp][r][g] : 0.0f;

@@ -23,9 +23,12 @@ Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [--summary]
         staging paths, float4 and float).
   --summary: one line per kernel instead of every loop: registers, bytes
         of spill stores, and its tile loop (the kernel's first loop of 300
-        or more instructions: what comes before it is the query's staging
-        and the split's setup) with its length and its spill instructions
-        (LDL, STL). The form docs/codegen-cuda.md's before/after tables use.
+        or more instructions that a predicated branch closes: what comes
+        before it is the query's staging and the split's setup; the
+        unconditional branches back from the out-of-line paths of shuffles
+        in divergent code close no loop) with its length and its spill
+        instructions (LDL, STL). The form docs/codegen-cuda.md's
+        before/after tables use.
 Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
 $CUOBJDUMP). The CUDA toolkit of the build machine has no cuobjdump; the
 PyPI wheel nvidia-cuda-cuobjdump carries one (nvidia/cu13/bin/cuobjdump).
@@ -108,7 +111,8 @@ def loops(sass, pattern):
             ops = collections.Counter(
                 re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
                 for _, t in body)
-            found.append((target, a, len(body), ops))
+            found.append((target, a, len(body), ops,
+                          text.startswith("@")))
         out.append((name, len(code), found))
     return out
 
@@ -168,19 +172,19 @@ def main(argv):
     if summary:
         for name, total, found in loops(sass, pattern):
             registers, spills = usage.get(name, ("?", "?"))
-            tile = min((f for f in found if f[2] >= 300), default=None,
-                       key=lambda f: f[0])
+            tile = min((f for f in found if f[2] >= 300 and f[4]),
+                       default=None, key=lambda f: f[0])
             line = (f"{demangle(name)}: {registers} registers, {spills} B "
                     f"spill stores, {total} instructions")
             if tile:
-                start, end, length, ops = tile
+                start, end, length, ops, _ = tile
                 line += (f"; tile loop {start:#x}-{end:#x}: {length} "
                          f"instructions, {ops['LDL'] + ops['STL']} spill")
             print(line)
         return 0
     for name, total, found in loops(sass, pattern):
         print(f"{name}: {total} instructions")
-        for start, end, length, ops in found:
+        for start, end, length, ops, _ in found:
             top = " ".join(f"{op}:{n}" for op, n in ops.most_common(12))
             print(f"  loop {start:#x}-{end:#x}: {length} ({top})")
     return 0

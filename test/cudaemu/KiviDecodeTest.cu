@@ -1,32 +1,33 @@
 //===- KiviDecodeTest.cu - The KIVI decode attention kernel alone ---------===//
 //
-// decodeAttentionKivi of runtime/kvc_cuda.cuh on the emulator, against a
-// host reference in double precision, for its three paths: the tensor-core
-// tiles of decodeKiviMma (key blocks of 32 tokens or a multiple, 2 <= G <=
-// 8: codes as bf16 units, the folded query and the weights split into bf16
-// parts, mma.sync as the emulator computes it from the PTX fragment
-// layout), the CUDA-core tiles of decodeKiviTiles (the same blocks at G = 1,
-// and at G = 4 and 8 through a kernel of this test that calls it directly:
-// the fallback should the tensor-core path lose on a GPU) and the row
-// groups of decodeKiviRows (other groups). KIVI pages
-// are built by hand: random packed codes (LSB-first, as kvc_pack_bits), a
-// {scale, min} per channel per block of KG key slots and per group of KG
-// channels per value, and window entries whose key and value, or value
-// only, are read from the residual region (the slot's word: row and
-// kKiviKeyFull / kKiviValueFull). Three heads of different lengths over
-// pages of 192 slots (not a power of two), with free slots, a page hole, a
-// head whose keys are all in the window (no block to fold), a head laid
-// out as a KIVI cache (every slot live, the window at its end), a split size
-// that is not a multiple of the tile, and one split per head (each warp
-// walks many tiles). The reference dequantizes as
-// x = code * scale + min in double and reads window rows with the kernel's
-// Codec, and checks every slot's logit and the merged split records
-// (DecodeReference.h); each case runs again without a logits row (as the
-// KIVI policies' decode, which has no statistics): the same records, bit
-// for bit, and no logit stored; then, but for the tiles-only kernel, with
-// the merge in the last block of each head (mergeInLastSplit), whose output
-// rows are checked against the records merged on the host.
-// Exits 1 on the first difference.
+// decodeAttentionKivi of runtime/kvc_cuda.cuh on the emulator, against a host
+// reference in double precision, for its three paths: the tensor-core tiles
+// of decodeKiviMma (key blocks of 32 tokens or a multiple, 2 <= G <= 8: the
+// logits in integers, key codes as bytes against the digits of the query's
+// fixed-point factors; the value sums with codes as bf16 units and the
+// weights split into bf16 parts; mma.sync as the emulator computes it from
+// the PTX fragment layout), the CUDA-core tiles of decodeKiviTiles (the same
+// blocks at G = 1, and at G = 4 and 8 through a kernel of this test that
+// calls it directly: the fallback should the tensor-core path lose on a GPU)
+// and the row groups of decodeKiviRows (other groups). KIVI pages are built
+// by hand: random packed codes (LSB-first, as kvc_pack_bits), a {scale, min}
+// per channel per block of KG key slots and per group of KG channels per
+// value, and window entries whose key and value, or value only, are read from
+// the residual region (the slot's word: row and kKiviKeyFull /
+// kKiviValueFull). Three heads of different lengths over pages of 192 slots
+// (not a power of two), with free slots, a page hole, a head whose keys are
+// all in the window (no block to fold), a head laid out as a KIVI cache
+// (every slot live, the window at its end), a split size that is not a
+// multiple of the tile, and one split per head (each warp walks many tiles),
+// and cases whose key blocks have outlier channels (one in 16 with 8 times
+// the range). The reference dequantizes as x = code * scale + min in double
+// and reads window rows with the kernel's Codec, and checks every slot's
+// logit and the merged split records (DecodeReference.h); each case runs
+// again without a logits row (as the KIVI policies' decode, which has no
+// statistics): the same records, bit for bit, and no logit stored; then, but
+// for the tiles-only kernel, with the merge in the last block of each head
+// (mergeInLastSplit), whose output rows are checked against the records
+// merged on the host. Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
 
@@ -88,7 +89,7 @@ template <int kBits> void putCode(uint8_t *row, int c, uint32_t code) {
 
 template <int G, int D, int kBits, int KG, kvc_dtype_t T>
 void check(std::mt19937 &rng, Path path = Path::Dispatch,
-           int32_t splitSlots = 100) {
+           int32_t splitSlots = 100, float outlier = 1.0f) {
   constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
   using Full = kvc::cuda::RowShape<D, S>;
   constexpr uint64_t kRowBytes = D * kBits / 8;
@@ -150,8 +151,10 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
       auto *keyRecords =
           reinterpret_cast<float *>(page + layout.keyParamOffset);
       for (int32_t i = 0; i < kPageSize / KG * D; ++i) {
-        keyRecords[2 * i] = 0.02f + 0.2f * u(rng); // scale
-        keyRecords[2 * i + 1] = u(rng) - 0.8f;     // min
+        // Outlier channels (c % 16 == 5) have their range times `outlier`.
+        const float f = i % D % 16 == 5 ? outlier : 1.0f;
+        keyRecords[2 * i] = f * (0.02f + 0.2f * u(rng)); // scale
+        keyRecords[2 * i + 1] = f * (u(rng) - 0.8f);     // min
       }
       for (int32_t o = 0; o < kPageSize; ++o) {
         const int32_t s = p * kPageSize + o;
@@ -227,9 +230,9 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
 
   char prefix[112];
   std::snprintf(prefix, sizeof prefix,
-                "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d)", kBits, G,
-                D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
-                splitSlots);
+                "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d%s)", kBits,
+                G, D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
+                splitSlots, outlier != 1.0f ? ", outlier channels" : "");
   const DecodeErrors errors = batch.check(prefix, keys, values, scale);
   batch.checkWithoutLogits(prefix, args, launch);
   // decodeAttentionKivi ends with the merge in the last block of each head.
@@ -264,6 +267,13 @@ int main() {
   check<1, 64, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 704);
   check<4, 64, 4, 32, KVC_DTYPE_F16>(rng, Path::Tiles, 704);
   check<2, 64, 2, 16, KVC_DTYPE_F32>(rng, Path::Dispatch, 704);
+  // Outlier key channels (one in 16 with 8 times the range, as KIVI's
+  // per-channel keys expect): the tensor-core tiles' fixed point takes its
+  // unit from the block's largest scale, so the other channels' factors
+  // keep fewer bits; the logits still within the reference's 2e-5.
+  check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 8.0f);
+  check<8, 128, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 100, 8.0f);
+  check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles, 100, 8.0f);
   // CUDA-core tiles where the tensor cores would go.
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles);
   check<8, 64, 4, 64, KVC_DTYPE_BF16>(rng, Path::Tiles);
