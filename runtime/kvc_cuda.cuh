@@ -3969,12 +3969,11 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         kl[n][e] = fmaf(keyUnit, x, bias);
       }
 
-    // Head g's logits of slots 8n + 2t + e (rounded and remainder rows
-    // added; a window key's from slotHeads, a free slot's -inf), every
-    // one of the split stored; the tile's maximum (finite: a slot is
-    // live), one rescale when it moves, the weights. A tile of live
-    // quantized keys inside the split (the common one) takes the plain
-    // loops, without a test per slot.
+    // Head g's logits of slots 8n + 2t + e (kl; a window key's from
+    // slotHeads, a free slot's -inf), every one of the split stored; the
+    // tile's maximum (finite: a slot is live), one rescale when it moves, the
+    // weights. A tile of live quantized keys inside the split (the common
+    // one) takes the plain loops, without a test per slot.
     float p[P::kKeyBlocks][2];
     float tileMax = kNegInf;
     auto takeLogits = [&](auto mixed) {
