@@ -793,12 +793,31 @@ __device__ inline bool lastArrival(int32_t *arrivals, int32_t blocks) {
 /// Asks the L2 cache to fetch the 128-byte line holding `address`, a
 /// global address: a hint with no effect on results, which turns the
 /// latency of a later load of the line into an L2 hit.
+/// The CUDA emulator notes the address (kvc::emu::prefetch), for the
+/// tests that check which lines a kernel asks for.
 __device__ __forceinline__ void prefetchL2(const void *address) {
 #if defined(KVC_CUDA_EMULATED)
-  (void)address;
+  ::kvc::emu::prefetch(address);
 #elif defined(__CUDA_ARCH__)
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
 #else
+  (void)address;
+#endif
+}
+
+/// prefetchL2(address) where `take` holds, as one predicated instruction
+/// rather than a branch around it (which a warp whose lanes disagree runs
+/// with a reconvergence barrier).
+__device__ __forceinline__ void prefetchL2If(bool take, const void *address) {
+#if defined(KVC_CUDA_EMULATED)
+  if (take)
+    ::kvc::emu::prefetch(address);
+#elif defined(__CUDA_ARCH__)
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t"
+               "@p prefetch.global.L2 [%0];\n\t}\n" ::"l"(address),
+               "r"(static_cast<uint32_t>(take)));
+#else
+  (void)take;
   (void)address;
 #endif
 }
@@ -2944,11 +2963,25 @@ struct KiviTiles {
   /// A packed row as 16- or 8-byte vectors.
   using RowVector = std::conditional_t<kRowWords % 4 == 0, uint4, uint2>;
   static constexpr int kRowVectors = kRowWords / (sizeof(RowVector) / 4);
+  /// The lines of a tile's L2 prefetch (KiviTilePrefetch): its positions and
+  /// KIVI words, key and value codes, value records and key record; the
+  /// rounds of a warp that ask for them, and their shared memory.
+  static constexpr int kCodeLines = kRowBytes * kWarpSize / 128;
+  static constexpr int kValueRecordLines =
+      static_cast<int>(kValueRecordBytes * kWarpSize / 128);
+  static constexpr int kKeyRecordLines =
+      static_cast<int>(kKeyRecordBytes / 128);
+  static constexpr int kPrefetchLines =
+      2 + 2 * kCodeLines + kValueRecordLines + kKeyRecordLines;
+  static constexpr int kPrefetchRounds =
+      (kPrefetchLines + kWarpSize - 1) / kWarpSize;
+  static constexpr int kPrefetchBytes =
+      kWarps * kPrefetchRounds * kWarpSize * 8;
   /// Shared memory of the kernel (its buffers and combineRowGroups').
   static constexpr int kSharedBytes =
       4 * (G * D + kWarps * kWarpSize * (G + 1)) +
       kWarps * (2 * kScratch + kWarpSize * kRowBytes) +
-      4 * (G * D + 2 * kWarps * G);
+      4 * (G * D + 2 * kWarps * G) + kPrefetchBytes;
   /// Key blocks of whole tiles, up to 8 query heads (their value sums stay
   /// in registers), the static shared memory limit; other KIVI geometries
   /// go through decodeKiviRows. decodeAttentionKivi takes this path where
@@ -2963,49 +2996,91 @@ struct KiviTiles {
                 "a value row spreads over a power-of-two number of lanes");
 };
 
-/// Prefetches into L2 the lines of the KIVI tile of 32 slots at `base` on
-/// `page` (nothing for a null page): its positions and words, key and value
-/// codes, value records and its block's key record, one line per lane and
-/// round (decodeKiviTiles, decodeKiviMma).
-template <typename Tiles>
-__device__ __forceinline__ void prefetchKiviTile(const DecodeSplitArgs &a,
-                                                 const HeadTable &t,
-                                                 int32_t base,
-                                                 const uint8_t *page,
-                                                 int lane) {
-  constexpr int64_t kKeyRecordBytes = Tiles::kKeyRecordBytes;
-  constexpr int64_t kValueRecordBytes = Tiles::kValueRecordBytes;
-  constexpr int kCodeLines = Tiles::kRowBytes * kWarpSize / 128;
-  constexpr int kValueRecordLines =
-      static_cast<int>(kValueRecordBytes * kWarpSize / 128);
-  constexpr int kKeyRecordLines = static_cast<int>(kKeyRecordBytes / 128);
-  constexpr int kLines =
-      2 + 2 * kCodeLines + kValueRecordLines + kKeyRecordLines;
-  if (!page)
-    return;
-  const uint64_t o0 = static_cast<uint64_t>(a.layout.pages.offset(base));
-#pragma unroll
-  for (int r = 0; r < (kLines + kWarpSize - 1) / kWarpSize; ++r) {
-    int i = r * kWarpSize + lane;
-    const void *line = nullptr;
-    if (i == 0)
-      line = t.positions + base;
-    else if (i == 1)
-      line = t.kiviRows + base;
-    else if ((i -= 2) < kCodeLines)
-      line = page + a.layout.keyOffset + o0 * Tiles::kRowBytes + i * 128;
-    else if ((i -= kCodeLines) < kCodeLines)
-      line = page + a.layout.valueOffset + o0 * Tiles::kRowBytes + i * 128;
-    else if ((i -= kCodeLines) < kValueRecordLines)
-      line = page + a.layout.valueParamOffset + o0 * kValueRecordBytes +
-             i * 128;
-    else if ((i -= kValueRecordLines) < kKeyRecordLines)
-      line = page + a.layout.keyParamOffset +
-             o0 / Tiles::kKeyGroup * kKeyRecordBytes + i * 128;
-    if (line)
-      prefetchL2(line);
+/// The L2 prefetch of a KIVI tile of 32 slots (decodeKiviTiles,
+/// decodeKiviMma): its Tiles::kPrefetchLines lines, one per lane and round. Line 0 is the
+/// tile's positions (t.positions + base), line 1 its KIVI words
+/// (t.kiviRows + base), then its key codes, value codes, value records and
+/// its block's key record, each a line of the tile's page at
+///     page + 16 offset + (o0 >> shift) scale,
+/// o0 the tile's first slot's offset in the page: a lane's offset, shift
+/// and scale of each round depend on the lane alone, so the warp's walk
+/// sets them once (set) and a tile's prefetch (issue) reads them back from
+/// shared memory, a lane its own entries (no barrier), rather than
+/// computing each lane's region and line per tile, which took about a
+/// hundred instructions of the tile loop (nested branches that the lanes
+/// of a warp all take in turn, and 64-bit address arithmetic).
+template <typename Tiles> struct KiviTilePrefetch {
+  static constexpr int kCodeLines = Tiles::kCodeLines;
+  static constexpr int kValueRecordLines = Tiles::kValueRecordLines;
+  static constexpr int kKeyRecordLines = Tiles::kKeyRecordLines;
+  static constexpr int kRounds = Tiles::kPrefetchRounds;
+  /// log2 of the key group: a tile's key record is that of block o0 / KG.
+  static constexpr int kKeyGroupShift = [] {
+    int s = 0;
+    while ((1 << s) < Tiles::kKeyGroup)
+      ++s;
+    return s;
+  }();
+  static_assert(Tiles::kKeyGroup == 1 << kKeyGroupShift,
+                "a key group is a power of two");
+  static_assert(Tiles::kKeyRecordBytes < (uint64_t{1} << 24),
+                "a line's scale fits its 24 bits");
+  /// Round r's entry of lane l of warp w: {16-byte units of the region's
+  /// and line's offset in the page, shift | scale << 8}; scale 0 for no
+  /// line of the page (lines 0 and 1, and past the last).
+  __device__ static uint2 (&entries())[Tiles::kWarps][kRounds][kWarpSize] {
+    __shared__ uint2 table[Tiles::kWarps][kRounds][kWarpSize];
+    return table;
   }
-}
+
+  /// The lane's entries, from the context's page layout (region offsets
+  /// 16-byte aligned: kvc_page_layout_t).
+  __device__ static void set(const PageLayout &layout, int warp, int lane) {
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      int i = r * kWarpSize + lane - 2;
+      uint64_t offset = 0;
+      uint32_t shift = 0, scale = 0;
+      if (i < 0) {
+      } else if (i < kCodeLines) {
+        offset = layout.keyOffset + 128 * i;
+        scale = Tiles::kRowBytes;
+      } else if ((i -= kCodeLines) < kCodeLines) {
+        offset = layout.valueOffset + 128 * i;
+        scale = Tiles::kRowBytes;
+      } else if ((i -= kCodeLines) < kValueRecordLines) {
+        offset = layout.valueParamOffset + 128 * i;
+        scale = static_cast<uint32_t>(Tiles::kValueRecordBytes);
+      } else if ((i -= kValueRecordLines) < kKeyRecordLines) {
+        offset = layout.keyParamOffset + 128 * i;
+        shift = kKeyGroupShift;
+        scale = static_cast<uint32_t>(Tiles::kKeyRecordBytes);
+      }
+      entries()[warp][r][lane] =
+          make_uint2(static_cast<uint32_t>(offset / 16), shift | scale << 8);
+    }
+  }
+
+  /// Asks L2 for the lines of the tile at `base` (offset o0 in `page`;
+  /// nothing for a null page).
+  __device__ static __forceinline__ void issue(const HeadTable &t,
+                                               int32_t base, int32_t o0,
+                                               const uint8_t *page, int warp,
+                                               int lane) {
+    if (!page)
+      return;
+    prefetchL2If(lane < 2, (lane ? t.kiviRows : t.positions) + base);
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const uint2 e = entries()[warp][r][lane];
+      prefetchL2If(e.y >> 8 != 0,
+                   page + 16 * static_cast<uint64_t>(e.x) +
+                       static_cast<uint64_t>(static_cast<uint32_t>(o0) >>
+                                             (e.y & 0xffu)) *
+                           (e.y >> 8));
+    }
+  }
+};
 
 /// The walk of one warp over the KIVI tiles of a split (decodeKiviTiles,
 /// decodeKiviMma): tiles of 32 slots, 32-aligned (one key block, one page),
@@ -3014,13 +3089,16 @@ __device__ __forceinline__ void prefetchKiviTile(const DecodeSplitArgs &a,
 /// slot there (into a Tile): whether it lies in the split and holds an
 /// entry, and its KIVI word (window key or value, residual row); a tile
 /// without a live slot gets the logit -inf for its slots in the split and
-/// nothing else. Each tile's page address is read with the tile before
-/// it, and prefetchNext() asks L2 for the lines of the tile after the
-/// current one.
+/// nothing else. Each tile's page address and offset in it are found with
+/// the tile before it (one division by the page size per tile), and
+/// prefetchNext() asks L2 for the lines of the tile after the current one
+/// (KiviTilePrefetch).
 template <int G, typename Tiles> struct KiviTileWalk {
   static constexpr int32_t kStride = Tiles::kWarps * kWarpSize;
-  /// The tile after the current one, and its page address (0: none).
-  int32_t ahead;
+  using Prefetch = KiviTilePrefetch<Tiles>;
+  /// The tile after the current one, its page address (0: none) and its
+  /// offset in the page.
+  int32_t ahead, aheadOffset;
   uint64_t aheadPage;
   /// The current tile: its first slot, its page, the lane's slot and its
   /// offset in the page, and what the slot holds.
@@ -3032,9 +3110,20 @@ template <int G, typename Tiles> struct KiviTileWalk {
   };
 
   __device__ KiviTileWalk(const DecodeSplitArgs &a, const HeadTable &t,
-                          int32_t begin, int32_t end, int warp)
-      : ahead(begin / kWarpSize * kWarpSize + warp * kWarpSize),
-        aheadPage(ahead < end ? t.pages[a.layout.pages.page(ahead)] : 0) {}
+                          int32_t begin, int32_t end, int warp, int lane)
+      : ahead(begin / kWarpSize * kWarpSize + warp * kWarpSize) {
+    locateAhead(a, t, end);
+    Prefetch::set(a.layout, warp, lane);
+  }
+
+  /// aheadPage and aheadOffset of `ahead`.
+  __device__ __forceinline__ void locateAhead(const DecodeSplitArgs &a,
+                                              const HeadTable &t,
+                                              int32_t end) {
+    const int32_t page = a.layout.pages.page(ahead);
+    aheadOffset = ahead - page * a.layout.pages.size;
+    aheadPage = ahead < end ? t.pages[page] : 0;
+  }
 
   /// Whether a tile is left.
   __device__ __forceinline__ bool more(int32_t end) const {
@@ -3052,21 +3141,21 @@ template <int G, typename Tiles> struct KiviTileWalk {
     x.inRange = x.slot >= begin && x.slot < end;
     x.live = x.inRange && t.positions[x.slot] != KVC_POSITION_NONE;
     const uint64_t here = aheadPage;
+    const int32_t hereOffset = aheadOffset;
     ahead = x.base + kStride;
-    aheadPage = ahead < end ? t.pages[a.layout.pages.page(ahead)] : 0;
+    locateAhead(a, t, end);
     if (__ballot_sync(kFullMask, x.live) == 0) {
       if (a.logits && x.inRange)
 #pragma unroll
         for (int g = 0; g < G; ++g)
           a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + x.slot] =
               kNegInf;
-      prefetchNext(a, t, lane);
+      prefetchNext(t, lane);
       return false;
     }
     // A tile with a live slot has its page (and a block's slots share it).
     x.page = reinterpret_cast<const uint8_t *>(here);
-    x.offset = static_cast<uint64_t>(a.layout.pages.offset(x.base)) +
-               static_cast<uint64_t>(lane);
+    x.offset = static_cast<uint64_t>(hereOffset) + static_cast<uint64_t>(lane);
     const int32_t word = x.live ? t.kiviRows[x.slot] : -1;
     x.keyFull = word >= 0 && (word & kKiviKeyFull);
     x.valueFull = word >= 0 && (word & kKiviValueFull);
@@ -3074,12 +3163,11 @@ template <int G, typename Tiles> struct KiviTileWalk {
     return true;
   }
 
-  __device__ __forceinline__ void prefetchNext(const DecodeSplitArgs &a,
-                                               const HeadTable &t,
+  __device__ __forceinline__ void prefetchNext(const HeadTable &t,
                                                int lane) const {
-    prefetchKiviTile<Tiles>(a, t, ahead,
-                            reinterpret_cast<const uint8_t *>(aheadPage),
-                            lane);
+    Prefetch::issue(t, ahead, aheadOffset,
+                    reinterpret_cast<const uint8_t *>(aheadPage),
+                    threadIdx.x / kWarpSize, lane);
   }
 };
 
@@ -3241,7 +3329,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 
   // Warp w takes the 32-aligned tiles w, w + kWarps, ... that meet
   // [begin, end); a lane's slot outside the split is masked.
-  KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp);
+  KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp, lane);
   typename KiviTileWalk<G, Tiles>::Tile tile;
   while (walk.more(end)) {
     if (!walk.enter(a, t, h, begin, end, lane, tile))
@@ -3407,7 +3495,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       }
     }
     __syncwarp();
-    walk.prefetchNext(a, t, lane);
+    walk.prefetchNext(t, lane);
 
     // Values: the lane's slots two at a time, their codes of channels
     // [c0, c0 + kVC) interleaved byte by byte (a prmt per two bytes of
@@ -3640,7 +3728,7 @@ struct KiviMma {
       4 * 8 * kQueryPitch + 2 * 4 * kWarps * kWarpSize * kPitch +
       8 * kWarps * D + 8 * kWarps * kWarpSize * Tiles::kGroups +
       4 * kWarps * kWarpSize * G + 4 * (G * D + 2 * kWarps * G) +
-      4 * kKeyRows * (D + 1);
+      4 * kKeyRows * (D + 1) + Tiles::kPrefetchBytes;
   /// Two to eight query heads (one fragment row each), whole key blocks per
   /// tile, whole value groups per channel block, the static shared memory
   /// limit; others go through decodeKiviTiles or decodeKiviRows.
@@ -3808,7 +3896,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       a.logits ? a.logits + (static_cast<int64_t>(h) * G + (g < G ? g : 0)) *
                                 a.stride
                : nullptr;
-  KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp);
+  KiviTileWalk<G, Tiles> walk(a, t, begin, end, warp, lane);
   typename KiviTileWalk<G, Tiles>::Tile tile;
   while (walk.more(end)) {
     if (!walk.enter(a, t, h, begin, end, lane, tile))
@@ -3871,7 +3959,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         slotHeads[warp][lane][q] = l[q];
     }
     __syncwarp();
-    walk.prefetchNext(a, t, lane);
+    walk.prefetchNext(t, lane);
 
     // S = Q' K^T in integers over key steps of 32 channels: per step the
     // lane's 8 factors (entries 8t .. 8t+7: k 4t .. 4t+3, 4t+16 .. 4t+19)

@@ -445,6 +445,22 @@ void afterAtomic(const void *address) {
     active->pauseAsked = true;
 }
 
+namespace {
+std::mutex prefetchMutex;
+std::vector<const void *> *prefetchLog = nullptr;
+} // namespace
+
+void prefetch(const void *address) {
+  std::lock_guard<std::mutex> lock(prefetchMutex);
+  if (prefetchLog)
+    prefetchLog->push_back(address);
+}
+
+void setPrefetchLog(std::vector<const void *> *log) {
+  std::lock_guard<std::mutex> lock(prefetchMutex);
+  prefetchLog = log;
+}
+
 void copyAsync(void *shared, const void *global, int bytes) {
   if (bytes != 4 && bytes != 8 && bytes != 16)
     fatal("copyAsync of other than 4, 8 or 16 bytes");

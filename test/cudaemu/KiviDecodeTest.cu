@@ -27,13 +27,16 @@
 // statistics): the same records, bit for bit, and no logit stored; then, but
 // for the tiles-only kernel, with the merge in the last block of each head
 // (mergeInLastSplit), whose output rows are checked against the records
-// merged on the host. Exits 1 on the first difference.
+// merged on the host. On the two tile paths the emulator's log of L2
+// prefetches must hold the lines of every tile after a warp's first in its
+// split, each once (KiviTilePrefetch). Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/kvc_cuda.cuh"
 #include "test/cudaemu/DecodeReference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -116,6 +119,7 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
 
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   std::vector<kvc::cuda::HeadTable> tables(heads);
+  std::vector<std::vector<uint64_t>> pagesOf(heads);
   // Per head and slot, the key and value the kernel must see (empty: free).
   std::vector<std::vector<std::vector<double>>> keys(heads), values(heads);
   for (int32_t h = 0; h < heads; ++h) {
@@ -207,6 +211,7 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
         }
       }
     }
+    pagesOf[h] = pages;
     tables[h] = batch.table(pages, positions);
     tables[h].kiviRows = batch.copy(words);
     tables[h].kiviResidual = residual;
@@ -225,14 +230,58 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
       kvc::cuda::decodeAttentionKivi<G, D, kBits, KG, T, kThreads>
           <<<dim3(heads, numSplits), kThreads>>>(a, kResidual);
   };
+  std::vector<const void *> prefetched;
+  kvc::emu::setPrefetchLog(&prefetched);
   launch(args);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "launch");
+  kvc::emu::setPrefetchLog(nullptr);
 
   char prefix[112];
   std::snprintf(prefix, sizeof prefix,
                 "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d%s)", kBits,
                 G, D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
                 splitSlots, outlier != 1.0f ? ", outlier channels" : "");
+  // The tiles' L2 prefetch (both tile paths): warp w of a split walks the
+  // tiles of 32 slots from the w-th on, every fourth, and asks for the
+  // lines of each tile after its first that lies in the split on a page:
+  // the tile's positions and KIVI words, its key and value codes and value
+  // records, and its key block's record, each line once.
+  if (std::strcmp(pathName<G, D, kBits, KG, T>(path), "row groups") != 0) {
+    constexpr int32_t kWarps = kThreads / 32;
+    std::vector<const void *> expected;
+    auto lines = [&](const uint8_t *at, uint64_t bytes) {
+      for (uint64_t b = 0; b < bytes; b += 128)
+        expected.push_back(at + b);
+    };
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t split = 0; split < numSplits; ++split) {
+        const int32_t begin = split * splitSlots;
+        const int32_t end = std::min(begin + splitSlots, slots[h]);
+        for (int32_t w = 0; w < kWarps; ++w)
+          for (int32_t base = begin / 32 * 32 + (w + kWarps) * 32;
+               base < end; base += kWarps * 32) {
+            const auto *page = reinterpret_cast<const uint8_t *>(
+                pagesOf[h][base / kPageSize]);
+            if (!page)
+              continue;
+            const uint64_t o0 = base % kPageSize;
+            expected.push_back(tables[h].positions + base);
+            expected.push_back(tables[h].kiviRows + base);
+            lines(page + layout.keyOffset + o0 * kRowBytes, 32 * kRowBytes);
+            lines(page + layout.valueOffset + o0 * kRowBytes, 32 * kRowBytes);
+            lines(page + layout.valueParamOffset + o0 * kValueRecordBytes,
+                  32 * kValueRecordBytes);
+            lines(page + layout.keyParamOffset + o0 / KG * kKeyRecordBytes,
+                  kKeyRecordBytes);
+          }
+      }
+    std::sort(expected.begin(), expected.end());
+    std::sort(prefetched.begin(), prefetched.end());
+    CHECK(prefetched == expected,
+          "%s: the tiles' prefetch asked for %zu lines, %zu expected%s",
+          prefix, prefetched.size(), expected.size(),
+          prefetched.size() == expected.size() ? " (other lines)" : "");
+  }
   const DecodeErrors errors = batch.check(prefix, keys, values, scale);
   batch.checkWithoutLogits(prefix, args, launch);
   // decodeAttentionKivi ends with the merge in the last block of each head.

@@ -98,6 +98,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace kvc::emu {
 
@@ -146,6 +147,12 @@ void waitCopies(int newest);
 /// then pauses at its next __syncthreads (or its end), and another block
 /// in flight may run on; an atomic on shared memory does not pause.
 void afterAtomic(const void *address);
+/// An L2 prefetch of the calling thread (prefetchL2 of
+/// runtime/kvc_cuda.cuh): a hint that changes no result. While a log is set
+/// (setPrefetchLog), the address is appended to it, so that a test can
+/// check which lines a kernel asks for; setPrefetchLog(nullptr) ends it.
+void prefetch(const void *address);
+void setPrefetchLog(std::vector<const void *> *log);
 /// The number of lanes of the calling thread's warp (32 but in a last,
 /// partial warp).
 int lanes();
