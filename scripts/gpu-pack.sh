@@ -2,9 +2,9 @@
 # Builds the GPU executables here and gathers them into one folder that a
 # machine with a GPU but without kvc's build tools (no LLVM, no MLIR) can
 # run from a copy of this repository:
-#   DIR/bin: kvc-gpu-tests-g1, -g3, -g8 (the GPU suite, check-kvc-gpu),
-#            kvc-bench-gpu (the sweep, 60 policy libraries) and
-#            kvc-bench-gpu-smoke;
+#   DIR/bin: kvc-gpu-kernel-* and kvc-gpu-tests-g1, -g3, -g8 (the GPU
+#            suite, check-kvc-gpu), kvc-bench-gpu (the sweep, 60 policy
+#            libraries) and kvc-bench-gpu-smoke;
 #   DIR/lib: the CUDA runtime they were linked against (libcudart.so.*);
 #   DIR/MANIFEST: the commit, the toolkit and each file's SHA-256.
 # On the GPU machine, from the repository root:
@@ -24,7 +24,9 @@ dir=$(realpath -m "${1:-$root/.gpu}")
 export CCACHE_BASEDIR=$root
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvc-ccache}
 
-targets=(kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8 kvc-bench-gpu-smoke)
+targets=(kvc-gpu-kernel-kivi-decode kvc-gpu-kernel-decode-kernel
+         kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots
+         kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8 kvc-bench-gpu-smoke)
 [ "${KVC_GPU_PACK_SMOKE_ONLY:-0}" = 1 ] || targets+=(kvc-bench-gpu)
 # shellcheck source=gpu-lib.sh
 . "$root/scripts/gpu-lib.sh"

@@ -14,6 +14,10 @@
 #    prefill 1k, and the kernel alternatives at 1k: the decodes on CUDA
 #    cores that the tensor-core paths replaced, and the prefills on CUDA
 #    cores, prefill_cc and h2o_cc);
+#  - both: kvc-gpu-kernel-kivi-decode (the KIVI decode kernel alone, every
+#    path: the tensor-core and CUDA-core tiles, whose warps stage each tile
+#    in shared memory between __syncwarp, and the row groups; a few
+#    seconds);
 #  - racecheck: kvc-gpu-tests-g1 and kvc-gpu-tests-g8 on
 #    KVC_SANITIZE_RACE_POLICIES (H2O: its prefill and decode kernels use
 #    every shared-memory tile and reduction of the backend; g8's decode
@@ -57,7 +61,8 @@ fi
 
 # shellcheck source=gpu-lib.sh
 . "$root/scripts/gpu-lib.sh"
-gpu_executables kvc-gpu-tests-g1 kvc-gpu-tests-g8 kvc-bench-gpu-smoke || exit 1
+gpu_executables kvc-gpu-kernel-kivi-decode kvc-gpu-tests-g1 kvc-gpu-tests-g8 \
+  kvc-bench-gpu-smoke || exit 1
 
 bench_args=(--batch=2 --context=1k --prefill-context=1k --alt-context=1k --min-ms=1 --steps=2)
 # racecheck: the prefill table (every prefill, the CUDA-core ones
@@ -89,6 +94,7 @@ run() {
 }
 
 for tool in $tools; do
+  run "$tool" - "$bin/kvc-gpu-kernel-kivi-decode"
   if [ "$tool" = racecheck ]; then
     run "$tool" "$race_policies" "$bin/kvc-gpu-tests-g1"
     run "$tool" "$race_policies" "$bin/kvc-gpu-tests-g8"

@@ -179,6 +179,8 @@ template <int G, int D> void checkStorages(std::mt19937 &rng) {
 } // namespace
 
 int main() {
+  if (const int skip = skipWithoutDevice("the decode kernel test"))
+    return skip;
   std::mt19937 rng(20261122);
   checkStorages<1, 128>(rng);
   checkStorages<3, 64>(rng);

@@ -172,9 +172,16 @@ struct DecodeBatch {
       cudaFree(p);
   }
 
+  /// Device memory the host reads and writes directly: the emulator's,
+  /// or managed memory on a GPU (gpu.kernel.*; the tests synchronize
+  /// before they look).
   void *alloc(uint64_t bytes) {
     void *p = nullptr;
+#if defined(KVC_CUDA_EMULATED)
     CHECK(cudaMalloc(&p, bytes) == cudaSuccess, "cudaMalloc");
+#else
+    CHECK(cudaMallocManaged(&p, bytes) == cudaSuccess, "cudaMallocManaged");
+#endif
     std::memset(p, 0, bytes);
     allocations.push_back(p);
     return p;

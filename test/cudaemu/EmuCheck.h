@@ -4,7 +4,9 @@
 // formatted message and the runtime's last error, and exits 1.
 // upload(host) copies a vector into a new device allocation (at least one
 // element); download(d, n) copies n elements back. Included after the CUDA
-// API (the emulator's or the toolkit's).
+// API (the emulator's or the toolkit's): the kernel tests that include it
+// are also built for a GPU (test/gpu, gpu.kernel.*), where
+// skipWithoutDevice() makes them skip without one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,6 +29,20 @@
       std::exit(1);                                                            \
     }                                                                          \
   } while (0)
+
+/// 77, after a line that says so, where no CUDA device is usable (the
+/// exit status ctest and scripts/gpu-test.sh take as skipped); 0 otherwise,
+/// the emulator's device included.
+inline int skipWithoutDevice(const char *program) {
+  int devices = 0;
+  const cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error == cudaSuccess && devices > 0)
+    return 0;
+  std::printf("SKIP: no usable CUDA device (%s); %s needs one\n",
+              error == cudaSuccess ? "none found" : cudaGetErrorString(error),
+              program);
+  return 77;
+}
 
 template <typename T> T *upload(const std::vector<T> &host) {
   T *d = nullptr;

@@ -486,6 +486,8 @@ template <int kThreads> void checkResident(int32_t want) {
 } // namespace
 
 int main() {
+  if (const int skip = skipWithoutDevice("the fold slots test"))
+    return skip;
   std::mt19937 rng(20261127);
   int cases = 0;
   for (kvc::cuda::Reduce kind :

@@ -399,6 +399,8 @@ void checkBoth(std::mt19937 &rng, int32_t n, int skip = 0) {
 } // namespace
 
 int main() {
+  if (const int skip = skipWithoutDevice("the prefill kernel test"))
+    return skip;
   std::mt19937 rng(20261123);
   checkBoth<1, 32>(rng, 1);
   checkBoth<1, 32>(rng, 21);
