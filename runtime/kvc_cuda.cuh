@@ -2997,18 +2997,18 @@ struct KiviTiles {
 };
 
 /// The L2 prefetch of a KIVI tile of 32 slots (decodeKiviTiles,
-/// decodeKiviMma): its Tiles::kPrefetchLines lines, one per lane and round. Line 0 is the
-/// tile's positions (t.positions + base), line 1 its KIVI words
-/// (t.kiviRows + base), then its key codes, value codes, value records and
-/// its block's key record, each a line of the tile's page at
+/// decodeKiviMma): its Tiles::kPrefetchLines lines, one per lane and
+/// round. Line 0 is the tile's positions (t.positions + base), line 1 its
+/// KIVI words (t.kiviRows + base), then its key codes, value codes, value
+/// records and its block's key record, each a line of the tile's page at
 ///     page + 16 offset + (o0 >> shift) scale,
 /// o0 the tile's first slot's offset in the page: a lane's offset, shift
 /// and scale of each round depend on the lane alone, so the warp's walk
 /// sets them once (set) and a tile's prefetch (issue) reads them back from
 /// shared memory, a lane its own entries (no barrier), rather than
-/// computing each lane's region and line per tile, which took about a
-/// hundred instructions of the tile loop (nested branches that the lanes
-/// of a warp all take in turn, and 64-bit address arithmetic).
+/// computing each lane's region and line per tile, which took about 80
+/// instructions of a tile's path (nested branches that the lanes of a
+/// warp all take in turn, and 64-bit address arithmetic).
 template <typename Tiles> struct KiviTilePrefetch {
   static constexpr int kCodeLines = Tiles::kCodeLines;
   static constexpr int kValueRecordLines = Tiles::kValueRecordLines;
@@ -3034,27 +3034,30 @@ template <typename Tiles> struct KiviTilePrefetch {
   }
 
   /// The lane's entries, from the context's page layout (region offsets
-  /// 16-byte aligned: kvc_page_layout_t).
+  /// 16-byte aligned, kvc_page_layout_t; 32 bits of 16-byte units reach
+  /// 64 GiB into a page).
   __device__ static void set(const PageLayout &layout, int warp, int lane) {
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
+      // Line i of the page's lines (lines 0 and 1 are the tables').
       int i = r * kWarpSize + lane - 2;
       uint64_t offset = 0;
       uint32_t shift = 0, scale = 0;
-      if (i < 0) {
-      } else if (i < kCodeLines) {
-        offset = layout.keyOffset + 128 * i;
-        scale = Tiles::kRowBytes;
-      } else if ((i -= kCodeLines) < kCodeLines) {
-        offset = layout.valueOffset + 128 * i;
-        scale = Tiles::kRowBytes;
-      } else if ((i -= kCodeLines) < kValueRecordLines) {
-        offset = layout.valueParamOffset + 128 * i;
-        scale = static_cast<uint32_t>(Tiles::kValueRecordBytes);
-      } else if ((i -= kValueRecordLines) < kKeyRecordLines) {
-        offset = layout.keyParamOffset + 128 * i;
-        shift = kKeyGroupShift;
-        scale = static_cast<uint32_t>(Tiles::kKeyRecordBytes);
+      if (i >= 0) {
+        if (i < kCodeLines) {
+          offset = layout.keyOffset + 128 * i;
+          scale = Tiles::kRowBytes;
+        } else if ((i -= kCodeLines) < kCodeLines) {
+          offset = layout.valueOffset + 128 * i;
+          scale = Tiles::kRowBytes;
+        } else if ((i -= kCodeLines) < kValueRecordLines) {
+          offset = layout.valueParamOffset + 128 * i;
+          scale = static_cast<uint32_t>(Tiles::kValueRecordBytes);
+        } else if ((i -= kValueRecordLines) < kKeyRecordLines) {
+          offset = layout.keyParamOffset + 128 * i;
+          shift = kKeyGroupShift;
+          scale = static_cast<uint32_t>(Tiles::kKeyRecordBytes);
+        }
       }
       entries()[warp][r][lane] =
           make_uint2(static_cast<uint32_t>(offset / 16), shift | scale << 8);
