@@ -2227,15 +2227,15 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << (storage->lowBits
               ? "/// Mixed precision: bits per code and channel group of the "
                 "low page class,\n/// the bytes of one of its packed rows "
-                "and of a slot's {scale, min} pairs.\n"
+                "and of a slot's {scale, min} records (4 bytes each).\n"
                 "constexpr int kLowBits = " +
                     std::to_string(storage->lowBits) +
                     ";\nconstexpr int kLowGroup = " +
                     std::to_string(storage->lowGroup) +
                     ";\nconstexpr uint64_t kLowRowBytes = kHeadDim * "
                     "kLowBits / 8;\n"
-                    "constexpr uint64_t kLowRecordBytes = 2 * sizeof(float) * "
-                    "(kHeadDim / kLowGroup);\n"
+                    "constexpr uint64_t kLowRecordBytes = 4 * (kHeadDim / "
+                    "kLowGroup);\n"
               : "")
 
       << "/// Decode splits: at most kMaxSplits per kv-head, each of at least\n"

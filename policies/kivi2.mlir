@@ -8,6 +8,11 @@
 // block of G tokens at a time, values one token at a time. These are the
 // paper's defaults.
 //
+// Precision of the parameters (the paper leaves it to the implementation,
+// whose scales and zero points are in the model's 16-bit type): each
+// {scale, min} pair is stored as two bfloat16, min rounded down and scale
+// rounded up so that the codes still span the group (docs/runtime.md).
+//
 // RUN: kvc-opt %s | FileCheck %s
 // RUN: kvc-opt %s | kvc-opt | FileCheck %s
 // RUN: kvc-opt %s --mlir-print-op-generic | kvc-opt | FileCheck %s

@@ -166,15 +166,15 @@ kvc_page_layout_t computeClassLayout(const kvc_config_t &c, int32_t format) {
     uint64_t g = static_cast<uint64_t>(c.group_size);
     l.key_stride = l.value_stride = d * tokenGroupBits(format) / 8;
     l.key_param_stride = l.value_param_stride =
-        g ? 2 * sizeof(float) * (d / g) : 0;
+        g ? sizeof(AsymRecord) * (d / g) : 0;
     break;
   }
   case KVC_FORMAT_KIVI_INT2:
   case KVC_FORMAT_KIVI_INT4: {
     uint64_t g = static_cast<uint64_t>(c.group_size);
     l.key_stride = l.value_stride = d * kiviBits(format) / 8;
-    l.key_param_stride = 2 * sizeof(float) * d;
-    l.value_param_stride = g ? 2 * sizeof(float) * (d / g) : 0;
+    l.key_param_stride = sizeof(AsymRecord) * d;
+    l.value_param_stride = g ? sizeof(AsymRecord) * (d / g) : 0;
     l.residual_bytes =
         alignUp(2 * static_cast<uint64_t>(c.residual_length) * d * e,
                 KVC_POOL_ALIGNMENT);
@@ -663,19 +663,25 @@ SlotAddress slotAddress(const kvc_context *ctx, const HeadState &h,
   return {ctx->pageBase(id), &ctx->layoutOf(id), ctx->formatOf(id), slot % p};
 }
 
-float *keyParams(const kvc_context *ctx, SlotAddress a) {
+/// The parameter record of a slot's key (a KIVI block's: that of its
+/// block): float scales (INT8, FP8) or AsymRecords (the asymmetric formats).
+uint8_t *keyParams(const kvc_context *ctx, SlotAddress a) {
   uint64_t record =
       ctx->isKivi() ? static_cast<uint64_t>(a.offset / ctx->config.group_size)
                     : static_cast<uint64_t>(a.offset);
-  return reinterpret_cast<float *>(a.page + a.layout->key_param_offset +
-                                   record * a.layout->key_param_stride);
+  return a.page + a.layout->key_param_offset +
+         record * a.layout->key_param_stride;
 }
 
-float *valueParams(const kvc_context *, SlotAddress a) {
-  return reinterpret_cast<float *>(a.page + a.layout->value_param_offset +
-                                   static_cast<uint64_t>(a.offset) *
-                                       a.layout->value_param_stride);
+uint8_t *valueParams(const kvc_context *, SlotAddress a) {
+  return a.page + a.layout->value_param_offset +
+         static_cast<uint64_t>(a.offset) * a.layout->value_param_stride;
 }
+
+AsymRecord *asymRecords(uint8_t *params) {
+  return reinterpret_cast<AsymRecord *>(params);
+}
+float *floatParam(uint8_t *params) { return reinterpret_cast<float *>(params); }
 
 uint8_t *keyRow(const kvc_context *, SlotAddress a) {
   return a.page + a.layout->key_offset +
@@ -691,10 +697,11 @@ uint8_t *valueRow(const kvc_context *, SlotAddress a) {
 /// the grouped INT2/INT4 of a low page); `codes` is head_dim bytes of
 /// scratch.
 void encodeRow(const kvc_context *ctx, int32_t format, const float *x,
-               uint8_t *row, float *param, uint8_t *codes) {
+               uint8_t *row, uint8_t *param, uint8_t *codes) {
   const kvc_config_t &c = ctx->config;
   if (int bits = tokenGroupBits(format)) {
-    kiviQuantizeValue(x, c.head_dim, c.group_size, bits, row, param, codes);
+    kiviQuantizeValue(x, c.head_dim, c.group_size, bits, row,
+                      asymRecords(param), codes);
     return;
   }
   switch (format) {
@@ -702,10 +709,11 @@ void encodeRow(const kvc_context *ctx, int32_t format, const float *x,
     storeElements(c.dtype, x, c.head_dim, row);
     break;
   case KVC_FORMAT_INT8:
-    quantizeInt8(x, c.head_dim, reinterpret_cast<int8_t *>(row), param);
+    quantizeInt8(x, c.head_dim, reinterpret_cast<int8_t *>(row),
+                 floatParam(param));
     break;
   case KVC_FORMAT_FP8_E4M3:
-    quantizeFp8(x, c.head_dim, row, param);
+    quantizeFp8(x, c.head_dim, row, floatParam(param));
     break;
   default:
     break;
@@ -713,12 +721,14 @@ void encodeRow(const kvc_context *ctx, int32_t format, const float *x,
 }
 
 void decodeRow(const kvc_context *ctx, int32_t format, const uint8_t *row,
-               const float *param, float *x) {
+               uint8_t *params, float *x) {
   const kvc_config_t &c = ctx->config;
   if (int bits = tokenGroupBits(format)) {
-    kiviDequantizeValue(row, c.head_dim, c.group_size, bits, param, x);
+    kiviDequantizeValue(row, c.head_dim, c.group_size, bits,
+                        asymRecords(params), x);
     return;
   }
+  const float *param = floatParam(params);
   switch (format) {
   case KVC_FORMAT_FULL:
     loadElements(c.dtype, row, c.head_dim, x);
@@ -785,7 +795,7 @@ void kiviFlushValue(const kvc_context *ctx, const Sequence &seq,
                c.head_dim, value);
   SlotAddress a = slotAddress(ctx, h, slot);
   kiviQuantizeValue(value, c.head_dim, c.group_size, kiviBits(c.format),
-                    valueRow(ctx, a), valueParams(ctx, a),
+                    valueRow(ctx, a), asymRecords(valueParams(ctx, a)),
                     scratch.codes.data());
 }
 
@@ -822,9 +832,10 @@ void kiviFlushKeys(const kvc_context *ctx, const Sequence &seq,
           c.dtype,
           ctx->residualKey(seq.index, headIndex, h.appendIndex[members[t]] % r),
           d, &scratch.floats[static_cast<size_t>(t) * d]);
-    float *params = keyParams(ctx, slotAddress(ctx, h, members[0]));
+    AsymRecord *records =
+        asymRecords(keyParams(ctx, slotAddress(ctx, h, members[0])));
     kiviQuantizeKeys(scratch.floats.data(), count, d, bits,
-                     scratch.packed.data(), row, params, scratch.column.data(),
+                     scratch.packed.data(), row, records, scratch.column.data(),
                      scratch.codes.data());
     for (int t = 0; t < count; ++t)
       std::memcpy(keyRow(ctx, slotAddress(ctx, h, members[t])),
@@ -851,8 +862,8 @@ void readEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
       loadElements(c.dtype, ctx->residualKey(seq.index, headIndex, row),
                    c.head_dim, key);
     else
-      kiviDequantizeKeyRow(keyRow(ctx, a), c.head_dim, bits, keyParams(ctx, a),
-                           key);
+      kiviDequantizeKeyRow(keyRow(ctx, a), c.head_dim, bits,
+                           asymRecords(keyParams(ctx, a)), key);
   }
   if (value) {
     if (h.valueFormat[slot] == KVC_FORMAT_FULL)
@@ -860,7 +871,7 @@ void readEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
                    c.head_dim, value);
     else
       kiviDequantizeValue(valueRow(ctx, a), c.head_dim, c.group_size, bits,
-                          valueParams(ctx, a), value);
+                          asymRecords(valueParams(ctx, a)), value);
   }
 }
 
@@ -885,8 +896,8 @@ void writeEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
       storeElements(c.dtype, key, c.head_dim,
                     ctx->residualKey(seq.index, headIndex, row));
     else
-      kiviEncodeKeyRow(key, c.head_dim, bits, keyParams(ctx, a), keyRow(ctx, a),
-                       scratch.codes.data());
+      kiviEncodeKeyRow(key, c.head_dim, bits, asymRecords(keyParams(ctx, a)),
+                       keyRow(ctx, a), scratch.codes.data());
   }
   if (value) {
     if (h.valueFormat[slot] == KVC_FORMAT_FULL)
@@ -894,7 +905,7 @@ void writeEntry(const kvc_context *ctx, const Sequence &seq, int32_t headIndex,
                     ctx->residualValue(seq.index, headIndex, row));
     else
       kiviQuantizeValue(value, c.head_dim, c.group_size, bits, valueRow(ctx, a),
-                        valueParams(ctx, a), scratch.codes.data());
+                        asymRecords(valueParams(ctx, a)), scratch.codes.data());
   }
 }
 

@@ -243,16 +243,55 @@ void quantizeFp8(const float *x, int64_t n, uint8_t *q, float *scale) {
     q[i] = kvc_f32_to_fp8_e4m3(x[i] / *scale);
 }
 
+uint16_t bf16Floor(float x) {
+  uint32_t bits = floatBits(x);
+  // Truncation rounds towards zero: up for a negative value's magnitude
+  // when any dropped bit is set.
+  if ((bits & 0x80000000u) && (bits & 0xffffu))
+    bits += 0x10000u;
+  uint16_t b = static_cast<uint16_t>(bits >> 16);
+  return (b & 0x7fffu) == 0x7f80u ? static_cast<uint16_t>(b - 1) : b;
+}
+
+uint16_t bf16Ceil(float x) {
+  uint32_t bits = floatBits(x);
+  if (!(bits & 0x80000000u) && (bits & 0xffffu))
+    bits += 0x10000u;
+  uint16_t b = static_cast<uint16_t>(bits >> 16);
+  return (b & 0x7fffu) == 0x7f80u ? static_cast<uint16_t>(b - 1) : b;
+}
+
+float bf16Float(uint16_t bits) {
+  return bitsFloat(static_cast<uint32_t>(bits) << 16);
+}
+
+AsymRecord quantizeAsymRecord(const float *x, int64_t n, int bits,
+                              uint8_t *codes) {
+  float lo = n > 0 ? x[0] : 0.0f, hi = lo;
+  for (int64_t i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  AsymRecord r;
+  r.min = bf16Floor(lo);
+  const float min = r.minValue();
+  r.scale = bf16Ceil((hi - min) / static_cast<float>((1 << bits) - 1));
+  const float scale = r.scaleValue();
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = encodeAsym(x[i], bits, scale, min);
+  return r;
+}
+
 void kiviQuantizeKeys(const float *keys, int tokens, int dim, int bits,
-                      uint8_t *packedRows, size_t rowStride, float *params,
-                      float *column, uint8_t *codes) {
+                      uint8_t *packedRows, size_t rowStride,
+                      AsymRecord *records, float *column, uint8_t *codes) {
   // Quantize channel by channel into channel-major codes, then pack them as
   // token-major rows, the order kernels read keys in.
   for (int c = 0; c < dim; ++c) {
     for (int t = 0; t < tokens; ++t)
       column[t] = keys[static_cast<size_t>(t) * dim + c];
-    quantizeAsym(column, tokens, bits, codes + static_cast<size_t>(c) * tokens,
-                 &params[2 * c], &params[2 * c + 1]);
+    records[c] = quantizeAsymRecord(column, tokens, bits,
+                                    codes + static_cast<size_t>(c) * tokens);
   }
   for (int t = 0; t < tokens; ++t) {
     uint8_t *row = packedRows + t * rowStride;
@@ -266,38 +305,39 @@ void kiviQuantizeKeys(const float *keys, int tokens, int dim, int bits,
 }
 
 void kiviDequantizeKeyRow(const uint8_t *packedRow, int dim, int bits,
-                          const float *params, float *key) {
+                          const AsymRecord *records, float *key) {
   uint8_t mask = static_cast<uint8_t>((1u << bits) - 1u);
   for (int c = 0; c < dim; ++c) {
     int64_t bit = static_cast<int64_t>(c) * bits;
-    uint8_t code = (packedRow[bit / 8] >> (bit % 8)) & mask;
-    key[c] = static_cast<float>(code) * params[2 * c] + params[2 * c + 1];
+    key[c] = records[c].decode((packedRow[bit / 8] >> (bit % 8)) & mask);
   }
 }
 
-void kiviEncodeKeyRow(const float *key, int dim, int bits, const float *params,
-                      uint8_t *packedRow, uint8_t *codes) {
+void kiviEncodeKeyRow(const float *key, int dim, int bits,
+                      const AsymRecord *records, uint8_t *packedRow,
+                      uint8_t *codes) {
   for (int c = 0; c < dim; ++c)
-    codes[c] = encodeAsym(key[c], bits, params[2 * c], params[2 * c + 1]);
+    codes[c] = encodeAsym(key[c], bits, records[c].scaleValue(),
+                          records[c].minValue());
   packBits(codes, dim, bits, packedRow);
 }
 
 void kiviQuantizeValue(const float *value, int dim, int group, int bits,
-                       uint8_t *packedRow, float *params, uint8_t *codes) {
+                       uint8_t *packedRow, AsymRecord *records,
+                       uint8_t *codes) {
   for (int g = 0; g * group < dim; ++g)
-    quantizeAsym(value + g * group, group, bits, &codes[g * group],
-                 &params[2 * g], &params[2 * g + 1]);
+    records[g] =
+        quantizeAsymRecord(value + g * group, group, bits, &codes[g * group]);
   packBits(codes, dim, bits, packedRow);
 }
 
 void kiviDequantizeValue(const uint8_t *packedRow, int dim, int group, int bits,
-                         const float *params, float *value) {
+                         const AsymRecord *records, float *value) {
   uint8_t mask = static_cast<uint8_t>((1u << bits) - 1u);
   for (int c = 0; c < dim; ++c) {
     int64_t bit = static_cast<int64_t>(c) * bits;
-    uint8_t code = (packedRow[bit / 8] >> (bit % 8)) & mask;
-    int g = c / group;
-    value[c] = static_cast<float>(code) * params[2 * g] + params[2 * g + 1];
+    value[c] =
+        records[c / group].decode((packedRow[bit / 8] >> (bit % 8)) & mask);
   }
 }
 
@@ -449,15 +489,15 @@ extern "C" kvc_status_t kvc_kivi_quantize_keys(const float *keys,
     KVC_CHECK(checkCount(name, tokens));
     KVC_CHECK(checkKiviShape(name, dim, bits, /*group=*/dim));
     KVC_CHECK(checkFinite(name, keys, static_cast<int64_t>(tokens) * dim));
-    std::vector<float> params(2 * static_cast<size_t>(dim));
+    std::vector<AsymRecord> records(static_cast<size_t>(dim));
     std::vector<float> column(static_cast<size_t>(tokens));
     std::vector<uint8_t> codes(static_cast<size_t>(tokens) * dim);
     size_t row = static_cast<size_t>(dim) * bits / 8;
-    kiviQuantizeKeys(keys, tokens, dim, bits, packed, row, params.data(),
+    kiviQuantizeKeys(keys, tokens, dim, bits, packed, row, records.data(),
                      column.data(), codes.data());
     for (int c = 0; c < dim; ++c) {
-      scales[c] = params[2 * c];
-      mins[c] = params[2 * c + 1];
+      scales[c] = records[c].scaleValue();
+      mins[c] = records[c].minValue();
     }
     return KVC_STATUS_OK;
   });
@@ -475,15 +515,15 @@ kvc_kivi_dequantize_keys(const uint8_t *packed, int32_t tokens, int32_t dim,
     KVC_CHECK(checkFloats(name, "keys", keys));
     KVC_CHECK(checkCount(name, tokens));
     KVC_CHECK(checkKiviShape(name, dim, bits, /*group=*/dim));
-    std::vector<float> params(2 * static_cast<size_t>(dim));
-    for (int c = 0; c < dim; ++c) {
-      params[2 * c] = scales[c];
-      params[2 * c + 1] = mins[c];
-    }
-    size_t row = static_cast<size_t>(dim) * bits / 8;
+    const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1u);
+    const size_t row = static_cast<size_t>(dim) * bits / 8;
     for (int t = 0; t < tokens; ++t)
-      kiviDequantizeKeyRow(packed + t * row, dim, bits, params.data(),
-                           keys + static_cast<size_t>(t) * dim);
+      for (int c = 0; c < dim; ++c) {
+        const int64_t bit = static_cast<int64_t>(c) * bits;
+        const uint8_t code = (packed[t * row + bit / 8] >> (bit % 8)) & mask;
+        keys[static_cast<size_t>(t) * dim + c] =
+            static_cast<float>(code) * scales[c] + mins[c];
+      }
     return KVC_STATUS_OK;
   });
 }
@@ -500,13 +540,13 @@ extern "C" kvc_status_t kvc_kivi_quantize_value(const float *value, int32_t dim,
     KVC_CHECK(checkFloats(name, "mins", mins));
     KVC_CHECK(checkKiviShape(name, dim, bits, group));
     KVC_CHECK(checkFinite(name, value, dim));
-    std::vector<float> params(2 * static_cast<size_t>(dim / group));
+    std::vector<AsymRecord> records(static_cast<size_t>(dim / group));
     std::vector<uint8_t> codes(static_cast<size_t>(dim));
-    kiviQuantizeValue(value, dim, group, bits, packed, params.data(),
+    kiviQuantizeValue(value, dim, group, bits, packed, records.data(),
                       codes.data());
     for (int g = 0; g < dim / group; ++g) {
-      scales[g] = params[2 * g];
-      mins[g] = params[2 * g + 1];
+      scales[g] = records[g].scaleValue();
+      mins[g] = records[g].minValue();
     }
     return KVC_STATUS_OK;
   });
@@ -523,12 +563,12 @@ kvc_kivi_dequantize_value(const uint8_t *packed, int32_t dim, int32_t group,
     KVC_CHECK(checkFloats(name, "mins", mins));
     KVC_CHECK(checkFloats(name, "value", value));
     KVC_CHECK(checkKiviShape(name, dim, bits, group));
-    std::vector<float> params(2 * static_cast<size_t>(dim / group));
-    for (int g = 0; g < dim / group; ++g) {
-      params[2 * g] = scales[g];
-      params[2 * g + 1] = mins[g];
+    const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1u);
+    for (int c = 0; c < dim; ++c) {
+      const int64_t bit = static_cast<int64_t>(c) * bits;
+      const uint8_t code = (packed[bit / 8] >> (bit % 8)) & mask;
+      value[c] = static_cast<float>(code) * scales[c / group] + mins[c / group];
     }
-    kiviDequantizeValue(packed, dim, group, bits, params.data(), value);
     return KVC_STATUS_OK;
   });
 }

@@ -42,27 +42,54 @@ uint8_t encodeAsym(float x, int bits, float scale, float min);
 void quantizeInt8(const float *x, int64_t n, int8_t *q, float *scale);
 void quantizeFp8(const float *x, int64_t n, uint8_t *q, float *scale);
 
+/// bfloat16 bit patterns of a finite float rounded towards -infinity
+/// (bf16Floor) or +infinity (bf16Ceil), saturating at the largest finite
+/// bfloat16; bf16Float widens one back exactly.
+uint16_t bf16Floor(float x);
+uint16_t bf16Ceil(float x);
+float bf16Float(uint16_t bits);
+
+/// An asymmetric record: the {scale, min} pair of one group of codes as two
+/// bfloat16 (scale first), the parameters every asymmetric format stores
+/// (KIVI keys and values, INT2/INT4). kvc_runtime.h states the rounding.
+struct AsymRecord {
+  uint16_t scale, min;
+  float scaleValue() const { return bf16Float(scale); }
+  float minValue() const { return bf16Float(min); }
+  float decode(uint8_t code) const {
+    return static_cast<float>(code) * scaleValue() + minValue();
+  }
+};
+static_assert(sizeof(AsymRecord) == 4, "a record pair is one 32-bit word");
+
+/// The record of the n values at x and their codes: min = the least value
+/// rounded down to bfloat16, scale = (max - min) / (2^bits - 1) rounded up,
+/// so that every value lies within the range the codes span.
+AsymRecord quantizeAsymRecord(const float *x, int64_t n, int bits,
+                              uint8_t *codes);
+
 /// KIVI keys of `tokens` rows, each channel over all tokens: packed rows of
-/// dim * bits / 8 bytes, one {scale, min} pair per channel in `params`
-/// (interleaved, 2 * dim floats). `column` (tokens floats) and `codes`
-/// (tokens * dim bytes) are caller scratch, so that the page code can
-/// allocate before it commits to a change.
+/// dim * bits / 8 bytes, one record per channel in `records` (dim of them).
+/// `column` (tokens floats) and `codes` (tokens * dim bytes) are caller
+/// scratch, so that the page code can allocate before it commits to a
+/// change.
 void kiviQuantizeKeys(const float *keys, int tokens, int dim, int bits,
-                      uint8_t *packedRows, size_t rowStride, float *params,
-                      float *column, uint8_t *codes);
+                      uint8_t *packedRows, size_t rowStride,
+                      AsymRecord *records, float *column, uint8_t *codes);
 /// Dequantizes one key row of a KIVI block.
 void kiviDequantizeKeyRow(const uint8_t *packedRow, int dim, int bits,
-                          const float *params, float *key);
-/// Encodes one key row with a block's existing parameters (`codes`: dim
-/// bytes of scratch).
-void kiviEncodeKeyRow(const float *key, int dim, int bits, const float *params,
-                      uint8_t *packedRow, uint8_t *codes);
-/// KIVI value: {scale, min} per group of `group` channels in `params`
+                          const AsymRecord *records, float *key);
+/// Encodes one key row with a block's existing records (`codes`: dim bytes
+/// of scratch).
+void kiviEncodeKeyRow(const float *key, int dim, int bits,
+                      const AsymRecord *records, uint8_t *packedRow,
+                      uint8_t *codes);
+/// KIVI value: one record per group of `group` channels in `records`
 /// (`codes`: dim bytes of scratch).
 void kiviQuantizeValue(const float *value, int dim, int group, int bits,
-                       uint8_t *packedRow, float *params, uint8_t *codes);
+                       uint8_t *packedRow, AsymRecord *records, uint8_t *codes);
 void kiviDequantizeValue(const uint8_t *packedRow, int dim, int group, int bits,
-                         const float *params, float *value);
+                         const AsymRecord *records, float *value);
 
 } // namespace kvc::rt
 

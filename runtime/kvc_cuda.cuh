@@ -441,6 +441,44 @@ __device__ uint32_t kiviCode(float x, float scale, float lo) {
       fminf(code, static_cast<float>((1 << kBits) - 1)));
 }
 
+/// A page's {scale, min} record: two bfloat16 in one 32-bit word, scale in
+/// the low half (runtime/Formats.h, AsymRecord). The rounding of
+/// kvc_kivi_quantize_value on the bit patterns (bf16Floor, bf16Ceil), so
+/// that the bytes equal the host's: towards -infinity or +infinity,
+/// saturating at the largest finite bfloat16.
+__device__ __forceinline__ uint32_t bf16FloorBits(float x) {
+  uint32_t b = __float_as_uint(x);
+  b = (b & 0x80000000u) && (b & 0xffffu) ? b + 0x10000u : b;
+  b >>= 16;
+  return (b & 0x7fffu) == 0x7f80u ? b - 1 : b;
+}
+__device__ __forceinline__ uint32_t bf16CeilBits(float x) {
+  uint32_t b = __float_as_uint(x);
+  b = !(b & 0x80000000u) && (b & 0xffffu) ? b + 0x10000u : b;
+  b >>= 16;
+  return (b & 0x7fffu) == 0x7f80u ? b - 1 : b;
+}
+
+/// The record of a group whose least and greatest values are lo and hi:
+/// min = lo rounded down, scale = (hi - min) / (2^bits - 1) rounded up, as
+/// floats for the codes (kiviCode) and as the word a page stores.
+struct AsymParams {
+  float scale, min;
+  uint32_t word;
+};
+template <int kBits> __device__ AsymParams asymParams(float lo, float hi) {
+  const uint32_t minBits = bf16FloorBits(lo);
+  const float min = __uint_as_float(minBits << 16);
+  const uint32_t scaleBits = bf16CeilBits(kiviScale<kBits>(min, hi));
+  return {__uint_as_float(scaleBits << 16), min, scaleBits | minBits << 16};
+}
+
+/// {scale, min} of a record word: two integer operations, no conversion.
+__device__ __forceinline__ float2 asymPair(uint32_t word) {
+  return make_float2(__uint_as_float(word << 16),
+                     __uint_as_float(word & 0xffff0000u));
+}
+
 /// x = code * scale + min in one fused multiply-add: the decode kernels'
 /// dequantization. The host's (kvc_dequantize_asym) rounds the product and
 /// the sum apart; the two differ by at most an ulp of x, which the decode
@@ -460,8 +498,9 @@ template <int D, Storage S, int kBits, int KG> struct LowRow {
   using Shape = RowShape<D, S>;
   static constexpr int kRowBytes = D * kBits / 8;
   static constexpr int kRunBytes = Shape::kElemsPerVec * kBits / 8;
-  /// Bytes of the parameter record of one slot.
-  static constexpr uint64_t kRecordBytes = 2 * sizeof(float) * (D / KG);
+  /// Bytes of the parameter record of one slot (a 4-byte {scale, min}
+  /// word per group).
+  static constexpr uint64_t kRecordBytes = 4 * (D / KG);
   static_assert(kBits == 2 || kBits == 4, "the low class is int2 or int4");
   static_assert(KG > 0 && D % KG == 0, "groups must divide head_dim");
   static_assert(kRunBytes == 1 || kRunBytes == 2 || kRunBytes == 4 ||
@@ -489,25 +528,25 @@ template <int D, Storage S, int kBits, int KG> struct LowRow {
   }
 
   /// Dequantizes the kElemsPerVec channels of vector j of `lane` from their
-  /// codes and the slot's record `params`.
-  __device__ static void decode(uint64_t codes, const float *params, int j,
-                                int lane, float *out) {
+  /// codes and the slot's record `records` (a word per group).
+  __device__ static void decode(uint64_t codes, const uint32_t *records,
+                                int j, int lane, float *out) {
     constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
     if constexpr (KG % Shape::kElemsPerVec == 0) {
       // The vector lies in one group.
-      const int g = Shape::channel(j, lane, 0) / KG;
-      const float scale = __ldg(params + 2 * g), lo = __ldg(params + 2 * g + 1);
+      const float2 p =
+          asymPair(__ldg(records + Shape::channel(j, lane, 0) / KG));
 #pragma unroll
       for (int e = 0; e < Shape::kElemsPerVec; ++e)
         out[e] = kiviDequant(
-            static_cast<uint32_t>((codes >> (e * kBits)) & kMask), scale, lo);
+            static_cast<uint32_t>((codes >> (e * kBits)) & kMask), p.x, p.y);
     } else {
 #pragma unroll
       for (int e = 0; e < Shape::kElemsPerVec; ++e) {
-        const int g = Shape::channel(j, lane, e) / KG;
+        const float2 p =
+            asymPair(__ldg(records + Shape::channel(j, lane, e) / KG));
         out[e] = kiviDequant(
-            static_cast<uint32_t>((codes >> (e * kBits)) & kMask),
-            __ldg(params + 2 * g), __ldg(params + 2 * g + 1));
+            static_cast<uint32_t>((codes >> (e * kBits)) & kMask), p.x, p.y);
       }
     }
   }
@@ -1127,15 +1166,15 @@ __global__ void __launch_bounds__(kStoreThreads)
 }
 
 /// Encodes one float row of D channels into a low-class row (mixed
-/// precision) and its record of D / KG {scale, min} pairs: called by the 32
-/// lanes of a warp, with `row` and `pairs` the warp's shared scratch. The
-/// bytes of kvc_kivi_quantize_value, which a host pool's kvc_append_format
-/// writes: each group's minimum and maximum taken in the host's order
-/// (first element, then strict comparisons), scale = (max - min) /
-/// (2^bits - 1), codes kiviCode, packed as kvc_pack_bits (code c at bit
+/// precision) and its record of D / KG {scale, min} words: called by the
+/// 32 lanes of a warp, with `row` and `pairs` the warp's shared scratch.
+/// The bytes of kvc_kivi_quantize_value, which a host pool's
+/// kvc_append_format writes: each group's minimum and maximum taken in the
+/// host's order (first element, then strict comparisons), the record of
+/// asymParams, codes kiviCode, packed as kvc_pack_bits (code c at bit
 /// (c * bits) % 8 of byte c * bits / 8).
 template <int D, int kBits, int KG>
-__device__ void storeLowRow(const float *src, uint8_t *dst, float *record,
+__device__ void storeLowRow(const float *src, uint8_t *dst, uint32_t *record,
                             float *row, float *pairs) {
   constexpr int kGroups = D / KG, kPerByte = 8 / kBits;
   const int lane = threadIdx.x % kWarpSize;
@@ -1148,9 +1187,10 @@ __device__ void storeLowRow(const float *src, uint8_t *dst, float *record,
       lo = row[i] < lo ? row[i] : lo;
       hi = hi < row[i] ? row[i] : hi;
     }
-    const float scale = kiviScale<kBits>(lo, hi);
-    pairs[2 * g] = record[2 * g] = scale;
-    pairs[2 * g + 1] = record[2 * g + 1] = lo;
+    const AsymParams p = asymParams<kBits>(lo, hi);
+    pairs[2 * g] = p.scale;
+    pairs[2 * g + 1] = p.min;
+    record[g] = p.word;
   }
   __syncwarp();
   for (int b = lane; b < D * kBits / 8; b += kWarpSize) {
@@ -1182,10 +1222,10 @@ __global__ void __launch_bounds__(kStoreThreads)
   const StoreEntry s = entries[e];
   const int64_t offset = s.row * kvStride + static_cast<int64_t>(s.head) * D;
   storeLowRow<D, kBits, KG>(k + offset, reinterpret_cast<uint8_t *>(s.key),
-                            reinterpret_cast<float *>(s.keyScale), rows[warp],
-                            pairs[warp]);
+                            reinterpret_cast<uint32_t *>(s.keyScale),
+                            rows[warp], pairs[warp]);
   storeLowRow<D, kBits, KG>(v + offset, reinterpret_cast<uint8_t *>(s.value),
-                            reinterpret_cast<float *>(s.valueScale),
+                            reinterpret_cast<uint32_t *>(s.valueScale),
                             rows[warp], pairs[warp]);
 }
 
@@ -2356,7 +2396,7 @@ __global__ void __launch_bounds__(kThreads,
       // Mixed precision: the codes and records of a low slot.
       uint64_t kCodes[kMixed ? Shape::kVecsPerLane : 1],
           vCodes[kMixed ? Shape::kVecsPerLane : 1];
-      const float *kRecord, *vRecord;
+      const uint32_t *kRecord, *vRecord;
     };
     // The cache's rows and codes stream (streamPolicy).
     const uint64_t policy = streamPolicy();
@@ -2385,9 +2425,9 @@ __global__ void __launch_bounds__(kThreads,
             r.kCodes[j] = Low::load(kRow, j, lane, policy);
             r.vCodes[j] = Low::load(vRow, j, lane, policy);
           }
-          r.kRecord = reinterpret_cast<const float *>(
+          r.kRecord = reinterpret_cast<const uint32_t *>(
               page + a.layout.lowKeyParamOffset + o * Low::kRecordBytes);
-          r.vRecord = reinterpret_cast<const float *>(
+          r.vRecord = reinterpret_cast<const uint32_t *>(
               page + a.layout.lowValueParamOffset + o * Low::kRecordBytes);
           return;
         }
@@ -2493,7 +2533,8 @@ struct KiviMember {
 };
 
 /// One quantization job: a value (one member) or a key block (its members
-/// in token order). `params` is the value's record or the block's.
+/// in token order). `params` is the value's record or the block's (a
+/// {scale, min} word per group or channel).
 struct KiviJob {
   uint64_t params;
   int32_t firstMember, count;
@@ -2527,7 +2568,7 @@ __global__ void __launch_bounds__(D)
   __shared__ uint8_t codes[KG][D];
   __shared__ float row[D];
   const int c = threadIdx.x;
-  float *params = reinterpret_cast<float *>(job.params);
+  uint32_t *records = reinterpret_cast<uint32_t *>(job.params);
   if (job.isKey) {
     float lo = 0.0f, hi = 0.0f;
     for (int32_t t = 0; t < job.count; ++t) {
@@ -2536,13 +2577,12 @@ __global__ void __launch_bounds__(D)
       lo = t == 0 || x < lo ? x : lo;
       hi = t == 0 || hi < x ? x : hi;
     }
-    const float scale = kiviScale<kBits>(lo, hi);
-    params[2 * c] = scale;
-    params[2 * c + 1] = lo;
+    const AsymParams p = asymParams<kBits>(lo, hi);
+    records[c] = p.word;
     for (int32_t t = 0; t < job.count; ++t)
       codes[t][c] = static_cast<uint8_t>(kiviCode<kBits>(
-          kiviSourceElement<T>(members[job.firstMember + t].source, c), scale,
-          lo));
+          kiviSourceElement<T>(members[job.firstMember + t].source, c),
+          p.scale, p.min));
   } else {
     row[c] = kiviSourceElement<T>(members[job.firstMember].source, c);
     __syncthreads();
@@ -2552,12 +2592,11 @@ __global__ void __launch_bounds__(D)
       lo = row[i] < lo ? row[i] : lo;
       hi = hi < row[i] ? row[i] : hi;
     }
-    const float scale = kiviScale<kBits>(lo, hi);
-    if (c == first) {
-      params[2 * (c / KG)] = scale;
-      params[2 * (c / KG) + 1] = lo;
-    }
-    codes[0][c] = static_cast<uint8_t>(kiviCode<kBits>(row[c], scale, lo));
+    const AsymParams p = asymParams<kBits>(lo, hi);
+    if (c == first)
+      records[c / KG] = p.word;
+    codes[0][c] =
+        static_cast<uint8_t>(kiviCode<kBits>(row[c], p.scale, p.min));
   }
   __syncthreads();
   constexpr int kRowBytes = D * kBits / 8, kPerByte = 8 / kBits;
@@ -2624,7 +2663,7 @@ template <int G> struct KiviRowsInFlight {
 template <int D, Storage S, int kBits, int KG> struct KiviPrefetch {
   static constexpr int kRows = 64;
   using Packed = LowRow<D, S, kBits, KG>;
-  static constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  static constexpr uint64_t kKeyRecordBytes = 4 * D;
   const uint64_t *pages;
   const int32_t *positions, *kiviRows;
   PageLayout layout;
@@ -2679,10 +2718,10 @@ decodeKiviRows(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   // Keys and values are packed per token alike (kvc_pack_bits); a value's
   // record is the low class's layout.
   using Packed = LowRow<D, S, kBits, KG>;
-  constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
+  constexpr uint64_t kKeyRecordBytes = 4 * D;
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
-  static_assert(Shape::kElemsPerVec % 2 == 0,
-                "a lane's key pairs are whole 16-byte loads");
+  static_assert(Shape::kElemsPerVec % 4 == 0,
+                "a lane's key records are whole 16-byte loads");
   const int lane = threadIdx.x % Shape::kLanes;
 
   // A row's loads: per vector, the full-precision vector, or its codes in
@@ -2691,7 +2730,7 @@ decodeKiviRows(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     int32_t slot;
     bool inRange, live, keyFull, valueFull;
     uint4 k[Shape::kVecsPerLane], v[Shape::kVecsPerLane];
-    const float *kRecord, *vRecord;
+    const uint32_t *kRecord, *vRecord;
   };
   auto load = [&](int32_t slot, Row &r) {
     r.slot = slot;
@@ -2733,10 +2772,10 @@ decodeKiviRows(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
                             static_cast<uint32_t>(c >> 32), 0u, 0u);
       }
     }
-    r.kRecord = reinterpret_cast<const float *>(
+    r.kRecord = reinterpret_cast<const uint32_t *>(
         page + a.layout.keyParamOffset +
         o / static_cast<uint64_t>(KG) * kKeyRecordBytes);
-    r.vRecord = reinterpret_cast<const float *>(
+    r.vRecord = reinterpret_cast<const uint32_t *>(
         page + a.layout.valueParamOffset + o * Packed::kRecordBytes);
   };
   auto decode = [&](const Row &r, bool value, int j, float *out) {
@@ -2751,19 +2790,22 @@ decodeKiviRows(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       Packed::decode(codes, r.vRecord, j, lane, out);
       return;
     }
-    // The {scale, min} pairs of the lane's channels, consecutive in the
+    // The {scale, min} words of the lane's channels, consecutive in the
     // block's record and 16-byte aligned (the record is, and a vector's
-    // first channel is a multiple of kElemsPerVec).
-    const float4 *pairs = reinterpret_cast<const float4 *>(
-        r.kRecord + 2 * Shape::channel(j, lane, 0));
+    // first channel is a multiple of kElemsPerVec, itself of 4).
+    const uint4 *words =
+        reinterpret_cast<const uint4 *>(r.kRecord + Shape::channel(j, lane, 0));
 #pragma unroll
-    for (int e = 0; e < Shape::kElemsPerVec; e += 2) {
-      const float4 p = __ldg(pairs + e / 2);
-      out[e] = kiviDequant(
-          static_cast<uint32_t>((codes >> (e * kBits)) & kMask), p.x, p.y);
-      out[e + 1] = kiviDequant(
-          static_cast<uint32_t>((codes >> ((e + 1) * kBits)) & kMask), p.z,
-          p.w);
+    for (int e = 0; e < Shape::kElemsPerVec; e += 4) {
+      const uint4 w = __ldg(words + e / 4);
+      const uint32_t four[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 p = asymPair(four[i]);
+        out[e + i] = kiviDequant(
+            static_cast<uint32_t>((codes >> ((e + i) * kBits)) & kMask), p.x,
+            p.y);
+      }
     }
   };
   decodeSplitRows<G, D, Shape, kThreads, KiviRowsInFlight<G>::value, Row>(
@@ -2885,10 +2927,10 @@ template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 struct KiviTiles {
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kHeadDim = D, kKeyGroup = KG;
-  /// Bytes of a block's key record ({scale, min} per channel) and of a
-  /// slot's value record ({scale, min} per group of KG channels).
-  static constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
-  static constexpr uint64_t kValueRecordBytes = 2 * sizeof(float) * (D / KG);
+  /// Bytes of a block's key record ({scale, min} word per channel) and of
+  /// a slot's value record (a word per group of KG channels).
+  static constexpr uint64_t kKeyRecordBytes = 4 * D;
+  static constexpr uint64_t kValueRecordBytes = 4 * (D / KG);
   /// Codes per 32-bit word, words and bytes of a packed row.
   static constexpr int kCodesPerWord = 32 / kBits;
   static constexpr int kRowWords = D * kBits / 32;
@@ -3174,17 +3216,46 @@ template <int G, typename Tiles> struct KiviTileWalk {
   }
 };
 
+/// The N consecutive 32-bit words at `from` (aligned to the widest of 16,
+/// 8 and 4 bytes that N words fill) in the fewest loads.
+template <int N>
+__device__ __forceinline__ void loadWords(const uint8_t *from,
+                                          uint32_t (&words)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4 *>(from) + i / 4);
+      words[i] = w.x;
+      words[i + 1] = w.y;
+      words[i + 2] = w.z;
+      words[i + 3] = w.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const uint2 w = __ldg(reinterpret_cast<const uint2 *>(from) + i / 2);
+      words[i] = w.x;
+      words[i + 1] = w.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      words[i] = __ldg(reinterpret_cast<const uint32_t *>(from) + i);
+  }
+}
+
 /// One lane's loads of a KIVI tile, issued together ahead of their use: its
 /// slot's key codes (where they are read: `keyCodes`), value codes (always:
 /// a free slot's are read from its page, which exists when the tile has a
 /// live slot, and weighted 0), value record (a live slot with quantized
 /// value) and, when some lane of the warp reads key codes (`fold`), the
-/// block's {scale, min} of channels lane, lane + 32, ...
+/// block's {scale, min} of channels lane, lane + 32, ...: record words,
+/// which asymPair widens where they are used.
 template <typename Tiles> struct KiviTileLoads {
   using RowVector = typename Tiles::RowVector;
   RowVector keyRow[Tiles::kRowVectors] = {}, valueRow[Tiles::kRowVectors];
-  float2 valueRecord[Tiles::kGroups] = {};
-  float2 keyRecord[Tiles::kHeadDim / kWarpSize] = {};
+  uint32_t valueRecord[Tiles::kGroups] = {};
+  uint32_t keyRecord[Tiles::kHeadDim / kWarpSize] = {};
 
   /// The packed row of slot `o` of the code region at `region`.
   __device__ static __forceinline__ void
@@ -3205,20 +3276,17 @@ template <typename Tiles> struct KiviTileLoads {
     if (keyCodes)
       loadRow(page + a.layout.keyOffset, o, keyRow);
     loadRow(page + a.layout.valueOffset, o, valueRow);
-    if (valueCodes) {
-      const float2 *record = reinterpret_cast<const float2 *>(
-          page + a.layout.valueParamOffset + o * Tiles::kValueRecordBytes);
-#pragma unroll
-      for (int x = 0; x < Tiles::kGroups; ++x)
-        valueRecord[x] = __ldg(record + x);
-    }
+    if (valueCodes)
+      loadWords<Tiles::kGroups>(page + a.layout.valueParamOffset +
+                                    o * Tiles::kValueRecordBytes,
+                                valueRecord);
     if (fold) {
-      const float2 *pairs = reinterpret_cast<const float2 *>(
+      const uint32_t *words = reinterpret_cast<const uint32_t *>(
           page + a.layout.keyParamOffset +
           (o - lane) / Tiles::kKeyGroup * Tiles::kKeyRecordBytes);
 #pragma unroll
       for (int i = 0; i < Tiles::kHeadDim / kWarpSize; ++i)
-        keyRecord[i] = __ldg(pairs + i * kWarpSize + lane);
+        keyRecord[i] = __ldg(words + i * kWarpSize + lane);
     }
   }
 };
@@ -3372,12 +3440,13 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
       for (int i = 0; i < D / kWarpSize; ++i) {
         const int c = i * kWarpSize + lane;
+        const float2 record = asymPair(in.keyRecord[i]);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-          f[i][g] = queries[g][c] * in.keyRecord[i].x;
+          f[i][g] = queries[g][c] * record.x;
           const uint32_t bits = __float_as_uint(f[i][g]) & 0x7fffffffu;
           bound[g] = bits > bound[g] ? bits : bound[g];
-          bias[g] = fmaf(queries[g][c], in.keyRecord[i].y, bias[g]);
+          bias[g] = fmaf(queries[g][c], record.y, bias[g]);
         }
       }
 #pragma unroll
@@ -3473,10 +3542,11 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       uint32_t bound = 0;
 #pragma unroll
       for (int x = 0; x < Tiles::kGroups; ++x) {
-        w[x] = valueCodesLive ? p[g] * in.valueRecord[x].x : 0.0f;
+        const float2 record = asymPair(in.valueRecord[x]);
+        w[x] = valueCodesLive ? p[g] * record.x : 0.0f;
         const uint32_t bits = __float_as_uint(w[x]) & 0x7fffffffu;
         bound = bits > bound ? bits : bound;
-        offsets[x] = valueCodesLive ? p[g] * in.valueRecord[x].y : 0.0f;
+        offsets[x] = valueCodesLive ? p[g] * record.y : 0.0f;
       }
       // The offset of the lane's value group (lane bits from log2(KG / 8)
       // on: c0 / KG), which counts once per channel: in the lanes of the
@@ -3928,9 +3998,10 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     }
 #pragma unroll
     for (int x = 0; x < Tiles::kGroups; ++x) {
-      const float s = in.valueRecord[x].x * Tiles::kUnit;
+      const float2 record = asymPair(in.valueRecord[x]);
+      const float s = record.x * Tiles::kUnit;
       valueTerms[warp][lane][x] = live && !valueFull
-                                      ? make_float2(s, in.valueRecord[x].y - s)
+                                      ? make_float2(s, record.y - s)
                                       : make_float2(0.0f, 0.0f);
     }
     // The block's key factors as fixed point: s 2^11 / P, P a power of two
@@ -3940,13 +4011,15 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       float sMax = 0.0f;
 #pragma unroll
       for (int i = 0; i < D / kWarpSize; ++i)
-        sMax = fmaxf(sMax, in.keyRecord[i].x);
+        sMax = fmaxf(sMax, asymPair(in.keyRecord[i]).x);
       const float bound = Fixed::above(warpMax(sMax));
       const float toFixed = Fixed::over(bound);
 #pragma unroll
-      for (int i = 0; i < D / kWarpSize; ++i)
+      for (int i = 0; i < D / kWarpSize; ++i) {
+        const float2 record = asymPair(in.keyRecord[i]);
         keyTerms[warp][i * kWarpSize + keyTerm] =
-            make_float2(in.keyRecord[i].x * toFixed, in.keyRecord[i].y);
+            make_float2(record.x * toFixed, record.y);
+      }
       keyUnit = headUnit * bound * 0x1p-11f;
     }
     if (live && keyFull) {

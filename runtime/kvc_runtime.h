@@ -156,8 +156,8 @@ typedef enum kvc_format_t {
   /// KIVI 4-bit, same structure as KVC_FORMAT_KIVI_INT2.
   KVC_FORMAT_KIVI_INT4 = 4,
   /// 2-bit asymmetric per token, keys and values alike: each vector in
-  /// groups of G channels, one float {scale, min} pair per group (the
-  /// layout of a KIVI value). Only the low class of a mixed-precision
+  /// groups of G channels, one {scale, min} record per group (the layout
+  /// of a KIVI value). Only the low class of a mixed-precision
   /// context (kvc_config_t.low_format) uses it.
   KVC_FORMAT_INT2 = 5,
   /// 4-bit, same structure as KVC_FORMAT_INT2.
@@ -201,11 +201,13 @@ typedef struct kvc_config_t {
 } kvc_config_t;
 
 /// Byte layout of one page, relative to the page's first byte. Slot s of a
-/// page stores its key at key_offset + s * key_stride (likewise values). The
-/// per-entry parameters are float32 records:
+/// page stores its key at key_offset + s * key_stride (likewise values).
+/// The per-entry parameters:
 ///  - FULL: no parameters; key/value rows are head_dim elements of dtype.
-///  - INT8: rows of head_dim int8; key/value parameter record = {scale}.
-///  - FP8_E4M3: rows of head_dim e4m3 bytes; parameter record = {scale}.
+///  - INT8: rows of head_dim int8; key/value parameter record = {scale},
+///    one float32.
+///  - FP8_E4M3: rows of head_dim e4m3 bytes; parameter record = {scale},
+///    one float32.
 ///  - KIVI: rows of head_dim * bits / 8 packed bytes (layout at
 ///    kvc_pack_bits). Value parameter record of slot s: head_dim / G pairs
 ///    {scale, min}, one per group of G channels. Key parameter record of
@@ -214,6 +216,8 @@ typedef struct kvc_config_t {
 ///  - INT2/INT4 (the low class of a mixed-precision context): rows of
 ///    head_dim * bits / 8 packed bytes; key and value parameter records of
 ///    slot s: head_dim / G pairs {scale, min}.
+/// A {scale, min} pair is two bfloat16, scale first (4 bytes), rounded as
+/// kvc_kivi_quantize_value states.
 /// Parameter strides are 0 where a format has no parameters.
 ///
 /// Mixed precision. A context with a low_format has two page classes of
@@ -682,7 +686,8 @@ kvc_status_t kvc_dequantize_asym(const uint8_t *codes, int64_t n, float scale,
 
 /// KIVI keys: `tokens` x `dim` rows quantized per channel over all the
 /// given tokens (one KIVI block). Codes are packed per token row (row t at
-/// t * dim * bits / 8); scales and mins have `dim` entries.
+/// t * dim * bits / 8); scales and mins have `dim` entries, bfloat16
+/// values as kvc_kivi_quantize_value rounds them.
 kvc_status_t kvc_kivi_quantize_keys(const float *keys, int32_t tokens,
                                     int32_t dim, int32_t bits, uint8_t *packed,
                                     float *scales, float *mins);
@@ -695,6 +700,15 @@ kvc_status_t kvc_kivi_dequantize_keys(const uint8_t *packed, int32_t tokens,
 
 /// KIVI value: one token of `dim` channels quantized per group of `group`
 /// channels; dim * bits / 8 packed bytes, dim / group scales and mins.
+/// A page stores each {scale, min} pair as two bfloat16, so both are
+/// bfloat16 values: min is the group's least value rounded down to
+/// bfloat16, scale = (max - min) / (2^bits - 1) rounded up to bfloat16
+/// (both saturate at the largest finite bfloat16), and codes are
+/// rne((x - min) / scale) clamped to [0, 2^bits - 1] (0 when scale is 0).
+/// Every value within the bfloat16 range (|x| <= 3.39e38) lies in
+/// [min, min + (2^bits - 1) * scale], so |x - dequant| <= scale / 2, with
+/// scale at most 2^-7 of itself above kvc_quantize_asym's (plus a bfloat16
+/// step of min over 2^bits - 1).
 kvc_status_t kvc_kivi_quantize_value(const float *value, int32_t dim,
                                      int32_t group, int32_t bits,
                                      uint8_t *packed, float *scales,

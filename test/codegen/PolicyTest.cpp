@@ -465,9 +465,15 @@ double storageBound(Model::Storage storage, double x, double lo, double hi,
   case Model::Storage::Full:
     return 0.0;
   case Model::Storage::Kivi2:
-    return (hi - lo) / (2.0 * 3.0) + 1e-2;
-  case Model::Storage::Kivi4:
-    return (hi - lo) / (2.0 * 15.0) + 1e-2;
+  case Model::Storage::Kivi4: {
+    // Half a step of the record's scale: (range) / levels, widened by the
+    // bfloat16 roundings of min (down, up to 2^-7 of it) and of the scale
+    // (up, up to 2^-7 of itself).
+    const double levels = storage == Model::Storage::Kivi2 ? 3.0 : 15.0;
+    const double widen = std::ldexp(1.0, -7);
+    const double minAbs = std::max(std::fabs(lo), std::fabs(hi));
+    return (hi - lo + minAbs * widen) / levels * (1.0 + widen) / 2.0 + 1e-2;
+  }
   case Model::Storage::Int8:
     return maxAbs / 127.0 / 2.0 + 1e-6;
   case Model::Storage::MixedInt8Int2:
@@ -846,19 +852,20 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           const bool storedHigh = meta.key_format[slot] == KVC_FORMAT_INT8;
           EXPECT_EQ(meta.value_format[slot], meta.key_format[slot]);
           // int8: half a step of max|x| / 127; int2: half a step of the
-          // group's range / 3.
+          // group's record (the range / 3, min and scale as bfloat16).
           for (const auto *rows : {&keys, &values}) {
             const std::vector<float> &stored = rows == &keys ? key : value;
             for (int first = 0; first < kDim; first += m.lowGroup) {
-              double lo = INFINITY, hi = -INFINITY, amax = 0.0;
+              double amax = 0.0;
               for (int c = 0; c < kDim; ++c)
                 amax = std::max(amax, std::fabs(rows->at(pos, c)));
-              for (int c = first; c < first + m.lowGroup; ++c) {
-                lo = std::min(lo, rows->at(pos, c));
-                hi = std::max(hi, rows->at(pos, c));
-              }
-              const double bound = storedHigh ? amax / 127.0 / 2.0 + 1e-6
-                                              : (hi - lo) / 6.0 + 1e-5;
+              ref::Vector group;
+              for (int c = first; c < first + m.lowGroup; ++c)
+                group.push_back(rows->at(pos, c));
+              const double bound =
+                  storedHigh ? amax / 127.0 / 2.0 + 1e-6
+                             : ref::quantizeAsymRecord(group, 2).scale / 2.0 +
+                                   1e-5;
               for (int c = first; c < first + m.lowGroup; ++c)
                 ASSERT_LE(std::fabs(stored[c] - rows->at(pos, c)), bound)
                     << where << (rows == &keys ? " key " : " value ") << pos

@@ -57,6 +57,20 @@ const char *dtypeName(kvc_dtype_t t) {
 
 uint64_t alignUp(uint64_t x) { return (x + 255) / 256 * 256; }
 
+/// A record half: x truncated to bfloat16 (any bfloat16 value does for the
+/// random records), and its value exactly.
+uint16_t toBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+double fromBf16(uint16_t half) {
+  const uint32_t bits = static_cast<uint32_t>(half) << 16;
+  float x;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
 /// decodeAttentionKivi with its path chosen by the test.
 enum class Path { Dispatch, Tiles };
 
@@ -96,8 +110,9 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
   constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
   using Full = kvc::cuda::RowShape<D, S>;
   constexpr uint64_t kRowBytes = D * kBits / 8;
-  constexpr uint64_t kKeyRecordBytes = 2 * sizeof(float) * D;
-  constexpr uint64_t kValueRecordBytes = 2 * sizeof(float) * (D / KG);
+  // A {scale, min} record is two bfloat16 (4 bytes).
+  constexpr uint64_t kKeyRecordBytes = 4 * D;
+  constexpr uint64_t kValueRecordBytes = 4 * (D / KG);
   constexpr uint32_t kMaxCode = (1u << kBits) - 1;
   static_assert(kPageSize % KG == 0, "pages hold whole key blocks");
   kvc::cuda::PageLayout layout{};
@@ -153,18 +168,18 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
       auto *page = static_cast<uint8_t *>(batch.alloc(pageBytes));
       pages[p] = reinterpret_cast<uint64_t>(page);
       auto *keyRecords =
-          reinterpret_cast<float *>(page + layout.keyParamOffset);
+          reinterpret_cast<uint16_t *>(page + layout.keyParamOffset);
       for (int32_t i = 0; i < kPageSize / KG * D; ++i) {
         // Outlier channels (c % 16 == 5) have their range times `outlier`.
         const float f = i % D % 16 == 5 ? outlier : 1.0f;
-        keyRecords[2 * i] = f * (0.02f + 0.2f * u(rng)); // scale
-        keyRecords[2 * i + 1] = f * (u(rng) - 0.8f);     // min
+        keyRecords[2 * i] = toBf16(f * (0.02f + 0.2f * u(rng))); // scale
+        keyRecords[2 * i + 1] = toBf16(f * (u(rng) - 0.8f));     // min
       }
       for (int32_t o = 0; o < kPageSize; ++o) {
         const int32_t s = p * kPageSize + o;
         uint8_t *k = page + layout.keyOffset + o * kRowBytes;
         uint8_t *v = page + layout.valueOffset + o * kRowBytes;
-        auto *valueRecord = reinterpret_cast<float *>(
+        auto *valueRecord = reinterpret_cast<uint16_t *>(
             page + layout.valueParamOffset + o * kValueRecordBytes);
         std::vector<uint32_t> kc(D), vc(D);
         for (int c = 0; c < D; ++c) {
@@ -174,8 +189,8 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
           putCode<kBits>(v, c, vc[c]);
         }
         for (int x = 0; x < D / KG; ++x) {
-          valueRecord[2 * x] = 0.02f + 0.2f * u(rng);
-          valueRecord[2 * x + 1] = u(rng) - 0.8f;
+          valueRecord[2 * x] = toBf16(0.02f + 0.2f * u(rng));
+          valueRecord[2 * x + 1] = toBf16(u(rng) - 0.8f);
         }
         // Head 2 as a KIVI cache holds it: every slot live, the window at
         // the end (keys of the newest 72 entries, values of the newest
@@ -197,17 +212,15 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
                      (valueFull ? kvc::cuda::kKiviValueFull : 0);
         keys[h][s].resize(D);
         values[h][s].resize(D);
-        const float *keyRecord = keyRecords + o / KG * 2 * D;
+        const uint16_t *keyRecord = keyRecords + o / KG * 2 * D;
         for (int c = 0; c < D; ++c) {
-          keys[h][s][c] =
-              keyFull ? fullRows[row][c]
-                      : kc[c] * static_cast<double>(keyRecord[2 * c]) +
-                            keyRecord[2 * c + 1];
+          keys[h][s][c] = keyFull ? fullRows[row][c]
+                                  : kc[c] * fromBf16(keyRecord[2 * c]) +
+                                        fromBf16(keyRecord[2 * c + 1]);
           values[h][s][c] =
-              valueFull
-                  ? fullRows[kResidual + row][c]
-                  : vc[c] * static_cast<double>(valueRecord[2 * (c / KG)]) +
-                        valueRecord[2 * (c / KG) + 1];
+              valueFull ? fullRows[kResidual + row][c]
+                        : vc[c] * fromBf16(valueRecord[2 * (c / KG)]) +
+                              fromBf16(valueRecord[2 * (c / KG) + 1]);
         }
       }
     }

@@ -846,9 +846,12 @@ TEST(Fp8, StoresE4M3PerTokenCodes) {
 /// (max - min) / (2^b - 1) / 2 of its input.
 void expectKiviBound(const Vec &got, const Vec &input, double lo, double hi,
                      int bits, const char *what, int position, int c) {
-  (void)input;
+  // Half a step of the stored scale: the range over 2^bits - 1, widened
+  // by the bfloat16 roundings of min (down) and scale (up), 2^-7 each.
+  const double widen = std::ldexp(1.0, -7);
+  const double range = hi - lo + std::max(std::fabs(lo), std::fabs(hi)) * widen;
   EXPECT_LE(std::fabs(got[c] - input[c]),
-            (hi - lo) / ((1 << bits) - 1) / 2 + 1e-6)
+            range / ((1 << bits) - 1) * (1.0 + widen) / 2 + 1e-6)
       << what << " of position " << position << " channel " << c;
 }
 
@@ -856,7 +859,9 @@ void expectKiviBound(const Vec &got, const Vec &input, double lo, double hi,
 // they are quantized per channel over blocks of 4 tokens ({0..3}, {4..7});
 // 8..11 stay full. Values: an entry's value is quantized when the 8th newer
 // entry arrives, so values 0..3 are quantized, 4..11 are full. 2 bits:
-// scale = (max - min) / 3, code = rne((x - min) / scale).
+// scale = (max - min) / 3, code = rne((x - min) / scale); min and scale
+// are stored as bfloat16 (min rounded down, scale up), which every min and
+// scale below is exactly.
 TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
   Cache cache(KVC_API(kivi2), 8);
   const int n = 12;
@@ -876,7 +881,7 @@ TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
   // Keys 8..11: c0 = t - 8, c1 {0.5, 1.4, 0.5, 3.5} (quantized later).
   for (int t = 8; t < 12; ++t)
     k.set(t, 0, {float(t - 8), t == 9 ? 1.4f : t == 11 ? 3.5f : 0.5f, 0, 0,
-                 0, 0, 0, 0.1f * t});
+                 0, 0, 0, 0.125f * t});
   // Values, groups of 4 channels:
   //   0: (0,1,2,3 | 10,10,10,10) exact.
   //   1: (0.5,0.75,3.5,2.25 | -3,0.5,3,1): g0 min 0.5 scale 1, codes
@@ -952,13 +957,13 @@ TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
   // at 15 the 8 unflushed keys 8..15 are quantized as blocks {8..11} and
   // {12..15}, and the values of 5, 6, 7 (on the grid: exact) too.
   //   block {8..11}: c0 {0,1,2,3} exact; c1 {0.5,1.4,0.5,3.5}: min 0.5,
-  //     scale 1, 1.4 -> code 1 -> 1.5; c7 {0.8,0.9,1,1.1}: min 0.8, scale
-  //     0.1, all on the grid.
-  //   block {12..15}: c2 = t - 12 exact, c0 {0,1.3,0,0}: min 0, scale
-  //     1.3/3, code 3 -> 1.3.
+  //     scale 1, 1.4 -> code 1 -> 1.5; c7 {1,1.125,1.25,1.375}: min 1,
+  //     scale 0.125, all on the grid.
+  //   block {12..15}: c2 = t - 12 exact, c0 {0,1.5,0,0}: min 0, scale
+  //     0.5, code 3 -> 1.5.
   for (int t = 12; t < 16; ++t) {
     Rows dq(1, 2, 8), dk(1, 1, 8), dv(1, 1, 8);
-    dk.set(0, 0, {t == 13 ? 1.3f : 0.0f, 0, float(t - 12), 0, 0, 0, 0, 0});
+    dk.set(0, 0, {t == 13 ? 1.5f : 0.0f, 0, float(t - 12), 0, 0, 0, 0, 0});
     dv.set(0, 0, {float(t), 0, 0, 0, 1, 1, 1, 1});
     ASSERT_EQ(cache.decode(0, dq, dk, dv, t), KVC_STATUS_OK)
         << kvc_last_error();
@@ -970,11 +975,11 @@ TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
     }
   }
   EXPECT_EQ(cache.kept(0, 0).size(), 16u);
-  expectRow(cache.key(0, 0, 9), {1, 1.5, 0, 0, 0, 0, 0, 0.9}, 1e-6, "key",
+  expectRow(cache.key(0, 0, 9), {1, 1.5, 0, 0, 0, 0, 0, 1.125}, 1e-6, "key",
             9);
-  expectRow(cache.key(0, 0, 11), {3, 3.5, 0, 0, 0, 0, 0, 1.1}, 1e-6, "key",
+  expectRow(cache.key(0, 0, 11), {3, 3.5, 0, 0, 0, 0, 0, 1.375}, 1e-6, "key",
             11);
-  expectRow(cache.key(0, 0, 13), {1.3, 0, 1, 0, 0, 0, 0, 0}, 1e-6, "key", 13);
+  expectRow(cache.key(0, 0, 13), {1.5, 0, 1, 0, 0, 0, 0, 0}, 1e-6, "key", 13);
   for (int t = 8; t < 16; ++t)
     EXPECT_EQ(cache.keyFormat(0, 0, t), KVC_FORMAT_KIVI_INT2) << t;
   for (int t = 5; t < 8; ++t) {
@@ -987,37 +992,38 @@ TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
 }
 
 // KIVI-4, G = 4, R = 8, n = 12: keys 0..7 and values 0..3 quantized, scale
-// = (max - min) / 15.
+// = (max - min) / 15 (every min and scale below a bfloat16, as stored).
 //   key block {0..3}: c0 {0,15,7.3,2.6}: min 0, scale 1, codes 0,15,7,3; c2
-//     {-1,0.45,2,1.13}: min -1, scale 0.2, (x+1)/0.2 = 0, 7.25, 15, 10.65
-//     -> 0, 7, 15, 11 -> -1, 0.4, 2, 1.2.
+//     {-1,0.6,2.75,1.2}: min -1, scale 0.25, (x+1)/0.25 = 0, 6.4, 15, 8.8
+//     -> 0, 6, 15, 9 -> -1, 0.5, 2.75, 1.25.
 //   key block {4..7}: c0 {1,2,3,16}: min 1, scale 1, exact.
-//   values: 0 (0,15,7.3,2.6 | 0..) -> (0,15,7,3 | 0..); 1 (-1,0.45,2,1.13 |
-//     8,8,8,8) -> (-1,0.4,2,1.2 | 8..); 2 (0,1,2,3 | 4,5,6,7): scale 0.2,
-//     codes 0,5,10,15, exact; 3 constant groups.
+//   values: 0 (0,15,7.3,2.6 | 0..) -> (0,15,7,3 | 0..); 1 (-1,0.6,2.75,1.2 |
+//     8,8,8,8) -> (-1,0.5,2.75,1.25 | 8..); 2 (0,1.5,2.25,3.75 |
+//     4,5.5,6.25,7.75): scale 0.25, codes 0,6,9,15, exact; 3 constant
+//     groups.
 TEST(Kivi4, QuantizesWithSixteenLevels) {
   Cache cache(KVC_API(kivi4), 8);
   const int n = 12;
   Rows q(n, 2, 8), k(n, 1, 8), v(n, 1, 8);
   const std::vector<Vec> blockKeys = {{0, 1, -1, 0, 0, 0, 0, 0},
-                                     {15, 1, 0.45f, 0, 0, 0, 0, 0},
-                                     {7.3f, 1, 2, 0, 0, 0, 0, 0},
-                                     {2.6f, 1, 1.13f, 0, 0, 0, 0, 0}};
+                                     {15, 1, 0.6f, 0, 0, 0, 0, 0},
+                                     {7.3f, 1, 2.75f, 0, 0, 0, 0, 0},
+                                     {2.6f, 1, 1.2f, 0, 0, 0, 0, 0}};
   for (int t = 0; t < 4; ++t)
     k.set(t, 0, blockKeys[t]);
   for (int t = 4; t < 8; ++t)
     k.set(t, 0, {t == 7 ? 16.0f : float(t - 3), 0, 0, 0, 0, 0, 0, 0});
   v.set(0, 0, {0, 15, 7.3f, 2.6f, 0, 0, 0, 0});
-  v.set(1, 0, {-1, 0.45f, 2, 1.13f, 8, 8, 8, 8});
-  v.set(2, 0, {0, 1, 2, 3, 4, 5, 6, 7});
+  v.set(1, 0, {-1, 0.6f, 2.75f, 1.2f, 8, 8, 8, 8});
+  v.set(2, 0, {0, 1.5f, 2.25f, 3.75f, 4, 5.5f, 6.25f, 7.75f});
   v.set(3, 0, {5, 5, 5, 5, -5, -5, -5, -5});
   for (int t = 4; t < n; ++t)
     v.set(t, 0, {float(t), 0.5f, 0, 0, 0, 0, 0, -1});
   ASSERT_EQ(cache.prefill(0, q, k, v), KVC_STATUS_OK) << kvc_last_error();
   const std::vector<std::vector<double>> keys = {{0, 1, -1, 0, 0, 0, 0, 0},
-                                                 {15, 1, 0.4, 0, 0, 0, 0, 0},
-                                                 {7, 1, 2, 0, 0, 0, 0, 0},
-                                                 {3, 1, 1.2, 0, 0, 0, 0, 0}};
+                                                 {15, 1, 0.5, 0, 0, 0, 0, 0},
+                                                 {7, 1, 2.75, 0, 0, 0, 0, 0},
+                                                 {3, 1, 1.25, 0, 0, 0, 0, 0}};
   for (int t = 0; t < 4; ++t)
     expectRow(cache.key(0, 0, t), keys[t], 1e-5, "key", t);
   for (int t = 4; t < 8; ++t)
@@ -1026,8 +1032,8 @@ TEST(Kivi4, QuantizesWithSixteenLevels) {
               "key", t);
   const std::vector<std::vector<double>> values = {
       {0, 15, 7, 3, 0, 0, 0, 0},
-      {-1, 0.4, 2, 1.2, 8, 8, 8, 8},
-      {0, 1, 2, 3, 4, 5, 6, 7},
+      {-1, 0.5, 2.75, 1.25, 8, 8, 8, 8},
+      {0, 1.5, 2.25, 3.75, 4, 5.5, 6.25, 7.75},
       {5, 5, 5, 5, -5, -5, -5, -5}};
   for (int t = 0; t < 4; ++t) {
     expectRow(cache.value(0, 0, t), values[t], 1e-5, "value", t);
@@ -1061,7 +1067,8 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   k.set(3, 0, {3, 1, 0, 0, 0, 0, 0, 0});
   k.set(4, 0, {0, 2, 0, 0, 0, 0, 0, 2.9f});
   k.set(7, 0, {0, 3, 0, 0, 0, 0, 0, 3});
-  // Block {8,9,12,13}: c0 {2,0,0,0}: scale 2/3, codes 3,0,0,0 -> 2,0,0,0;
+  // Block {8,9,12,13}: c0 {2,0,0,0}: scale 2/3, stored as the bfloat16
+  // above it, 171/256 = 0.66796875; codes 3,0,0,0 -> 2.00390625,0,0,0;
   // c1 {-1,-1,-1,2}: exact.
   k.set(8, 0, {2, -1, 0, 0, 0, 0, 0, 0});
   k.set(9, 0, {0, -1, 0, 0, 0, 0, 0, 0});
@@ -1069,8 +1076,9 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   k.set(13, 0, {0, 2, 0, 0, 0, 0, 0, 0});
   k.set(14, 0, {0, 0.3f, 0, 0, 0, 0, 0, 0.7f});
   // Values 2 (0,1,2,3 | 0.2,0,0,1.5): g1 min 0, scale 0.5, 0.2 -> code 0.
-  // Value 3 (3,3,3,3 | -1,1,0.2,-0.6): g1 min -1, scale 2/3, (x+1)/scale =
-  // 0, 3, 1.8, 0.6 -> codes 0,3,2,1 -> -1, 1, 1/3, -1/3.
+  // Value 3 (3,3,3,3 | -1,1,0.2,-0.6): g1 min -1, scale 2/3 stored as
+  // 0.66796875, (x+1)/scale = 0, 2.99, 1.80, 0.60 -> codes 0,3,2,1 -> -1,
+  // 1.00390625, 0.3359375, -0.33203125.
   v.set(2, 0, {0, 1, 2, 3, 0.2f, 0, 0, 1.5f});
   v.set(3, 0, {3, 3, 3, 3, -1, 1, 0.2f, -0.6f});
   ASSERT_EQ(cache.prefill(0, q, k, v), KVC_STATUS_OK) << kvc_last_error();
@@ -1078,7 +1086,8 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   const std::map<int, std::vector<double>> keys = {
       {2, {0, 0, 0, 0, 0, 0, 0, 0}},  {3, {3, 1, 0, 0, 0, 0, 0, 0}},
       {4, {0, 2, 0, 0, 0, 0, 0, 3}},  {7, {0, 3, 0, 0, 0, 0, 0, 3}},
-      {8, {2, -1, 0, 0, 0, 0, 0, 0}}, {9, {0, -1, 0, 0, 0, 0, 0, 0}},
+      {8, {2.00390625, -1, 0, 0, 0, 0, 0, 0}},
+      {9, {0, -1, 0, 0, 0, 0, 0, 0}},
       {12, {0, -1, 0, 0, 0, 0, 0, 0}}, {13, {0, 2, 0, 0, 0, 0, 0, 0}}};
   for (auto &[pos, row] : keys) {
     expectRow(cache.key(0, 0, pos), row, 1e-6, "key", pos);
@@ -1090,8 +1099,9 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   }
   expectRow(cache.value(0, 0, 2), {0, 1, 2, 3, 0, 0, 0, 1.5}, 1e-6, "value",
             2);
-  expectRow(cache.value(0, 0, 3), {3, 3, 3, 3, -1, 1, 1.0 / 3, -1.0 / 3},
-            1e-6, "value", 3);
+  expectRow(cache.value(0, 0, 3),
+            {3, 3, 3, 3, -1, 1.00390625, 0.3359375, -0.33203125}, 1e-6,
+            "value", 3);
   for (int pos : {2, 3})
     EXPECT_EQ(cache.valueFormat(0, 0, pos), KVC_FORMAT_KIVI_INT2) << pos;
   for (int pos : {4, 7, 8, 9, 12, 13, 14, 15}) {

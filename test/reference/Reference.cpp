@@ -642,6 +642,39 @@ AsymGroup quantizeAsym(const Vector &x, int bits) {
   return g;
 }
 
+double bf16Below(double x) {
+  // A bfloat16 has 8 significant bits: x = m 2^e with 1/2 <= |m| < 1.
+  int e = 0;
+  const double m = std::frexp(x, &e);
+  return std::ldexp(std::floor(m * 256.0) / 256.0, e);
+}
+
+double bf16Above(double x) {
+  int e = 0;
+  const double m = std::frexp(x, &e);
+  return std::ldexp(std::ceil(m * 256.0) / 256.0, e);
+}
+
+AsymGroup quantizeAsymRecord(const Vector &x, int bits) {
+  AsymGroup g;
+  const double lo = *std::min_element(x.begin(), x.end());
+  const double hi = *std::max_element(x.begin(), x.end());
+  const int levels = (1 << bits) - 1;
+  g.min = bf16Below(lo);
+  // The quotient as float32 arithmetic gives it, before the rounding up.
+  g.scale = bf16Above(static_cast<float>(static_cast<float>(hi) -
+                                         static_cast<float>(g.min)) /
+                      static_cast<float>(levels));
+  for (double v : x) {
+    int code = 0;
+    if (g.scale > 0.0)
+      code = static_cast<int>(std::clamp(
+          roundHalfEven((v - g.min) / g.scale), 0.0, double(levels)));
+    g.codes.push_back(code);
+  }
+  return g;
+}
+
 Vector dequantizeAsym(const AsymGroup &group) {
   Vector out;
   for (int code : group.codes)
@@ -669,7 +702,7 @@ KiviKeyBlock kiviQuantizeKeys(const Matrix &keys, int bits) {
     Vector channel;
     for (int t = 0; t < keys.rows; ++t)
       channel.push_back(keys.at(t, c));
-    AsymGroup g = quantizeAsym(channel, bits);
+    AsymGroup g = quantizeAsymRecord(channel, bits);
     block.scales.push_back(g.scale);
     block.mins.push_back(g.min);
     for (int t = 0; t < keys.rows; ++t)
@@ -693,7 +726,7 @@ KiviValue kiviQuantizeValue(const Vector &value, int group, int bits) {
   KiviValue v;
   for (size_t start = 0; start < value.size(); start += group) {
     Vector part(value.begin() + start, value.begin() + start + group);
-    AsymGroup g = quantizeAsym(part, bits);
+    AsymGroup g = quantizeAsymRecord(part, bits);
     v.scales.push_back(g.scale);
     v.mins.push_back(g.min);
     v.codes.insert(v.codes.end(), g.codes.begin(), g.codes.end());

@@ -255,6 +255,16 @@ struct AsymGroup {
 /// scale) clamped (0 when scale = 0).
 AsymGroup quantizeAsym(const Vector &x, int bits);
 
+/// The largest bfloat16 value <= x and the smallest >= x (normal range).
+double bf16Below(double x);
+double bf16Above(double x);
+
+/// quantizeAsym with the parameters a page stores (kvc_runtime.h, at
+/// kvc_kivi_quantize_value): min = bf16Below(least value), scale =
+/// bf16Above((max - min) / (2^bits - 1) in float32 arithmetic), codes from
+/// those. KIVI keys and values and the INT2/INT4 class use it.
+AsymGroup quantizeAsymRecord(const Vector &x, int bits);
+
 /// x = code * scale + min.
 Vector dequantizeAsym(const AsymGroup &group);
 

@@ -144,10 +144,11 @@ void runWork(const Side &d, int32_t head, const std::vector<float> &keys,
                                       scales.data(), mins.data()),
               KVC_STATUS_OK);
     std::memcpy(d.valueRow(head, r.slot), packed.data(), d.layout.value_stride);
-    auto *record = reinterpret_cast<float *>(d.valueRecord(head, r.slot));
+    // A page's {scale, min}: two bfloat16 (the quantizer's values are).
+    auto *record = reinterpret_cast<uint16_t *>(d.valueRecord(head, r.slot));
     for (int32_t k = 0; k < dim / g; ++k) {
-      record[2 * k] = scales[k];
-      record[2 * k + 1] = mins[k];
+      record[2 * k] = kvc_f32_to_bf16(scales[k]);
+      record[2 * k + 1] = kvc_f32_to_bf16(mins[k]);
     }
   }
   for (int32_t b = 0; b < w.num_key_blocks; ++b) {
@@ -168,11 +169,11 @@ void runWork(const Side &d, int32_t head, const std::vector<float> &keys,
                   packed.data() + static_cast<size_t>(t) * d.layout.key_stride,
                   d.layout.key_stride);
     }
-    auto *record = reinterpret_cast<float *>(
+    auto *record = reinterpret_cast<uint16_t *>(
         d.keyRecord(head, w.key_members[first].slot));
     for (int32_t k = 0; k < dim; ++k) {
-      record[2 * k] = scales[k];
-      record[2 * k + 1] = mins[k];
+      record[2 * k] = kvc_f32_to_bf16(scales[k]);
+      record[2 * k + 1] = kvc_f32_to_bf16(mins[k]);
     }
   }
   for (int32_t i = 0; i < w.num_stages; ++i) {

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "TestSupport.h"
+#include "test/reference/Reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,24 +32,16 @@ kvc_config_t mixedConfig(int32_t low = KVC_FORMAT_INT2) {
 
 uint64_t alignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-/// What a low page stores for x: per group of g channels, min = min x,
-/// scale = (max - min) / (2^bits - 1), x' = min + rne((x - min) / scale) *
-/// scale (min when the group is constant).
+/// What a low page stores for x: per group of g channels, the reference's
+/// record (quantizeAsymRecord: bfloat16 min and scale) and its codes,
+/// dequantized.
 std::vector<float> expectedLow(const std::vector<float> &x, int g, int bits) {
-  std::vector<float> out(x.size());
-  const float levels = static_cast<float>((1 << bits) - 1);
+  std::vector<float> out;
   for (size_t first = 0; first < x.size(); first += g) {
-    float lo = x[first], hi = x[first];
-    for (int i = 1; i < g; ++i) {
-      lo = std::min(lo, x[first + i]);
-      hi = std::max(hi, x[first + i]);
-    }
-    const float scale = (hi - lo) / levels;
-    for (int i = 0; i < g; ++i) {
-      float code =
-          scale > 0 ? std::nearbyint((x[first + i] - lo) / scale) : 0.0f;
-      out[first + i] = code * scale + lo;
-    }
+    kvc::ref::AsymGroup group = kvc::ref::quantizeAsymRecord(
+        kvc::ref::Vector(x.begin() + first, x.begin() + first + g), bits);
+    for (double v : kvc::ref::dequantizeAsym(group))
+      out.push_back(static_cast<float>(v));
   }
   return out;
 }
@@ -74,16 +67,16 @@ TEST(Mixed, LayoutFollowsTheDocumentedFormulas) {
   EXPECT_EQ(high.key_stride, 64u);
   EXPECT_EQ(high.page_bytes, alignUp(16 * 64 * 2 + 16 * 4 * 2, 256));
   // Low: 64 channels at 2 bits = 16 bytes per row, 2 groups of {scale,
-  // min} = 16 bytes per record, for keys and for values.
+  // min} (two bfloat16 each) = 8 bytes per record, for keys and values.
   EXPECT_EQ(low.key_stride, 16u);
   EXPECT_EQ(low.value_stride, 16u);
-  EXPECT_EQ(low.key_param_stride, 16u);
-  EXPECT_EQ(low.value_param_stride, 16u);
-  EXPECT_EQ(low.page_bytes, alignUp(16 * 16 * 2 + 16 * 16 * 2, 256));
+  EXPECT_EQ(low.key_param_stride, 8u);
+  EXPECT_EQ(low.value_param_stride, 8u);
+  EXPECT_EQ(low.page_bytes, alignUp(16 * 16 * 2 + 16 * 8 * 2, 256));
   EXPECT_EQ(low.page_bytes % KVC_POOL_ALIGNMENT, 0u);
   EXPECT_EQ(low.pages_offset, high.pages_offset);
   EXPECT_EQ(perPage, static_cast<int32_t>(high.page_bytes / low.page_bytes));
-  EXPECT_EQ(perPage, 2); // 2304 / 1024
+  EXPECT_EQ(perPage, 3); // 2304 / 768
 
   // Without a low class there is no low layout.
   kvc_config_t one = smallConfig(KVC_FORMAT_INT8);
@@ -104,7 +97,7 @@ TEST(Mixed, InvalidConfigurationsAreRejected) {
   c = mixedConfig();
   c.group_size = 3;
   EXPECT_EQ(kvc_page_layout(&c, &l), KVC_STATUS_GEOMETRY_MISMATCH);
-  // Groups of one channel: 16 bytes of parameters per channel, more than
+  // Groups of one channel: 8 bytes of parameters per channel, more than
   // an int8 page holds.
   c = mixedConfig();
   c.group_size = 1;
@@ -256,8 +249,8 @@ TEST(Mixed, AppendFormatChecksItsArguments) {
 /// Random appends in both classes, evictions, compactions and sequence
 /// removals against a model of every entry; the pool invariants and the
 /// data are checked after every step.
-/// (high format, low format): int8 + int2 (2 low pages per pool page at
-/// this geometry) and f32 + int4 (5).
+/// (high format, low format): int8 + int2 (3 low pages per pool page at
+/// this geometry) and f32 + int4 (6).
 class MixedCycles
     : public ::testing::TestWithParam<std::pair<int32_t, int32_t>> {};
 
@@ -274,7 +267,7 @@ TEST_P(MixedCycles, ClassesStaySeparateAndDataIntact) {
   int32_t perPage = 0;
   kvc_page_layout_t low;
   ASSERT_EQ(kvc_low_page_layout(&c, &low, &perPage), KVC_STATUS_OK);
-  ASSERT_EQ(perPage, highFormat == KVC_FORMAT_INT8 ? 2 : 5);
+  ASSERT_EQ(perPage, highFormat == KVC_FORMAT_INT8 ? 3 : 6);
   const double highTolerance =
       highFormat == KVC_FORMAT_INT8 ? 1.0 / 254 + 1e-6 : 0.0;
   const int32_t d = c.head_dim, p = c.page_size;

@@ -94,9 +94,9 @@ TEST(Layout, HandComputedOffsets) {
 
   // KIVI int4, d = 8, G = 4, R = 8, 8 slots, f32:
   //  key rows 8 * 4 / 8 = 4 bytes -> 32 bytes; values at 32 .. 64;
-  //  key records: 8 / 4 = 2 blocks x 8 channels x {scale, min} x 4 bytes
-  //  = 2 x 64 at 64 .. 192; value records: 8 slots x 2 groups x 8 bytes =
-  //  8 x 16 at 192 .. 320 -> page 512 bytes.
+  //  key records: 8 / 4 = 2 blocks x 8 channels x {scale, min} (two
+  //  bfloat16, 4 bytes) = 2 x 32 at 64 .. 128; value records: 8 slots x 2
+  //  groups x 4 bytes = 8 x 8 at 128 .. 192 -> page 256 bytes.
   //  Residual: 2 x R x d x 4 = 512 bytes per head; 4 sequences x 2 layers x
   //  2 heads = 16 heads -> pages start at 8192.
   c = smallConfig(KVC_FORMAT_KIVI_INT4);
@@ -104,14 +104,14 @@ TEST(Layout, HandComputedOffsets) {
   EXPECT_EQ(l.key_stride, 4u);
   EXPECT_EQ(l.value_offset, 32u);
   EXPECT_EQ(l.key_param_offset, 64u);
-  EXPECT_EQ(l.key_param_stride, 64u);
-  EXPECT_EQ(l.value_param_offset, 192u);
-  EXPECT_EQ(l.value_param_stride, 16u);
-  EXPECT_EQ(l.page_bytes, 512u);
+  EXPECT_EQ(l.key_param_stride, 32u);
+  EXPECT_EQ(l.value_param_offset, 128u);
+  EXPECT_EQ(l.value_param_stride, 8u);
+  EXPECT_EQ(l.page_bytes, 256u);
   EXPECT_EQ(l.residual_bytes, 512u);
   EXPECT_EQ(l.pages_offset, 8192u);
   ASSERT_EQ(kvc_pool_bytes_required(&c, &bytes), KVC_STATUS_OK);
-  EXPECT_EQ(bytes, 8192u + 32u * 512u);
+  EXPECT_EQ(bytes, 8192u + 32u * 256u);
 
   // INT8, d = 8, 4 slots: rows of 8 bytes (32 per region), one float scale
   // per slot for keys (at 64) and values (at 80); 96 bytes -> 256.

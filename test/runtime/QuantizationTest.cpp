@@ -293,6 +293,58 @@ TEST(RuntimeVsReference, Asym) {
   EXPECT_LE(nearTies, 3);
 }
 
+// A page stores {scale, min} as two bfloat16: min rounded down, scale
+// rounded up, so that the codes still span every value of the group.
+TEST(Quantization, KiviRecordsAreBf16AndSpanTheirGroup) {
+  // By hand: min -1 - 2^-9 rounds down to -1 - 2^-7 = -1.0078125; scale
+  // (1 + 1.0078125) / 3 = 0.66927... rounds up to 172 / 256 = 0.671875.
+  const float pair[4] = {-1.0f - std::ldexp(1.0f, -9), 1.0f, 0.25f, -0.5f};
+  std::vector<uint8_t> packed(1);
+  float scale = 0.0f, min = 0.0f;
+  ASSERT_EQ(kvc_kivi_quantize_value(pair, 4, 4, 2, packed.data(), &scale,
+                                    &min),
+            KVC_STATUS_OK);
+  EXPECT_EQ(min, -1.0078125f);
+  EXPECT_EQ(scale, 0.671875f);
+  // Codes rne((x - min) / scale): 0, 2.98 -> 3, 1.87 -> 2, 0.76 -> 1.
+  EXPECT_EQ(packed[0], 0u | 3u << 2 | 2u << 4 | 1u << 6);
+
+  std::mt19937 rng(31);
+  for (int bits : {2, 4})
+    for (int trial = 0; trial < 200; ++trial) {
+      // Groups away from 0 too, where rounding min down matters most.
+      std::vector<float> v = gaussian(rng, 32);
+      const float shift = static_cast<float>(trial % 7) - 3.0f;
+      for (float &x : v)
+        x = x * 0.1f + shift;
+      std::vector<uint8_t> vp(32 * bits / 8);
+      float s = 0.0f, m = 0.0f;
+      ASSERT_EQ(kvc_kivi_quantize_value(v.data(), 32, 32, bits, vp.data(),
+                                        &s, &m),
+                KVC_STATUS_OK);
+      EXPECT_EQ(kvc_bf16_to_f32(kvc_f32_to_bf16(s)), s);
+      EXPECT_EQ(kvc_bf16_to_f32(kvc_f32_to_bf16(m)), m);
+      const float lo = *std::min_element(v.begin(), v.end());
+      const float hi = *std::max_element(v.begin(), v.end());
+      const float exact = (hi - lo) / static_cast<float>((1 << bits) - 1);
+      EXPECT_LE(m, lo);
+      EXPECT_GE(static_cast<double>(m) + ((1 << bits) - 1) * double(s),
+                static_cast<double>(hi));
+      // Both roundings together widen the step by less than 2^-7 of it
+      // plus a bfloat16 step of min.
+      EXPECT_LE(s, exact * (1.0f + std::ldexp(1.0f, -7)) +
+                       std::fabs(m) * std::ldexp(1.0f, -7));
+      std::vector<float> back(32);
+      ASSERT_EQ(kvc_kivi_dequantize_value(vp.data(), 32, 32, bits, &s, &m,
+                                          back.data()),
+                KVC_STATUS_OK);
+      for (int i = 0; i < 32; ++i)
+        ASSERT_LE(std::fabs(back[i] - v[i]),
+                  s * 0.5f + 1e-6f * std::fabs(v[i]))
+            << "bits " << bits << " i " << i;
+    }
+}
+
 TEST(RuntimeVsReference, KiviInt8Fp8) {
   std::mt19937 rng(22);
   const int d = 64, g = 16, tokens = 16;
@@ -322,7 +374,7 @@ TEST(RuntimeVsReference, KiviInt8Fp8) {
         differing += packed[i] != refPacked[i];
       EXPECT_LE(differing, 1) << "bits " << bits; // at most a midpoint flip
       for (int c = 0; c < d; ++c) {
-        EXPECT_NEAR(scales[c], ref.scales[c], 1e-6 * ref.scales[c]);
+        EXPECT_EQ(scales[c], ref.scales[c]);
         EXPECT_EQ(mins[c], ref.mins[c]);
       }
       std::vector<float> v = gaussian(rng, d);
@@ -339,7 +391,7 @@ TEST(RuntimeVsReference, KiviInt8Fp8) {
         vdiff += vp[i] != rvp[i];
       EXPECT_LE(vdiff, 1);
       for (int j = 0; j < d / g; ++j) {
-        EXPECT_NEAR(vs[j], rv.scales[j], 1e-6 * rv.scales[j]);
+        EXPECT_EQ(vs[j], rv.scales[j]);
         EXPECT_EQ(vm[j], rv.mins[j]);
       }
     }

@@ -15,7 +15,8 @@ Usage: check_policies.py KVC_RUN [--model PATH]
 3. eviction: on a 319-token prompt the 10% variants (budget 205) keep at
    most 205 entries per layer and head after the prompt and hold fewer
    bytes than the f16 cache without eviction; kivi2 keeps every entry, in
-   64 bytes once quantized (2-bit rows plus parameters) instead of 256;
+   48 bytes once quantized (2-bit rows plus bfloat16 parameters) instead
+   of 256;
    next-token agreement with the full cache stays sensible (top-1 >= 0.6,
    perplexity within 1.5x). Replaying the recorded prompt pass gives
    exactly the figures of running every prompt through the model.
@@ -144,19 +145,19 @@ def eviction():
               % (policy, r["top1"], r["ppl"], ref["ppl"]))
     kivi = runs["kivi2"]
     check(kivi["entries"] == ref["entries"] and
-          kivi["bytes_per_entry"] == 64 and
+          kivi["bytes_per_entry"] == 48 and
           kivi["kv_bytes"] < full16["kv_bytes"],
           "kivi2 keeps every entry, %g bytes each once quantized, %d bytes "
           "in all (the 128 most recent at f16) vs %d" %
           (kivi["bytes_per_entry"], kivi["kv_bytes"], full16["kv_bytes"]))
     # Mixed precision keeps every entry: per head the ceil(0.2 n) best in
     # int8 (64 + 64 code bytes + two float scales = 136 bytes), the rest
-    # in int2 (16 + 16 code bytes + two groups of {scale, min} for the key
-    # and the value = 64 bytes).
+    # in int2 (16 + 16 code bytes + two groups of {scale, min}, two
+    # bfloat16 each, for the key and the value = 48 bytes).
     n = ref["prompt_tokens"]
     high = -(-n // 5)
     mixed, int8 = runs["mixed_precision"], runs["int8"]
-    want = LAYERS * KV_HEADS * (136 * high + 64 * (n - high))
+    want = LAYERS * KV_HEADS * (136 * high + 48 * (n - high))
     check(mixed["entries"] == ref["entries"] and mixed["kv_bytes"] == want and
           int8["kv_bytes"] == LAYERS * KV_HEADS * 136 * n,
           "mixed_precision keeps every entry in %d bytes (want %d; int8 %d)"
