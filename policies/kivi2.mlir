@@ -10,7 +10,7 @@
 //
 // Precision of the parameters (the paper leaves it to the implementation,
 // whose scales and zero points are in the model's 16-bit type): each
-// {scale, min} pair is stored as two bfloat16, min rounded down and scale
+// {scale, min} pair is stored as two f16, min rounded down and scale
 // rounded up so that the codes still span the group (docs/runtime.md).
 //
 // RUN: kvc-opt %s | FileCheck %s

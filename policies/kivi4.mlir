@@ -2,7 +2,7 @@
 // Cache" (Liu et al., 2024), with the paper's 4-bit setting: keys per
 // channel and values per token in groups of G = 32, the R = 128 most recent
 // entries in full precision. No eviction. {scale, min} pairs are stored
-// as two bfloat16, as in kivi2.mlir.
+// as two f16, as in kivi2.mlir.
 //
 // RUN: kvc-opt %s | FileCheck %s
 // RUN: kvc-opt %s --mlir-print-op-generic | kvc-opt | FileCheck %s

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Formats.h"
+#include "runtime/kvc_rules.h"
 #include "runtime/Support.h"
 
 #include <algorithm>
@@ -243,27 +244,15 @@ void quantizeFp8(const float *x, int64_t n, uint8_t *q, float *scale) {
     q[i] = kvc_f32_to_fp8_e4m3(x[i] / *scale);
 }
 
-uint16_t bf16Floor(float x) {
-  uint32_t bits = floatBits(x);
-  // Truncation rounds towards zero: up for a negative value's magnitude
-  // when any dropped bit is set.
-  if ((bits & 0x80000000u) && (bits & 0xffffu))
-    bits += 0x10000u;
-  uint16_t b = static_cast<uint16_t>(bits >> 16);
-  return (b & 0x7fffu) == 0x7f80u ? static_cast<uint16_t>(b - 1) : b;
+uint16_t f16Floor(float x) {
+  return static_cast<uint16_t>(kvc::rules::f16Directed(floatBits(x), false));
 }
 
-uint16_t bf16Ceil(float x) {
-  uint32_t bits = floatBits(x);
-  if (!(bits & 0x80000000u) && (bits & 0xffffu))
-    bits += 0x10000u;
-  uint16_t b = static_cast<uint16_t>(bits >> 16);
-  return (b & 0x7fffu) == 0x7f80u ? static_cast<uint16_t>(b - 1) : b;
+uint16_t f16Ceil(float x) {
+  return static_cast<uint16_t>(kvc::rules::f16Directed(floatBits(x), true));
 }
 
-float bf16Float(uint16_t bits) {
-  return bitsFloat(static_cast<uint32_t>(bits) << 16);
-}
+float f16Float(uint16_t bits) { return kvc_f16_to_f32(bits); }
 
 AsymRecord quantizeAsymRecord(const float *x, int64_t n, int bits,
                               uint8_t *codes) {
@@ -273,9 +262,9 @@ AsymRecord quantizeAsymRecord(const float *x, int64_t n, int bits,
     hi = std::max(hi, x[i]);
   }
   AsymRecord r;
-  r.min = bf16Floor(lo);
+  r.min = f16Floor(lo);
   const float min = r.minValue();
-  r.scale = bf16Ceil((hi - min) / static_cast<float>((1 << bits) - 1));
+  r.scale = f16Ceil((hi - min) / static_cast<float>((1 << bits) - 1));
   const float scale = r.scaleValue();
   for (int64_t i = 0; i < n; ++i)
     codes[i] = encodeAsym(x[i], bits, scale, min);

@@ -42,20 +42,20 @@ uint8_t encodeAsym(float x, int bits, float scale, float min);
 void quantizeInt8(const float *x, int64_t n, int8_t *q, float *scale);
 void quantizeFp8(const float *x, int64_t n, uint8_t *q, float *scale);
 
-/// bfloat16 bit patterns of a finite float rounded towards -infinity
-/// (bf16Floor) or +infinity (bf16Ceil), saturating at the largest finite
-/// bfloat16; bf16Float widens one back exactly.
-uint16_t bf16Floor(float x);
-uint16_t bf16Ceil(float x);
-float bf16Float(uint16_t bits);
+/// f16 bit patterns of a finite float rounded towards -infinity (f16Floor)
+/// or +infinity (f16Ceil), saturating at +-65504; f16Float widens one back
+/// exactly.
+uint16_t f16Floor(float x);
+uint16_t f16Ceil(float x);
+float f16Float(uint16_t bits);
 
 /// An asymmetric record: the {scale, min} pair of one group of codes as two
-/// bfloat16 (scale first), the parameters every asymmetric format stores
-/// (KIVI keys and values, INT2/INT4). kvc_runtime.h states the rounding.
+/// f16 (scale first), the parameters every asymmetric format stores (KIVI
+/// keys and values, INT2/INT4). kvc_runtime.h states the rounding.
 struct AsymRecord {
   uint16_t scale, min;
-  float scaleValue() const { return bf16Float(scale); }
-  float minValue() const { return bf16Float(min); }
+  float scaleValue() const { return f16Float(scale); }
+  float minValue() const { return f16Float(min); }
   float decode(uint8_t code) const {
     return static_cast<float>(code) * scaleValue() + minValue();
   }
@@ -63,8 +63,9 @@ struct AsymRecord {
 static_assert(sizeof(AsymRecord) == 4, "a record pair is one 32-bit word");
 
 /// The record of the n values at x and their codes: min = the least value
-/// rounded down to bfloat16, scale = (max - min) / (2^bits - 1) rounded up,
-/// so that every value lies within the range the codes span.
+/// rounded down to f16, scale = (max - min) / (2^bits - 1) rounded up, so
+/// that every value within the f16 range lies within the range the codes
+/// span.
 AsymRecord quantizeAsymRecord(const float *x, int64_t n, int bits,
                               uint8_t *codes);
 

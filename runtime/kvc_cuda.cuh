@@ -441,24 +441,10 @@ __device__ uint32_t kiviCode(float x, float scale, float lo) {
       fminf(code, static_cast<float>((1 << kBits) - 1)));
 }
 
-/// A page's {scale, min} record: two bfloat16 in one 32-bit word, scale in
-/// the low half (runtime/Formats.h, AsymRecord). The rounding of
-/// kvc_kivi_quantize_value on the bit patterns (bf16Floor, bf16Ceil), so
-/// that the bytes equal the host's: towards -infinity or +infinity,
-/// saturating at the largest finite bfloat16.
-__device__ __forceinline__ uint32_t bf16FloorBits(float x) {
-  uint32_t b = __float_as_uint(x);
-  b = (b & 0x80000000u) && (b & 0xffffu) ? b + 0x10000u : b;
-  b >>= 16;
-  return (b & 0x7fffu) == 0x7f80u ? b - 1 : b;
-}
-__device__ __forceinline__ uint32_t bf16CeilBits(float x) {
-  uint32_t b = __float_as_uint(x);
-  b = !(b & 0x80000000u) && (b & 0xffffu) ? b + 0x10000u : b;
-  b >>= 16;
-  return (b & 0x7fffu) == 0x7f80u ? b - 1 : b;
-}
-
+/// A page's {scale, min} record: two f16 in one 32-bit word, scale in the
+/// low half (runtime/Formats.h, AsymRecord), rounded by
+/// kvc::rules::f16Directed as the host rounds it, so that the bytes equal
+/// the host's.
 /// The record of a group whose least and greatest values are lo and hi:
 /// min = lo rounded down, scale = (hi - min) / (2^bits - 1) rounded up, as
 /// floats for the codes (kiviCode) and as the word a page stores.
@@ -466,17 +452,22 @@ struct AsymParams {
   float scale, min;
   uint32_t word;
 };
+__device__ __forceinline__ float f16Value(uint32_t bits) {
+  __half_raw raw;
+  raw.x = static_cast<unsigned short>(bits);
+  return __half2float(__half(raw));
+}
 template <int kBits> __device__ AsymParams asymParams(float lo, float hi) {
-  const uint32_t minBits = bf16FloorBits(lo);
-  const float min = __uint_as_float(minBits << 16);
-  const uint32_t scaleBits = bf16CeilBits(kiviScale<kBits>(min, hi));
-  return {__uint_as_float(scaleBits << 16), min, scaleBits | minBits << 16};
+  const uint32_t minBits = rules::f16Directed(__float_as_uint(lo), false);
+  const float min = f16Value(minBits);
+  const uint32_t scaleBits =
+      rules::f16Directed(__float_as_uint(kiviScale<kBits>(min, hi)), true);
+  return {f16Value(scaleBits), min, scaleBits | minBits << 16};
 }
 
-/// {scale, min} of a record word: two integer operations, no conversion.
+/// {scale, min} of a record word: two conversions.
 __device__ __forceinline__ float2 asymPair(uint32_t word) {
-  return make_float2(__uint_as_float(word << 16),
-                     __uint_as_float(word & 0xffff0000u));
+  return __half22float2(*reinterpret_cast<const __half2 *>(&word));
 }
 
 /// x = code * scale + min in one fused multiply-add: the decode kernels'

@@ -216,7 +216,7 @@ typedef struct kvc_config_t {
 ///  - INT2/INT4 (the low class of a mixed-precision context): rows of
 ///    head_dim * bits / 8 packed bytes; key and value parameter records of
 ///    slot s: head_dim / G pairs {scale, min}.
-/// A {scale, min} pair is two bfloat16, scale first (4 bytes), rounded as
+/// A {scale, min} pair is two f16, scale first (4 bytes), rounded as
 /// kvc_kivi_quantize_value states.
 /// Parameter strides are 0 where a format has no parameters.
 ///
@@ -686,7 +686,7 @@ kvc_status_t kvc_dequantize_asym(const uint8_t *codes, int64_t n, float scale,
 
 /// KIVI keys: `tokens` x `dim` rows quantized per channel over all the
 /// given tokens (one KIVI block). Codes are packed per token row (row t at
-/// t * dim * bits / 8); scales and mins have `dim` entries, bfloat16
+/// t * dim * bits / 8); scales and mins have `dim` entries, f16
 /// values as kvc_kivi_quantize_value rounds them.
 kvc_status_t kvc_kivi_quantize_keys(const float *keys, int32_t tokens,
                                     int32_t dim, int32_t bits, uint8_t *packed,
@@ -700,15 +700,17 @@ kvc_status_t kvc_kivi_dequantize_keys(const uint8_t *packed, int32_t tokens,
 
 /// KIVI value: one token of `dim` channels quantized per group of `group`
 /// channels; dim * bits / 8 packed bytes, dim / group scales and mins.
-/// A page stores each {scale, min} pair as two bfloat16, so both are
-/// bfloat16 values: min is the group's least value rounded down to
-/// bfloat16, scale = (max - min) / (2^bits - 1) rounded up to bfloat16
-/// (both saturate at the largest finite bfloat16), and codes are
-/// rne((x - min) / scale) clamped to [0, 2^bits - 1] (0 when scale is 0).
-/// Every value within the bfloat16 range (|x| <= 3.39e38) lies in
+/// A page stores each {scale, min} pair as two f16 (IEEE half), so both
+/// are f16 values: min is the group's least value rounded down to f16,
+/// scale = (max - min) / (2^bits - 1) (float32 arithmetic) rounded up to
+/// f16 (both saturate at +-65504), and codes are rne((x - min) / scale)
+/// clamped to [0, 2^bits - 1] (0 when scale is 0). Every value within the
+/// f16 range (|x| <= 65504: any value of an f16 pool) lies in
 /// [min, min + (2^bits - 1) * scale], so |x - dequant| <= scale / 2, with
-/// scale at most 2^-7 of itself above kvc_quantize_asym's (plus a bfloat16
-/// step of min over 2^bits - 1).
+/// scale at most 2^-10 of itself above kvc_quantize_asym's (plus an f16
+/// step of min over 2^bits - 1). A group with a value beyond +-65504 (of a
+/// bf16 or f32 pool) may not be spanned: its values are clamped to
+/// [min, min + (2^bits - 1) * scale] of the saturated record.
 kvc_status_t kvc_kivi_quantize_value(const float *value, int32_t dim,
                                      int32_t group, int32_t bits,
                                      uint8_t *packed, float *scales,

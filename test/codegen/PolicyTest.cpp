@@ -467,10 +467,10 @@ double storageBound(Model::Storage storage, double x, double lo, double hi,
   case Model::Storage::Kivi2:
   case Model::Storage::Kivi4: {
     // Half a step of the record's scale: (range) / levels, widened by the
-    // bfloat16 roundings of min (down, up to 2^-7 of it) and of the scale
-    // (up, up to 2^-7 of itself).
+    // f16 roundings of min (down, up to 2^-10 of it) and of the scale (up,
+    // up to 2^-10 of itself).
     const double levels = storage == Model::Storage::Kivi2 ? 3.0 : 15.0;
-    const double widen = std::ldexp(1.0, -7);
+    const double widen = std::ldexp(1.0, -10);
     const double minAbs = std::max(std::fabs(lo), std::fabs(hi));
     return (hi - lo + minAbs * widen) / levels * (1.0 + widen) / 2.0 + 1e-2;
   }
@@ -852,7 +852,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
           const bool storedHigh = meta.key_format[slot] == KVC_FORMAT_INT8;
           EXPECT_EQ(meta.value_format[slot], meta.key_format[slot]);
           // int8: half a step of max|x| / 127; int2: half a step of the
-          // group's record (the range / 3, min and scale as bfloat16).
+          // group's record (the range / 3, min and scale as f16).
           for (const auto *rows : {&keys, &values}) {
             const std::vector<float> &stored = rows == &keys ? key : value;
             for (int first = 0; first < kDim; first += m.lowGroup) {

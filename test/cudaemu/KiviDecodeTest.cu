@@ -57,18 +57,25 @@ const char *dtypeName(kvc_dtype_t t) {
 
 uint64_t alignUp(uint64_t x) { return (x + 255) / 256 * 256; }
 
-/// A record half: x truncated to bfloat16 (any bfloat16 value does for the
-/// random records), and its value exactly.
-uint16_t toBf16(float x) {
+/// A record half: x truncated to f16 (any f16 value does for the random
+/// records; magnitudes below f16's normal range become 0), and its value
+/// exactly.
+uint16_t toF16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
-  return static_cast<uint16_t>(bits >> 16);
+  const uint32_t sign = bits >> 31 << 15;
+  const int e = static_cast<int>((bits >> 23) & 0xff) - 127;
+  if (e < -14)
+    return static_cast<uint16_t>(sign);
+  return static_cast<uint16_t>(sign | static_cast<uint32_t>(e + 15) << 10 |
+                               (bits & 0x7fffffu) >> 13);
 }
-double fromBf16(uint16_t half) {
-  const uint32_t bits = static_cast<uint32_t>(half) << 16;
-  float x;
-  std::memcpy(&x, &bits, 4);
-  return x;
+double fromF16(uint16_t half) {
+  const int biased = (half >> 10) & 0x1f;
+  const double magnitude =
+      biased == 0 ? std::ldexp(half & 0x3ff, -24)
+                  : std::ldexp(1024 + (half & 0x3ff), biased - 25);
+  return half & 0x8000 ? -magnitude : magnitude;
 }
 
 /// decodeAttentionKivi with its path chosen by the test.
@@ -110,7 +117,7 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
   constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
   using Full = kvc::cuda::RowShape<D, S>;
   constexpr uint64_t kRowBytes = D * kBits / 8;
-  // A {scale, min} record is two bfloat16 (4 bytes).
+  // A {scale, min} record is two f16 (4 bytes).
   constexpr uint64_t kKeyRecordBytes = 4 * D;
   constexpr uint64_t kValueRecordBytes = 4 * (D / KG);
   constexpr uint32_t kMaxCode = (1u << kBits) - 1;
@@ -172,8 +179,8 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
       for (int32_t i = 0; i < kPageSize / KG * D; ++i) {
         // Outlier channels (c % 16 == 5) have their range times `outlier`.
         const float f = i % D % 16 == 5 ? outlier : 1.0f;
-        keyRecords[2 * i] = toBf16(f * (0.02f + 0.2f * u(rng))); // scale
-        keyRecords[2 * i + 1] = toBf16(f * (u(rng) - 0.8f));     // min
+        keyRecords[2 * i] = toF16(f * (0.02f + 0.2f * u(rng))); // scale
+        keyRecords[2 * i + 1] = toF16(f * (u(rng) - 0.8f));     // min
       }
       for (int32_t o = 0; o < kPageSize; ++o) {
         const int32_t s = p * kPageSize + o;
@@ -189,8 +196,8 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
           putCode<kBits>(v, c, vc[c]);
         }
         for (int x = 0; x < D / KG; ++x) {
-          valueRecord[2 * x] = toBf16(0.02f + 0.2f * u(rng));
-          valueRecord[2 * x + 1] = toBf16(u(rng) - 0.8f);
+          valueRecord[2 * x] = toF16(0.02f + 0.2f * u(rng));
+          valueRecord[2 * x + 1] = toF16(u(rng) - 0.8f);
         }
         // Head 2 as a KIVI cache holds it: every slot live, the window at
         // the end (keys of the newest 72 entries, values of the newest
@@ -215,12 +222,12 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
         const uint16_t *keyRecord = keyRecords + o / KG * 2 * D;
         for (int c = 0; c < D; ++c) {
           keys[h][s][c] = keyFull ? fullRows[row][c]
-                                  : kc[c] * fromBf16(keyRecord[2 * c]) +
-                                        fromBf16(keyRecord[2 * c + 1]);
+                                  : kc[c] * fromF16(keyRecord[2 * c]) +
+                                        fromF16(keyRecord[2 * c + 1]);
           values[h][s][c] =
               valueFull ? fullRows[kResidual + row][c]
-                        : vc[c] * fromBf16(valueRecord[2 * (c / KG)]) +
-                              fromBf16(valueRecord[2 * (c / KG) + 1]);
+                        : vc[c] * fromF16(valueRecord[2 * (c / KG)]) +
+                              fromF16(valueRecord[2 * (c / KG) + 1]);
         }
       }
     }

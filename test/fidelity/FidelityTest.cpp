@@ -847,8 +847,8 @@ TEST(Fp8, StoresE4M3PerTokenCodes) {
 void expectKiviBound(const Vec &got, const Vec &input, double lo, double hi,
                      int bits, const char *what, int position, int c) {
   // Half a step of the stored scale: the range over 2^bits - 1, widened
-  // by the bfloat16 roundings of min (down) and scale (up), 2^-7 each.
-  const double widen = std::ldexp(1.0, -7);
+  // by the f16 roundings of min (down) and scale (up), 2^-10 each.
+  const double widen = std::ldexp(1.0, -10);
   const double range = hi - lo + std::max(std::fabs(lo), std::fabs(hi)) * widen;
   EXPECT_LE(std::fabs(got[c] - input[c]),
             range / ((1 << bits) - 1) * (1.0 + widen) / 2 + 1e-6)
@@ -860,7 +860,7 @@ void expectKiviBound(const Vec &got, const Vec &input, double lo, double hi,
 // 8..11 stay full. Values: an entry's value is quantized when the 8th newer
 // entry arrives, so values 0..3 are quantized, 4..11 are full. 2 bits:
 // scale = (max - min) / 3, code = rne((x - min) / scale); min and scale
-// are stored as bfloat16 (min rounded down, scale up), which every min and
+// are stored as f16 (min rounded down, scale up), which every min and
 // scale below is exactly.
 TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
   Cache cache(KVC_API(kivi2), 8);
@@ -992,7 +992,7 @@ TEST(Kivi2, QuantizesKeysPerChannelAndValuesPerTokenOutsideTheResidual) {
 }
 
 // KIVI-4, G = 4, R = 8, n = 12: keys 0..7 and values 0..3 quantized, scale
-// = (max - min) / 15 (every min and scale below a bfloat16, as stored).
+// = (max - min) / 15 (every min and scale below an f16, as stored).
 //   key block {0..3}: c0 {0,15,7.3,2.6}: min 0, scale 1, codes 0,15,7,3; c2
 //     {-1,0.6,2.75,1.2}: min -1, scale 0.25, (x+1)/0.25 = 0, 6.4, 15, 8.8
 //     -> 0, 6, 15, 9 -> -1, 0.5, 2.75, 1.25.
@@ -1067,8 +1067,8 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   k.set(3, 0, {3, 1, 0, 0, 0, 0, 0, 0});
   k.set(4, 0, {0, 2, 0, 0, 0, 0, 0, 2.9f});
   k.set(7, 0, {0, 3, 0, 0, 0, 0, 0, 3});
-  // Block {8,9,12,13}: c0 {2,0,0,0}: scale 2/3, stored as the bfloat16
-  // above it, 171/256 = 0.66796875; codes 3,0,0,0 -> 2.00390625,0,0,0;
+  // Block {8,9,12,13}: c0 {2,0,0,0}: scale 2/3, stored as the f16 above
+  // it, 1366/2048 = 0.6669921875; codes 3,0,0,0 -> 2.0009765625,0,0,0;
   // c1 {-1,-1,-1,2}: exact.
   k.set(8, 0, {2, -1, 0, 0, 0, 0, 0, 0});
   k.set(9, 0, {0, -1, 0, 0, 0, 0, 0, 0});
@@ -1077,8 +1077,8 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   k.set(14, 0, {0, 0.3f, 0, 0, 0, 0, 0, 0.7f});
   // Values 2 (0,1,2,3 | 0.2,0,0,1.5): g1 min 0, scale 0.5, 0.2 -> code 0.
   // Value 3 (3,3,3,3 | -1,1,0.2,-0.6): g1 min -1, scale 2/3 stored as
-  // 0.66796875, (x+1)/scale = 0, 2.99, 1.80, 0.60 -> codes 0,3,2,1 -> -1,
-  // 1.00390625, 0.3359375, -0.33203125.
+  // 0.6669921875, (x+1)/scale = 0, 2.999, 1.80, 0.60 -> codes 0,3,2,1 ->
+  // -1, 1.0009765625, 0.333984375, -0.3330078125.
   v.set(2, 0, {0, 1, 2, 3, 0.2f, 0, 0, 1.5f});
   v.set(3, 0, {3, 3, 3, 3, -1, 1, 0.2f, -0.6f});
   ASSERT_EQ(cache.prefill(0, q, k, v), KVC_STATUS_OK) << kvc_last_error();
@@ -1086,7 +1086,7 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   const std::map<int, std::vector<double>> keys = {
       {2, {0, 0, 0, 0, 0, 0, 0, 0}},  {3, {3, 1, 0, 0, 0, 0, 0, 0}},
       {4, {0, 2, 0, 0, 0, 0, 0, 3}},  {7, {0, 3, 0, 0, 0, 0, 0, 3}},
-      {8, {2.00390625, -1, 0, 0, 0, 0, 0, 0}},
+      {8, {2.0009765625, -1, 0, 0, 0, 0, 0, 0}},
       {9, {0, -1, 0, 0, 0, 0, 0, 0}},
       {12, {0, -1, 0, 0, 0, 0, 0, 0}}, {13, {0, 2, 0, 0, 0, 0, 0, 0}}};
   for (auto &[pos, row] : keys) {
@@ -1100,8 +1100,8 @@ TEST(SnapKVKivi2, EvictsThenQuantizesTheKeptEntries) {
   expectRow(cache.value(0, 0, 2), {0, 1, 2, 3, 0, 0, 0, 1.5}, 1e-6, "value",
             2);
   expectRow(cache.value(0, 0, 3),
-            {3, 3, 3, 3, -1, 1.00390625, 0.3359375, -0.33203125}, 1e-6,
-            "value", 3);
+            {3, 3, 3, 3, -1, 1.0009765625, 0.333984375, -0.3330078125},
+            1e-6, "value", 3);
   for (int pos : {2, 3})
     EXPECT_EQ(cache.valueFormat(0, 0, pos), KVC_FORMAT_KIVI_INT2) << pos;
   for (int pos : {4, 7, 8, 9, 12, 13, 14, 15}) {

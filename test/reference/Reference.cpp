@@ -642,29 +642,37 @@ AsymGroup quantizeAsym(const Vector &x, int bits) {
   return g;
 }
 
-double bf16Below(double x) {
-  // A bfloat16 has 8 significant bits: x = m 2^e with 1/2 <= |m| < 1.
+namespace {
+
+/// x rounded down (`up` false) or up to a multiple of the f16 spacing at
+/// x, then clamped to +-65504.
+double f16Directed(double x, bool up) {
+  // An f16 has 11 significant bits down to 2^-14 (x = m 2^e with 1/2 <=
+  // |m| < 1, so a spacing of 2^(e - 11)); below, a fixed spacing of 2^-24.
   int e = 0;
-  const double m = std::frexp(x, &e);
-  return std::ldexp(std::floor(m * 256.0) / 256.0, e);
+  std::frexp(x, &e);
+  const double spacing = std::ldexp(1.0, std::max(e - 11, -24));
+  const double units = x / spacing;
+  const double r = (up ? std::ceil(units) : std::floor(units)) * spacing;
+  return std::clamp(r, -65504.0, 65504.0);
 }
 
-double bf16Above(double x) {
-  int e = 0;
-  const double m = std::frexp(x, &e);
-  return std::ldexp(std::ceil(m * 256.0) / 256.0, e);
-}
+} // namespace
+
+double f16Below(double x) { return f16Directed(x, false); }
+
+double f16Above(double x) { return f16Directed(x, true); }
 
 AsymGroup quantizeAsymRecord(const Vector &x, int bits) {
   AsymGroup g;
   const double lo = *std::min_element(x.begin(), x.end());
   const double hi = *std::max_element(x.begin(), x.end());
   const int levels = (1 << bits) - 1;
-  g.min = bf16Below(lo);
+  g.min = f16Below(lo);
   // The quotient as float32 arithmetic gives it, before the rounding up.
-  g.scale = bf16Above(static_cast<float>(static_cast<float>(hi) -
-                                         static_cast<float>(g.min)) /
-                      static_cast<float>(levels));
+  g.scale = f16Above(static_cast<float>(static_cast<float>(hi) -
+                                        static_cast<float>(g.min)) /
+                     static_cast<float>(levels));
   for (double v : x) {
     int code = 0;
     if (g.scale > 0.0)

@@ -255,13 +255,14 @@ struct AsymGroup {
 /// scale) clamped (0 when scale = 0).
 AsymGroup quantizeAsym(const Vector &x, int bits);
 
-/// The largest bfloat16 value <= x and the smallest >= x (normal range).
-double bf16Below(double x);
-double bf16Above(double x);
+/// The largest f16 value <= x and the smallest >= x, both clamped to
+/// +-65504.
+double f16Below(double x);
+double f16Above(double x);
 
 /// quantizeAsym with the parameters a page stores (kvc_runtime.h, at
-/// kvc_kivi_quantize_value): min = bf16Below(least value), scale =
-/// bf16Above((max - min) / (2^bits - 1) in float32 arithmetic), codes from
+/// kvc_kivi_quantize_value): min = f16Below(least value), scale =
+/// f16Above((max - min) / (2^bits - 1) in float32 arithmetic), codes from
 /// those. KIVI keys and values and the INT2/INT4 class use it.
 AsymGroup quantizeAsymRecord(const Vector &x, int bits);
 

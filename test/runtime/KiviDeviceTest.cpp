@@ -144,11 +144,11 @@ void runWork(const Side &d, int32_t head, const std::vector<float> &keys,
                                       scales.data(), mins.data()),
               KVC_STATUS_OK);
     std::memcpy(d.valueRow(head, r.slot), packed.data(), d.layout.value_stride);
-    // A page's {scale, min}: two bfloat16 (the quantizer's values are).
+    // A page's {scale, min}: two f16 (the quantizer's values are).
     auto *record = reinterpret_cast<uint16_t *>(d.valueRecord(head, r.slot));
     for (int32_t k = 0; k < dim / g; ++k) {
-      record[2 * k] = kvc_f32_to_bf16(scales[k]);
-      record[2 * k + 1] = kvc_f32_to_bf16(mins[k]);
+      record[2 * k] = kvc_f32_to_f16(scales[k]);
+      record[2 * k + 1] = kvc_f32_to_f16(mins[k]);
     }
   }
   for (int32_t b = 0; b < w.num_key_blocks; ++b) {
@@ -172,8 +172,8 @@ void runWork(const Side &d, int32_t head, const std::vector<float> &keys,
     auto *record = reinterpret_cast<uint16_t *>(
         d.keyRecord(head, w.key_members[first].slot));
     for (int32_t k = 0; k < dim; ++k) {
-      record[2 * k] = kvc_f32_to_bf16(scales[k]);
-      record[2 * k + 1] = kvc_f32_to_bf16(mins[k]);
+      record[2 * k] = kvc_f32_to_f16(scales[k]);
+      record[2 * k + 1] = kvc_f32_to_f16(mins[k]);
     }
   }
   for (int32_t i = 0; i < w.num_stages; ++i) {

@@ -33,7 +33,7 @@ kvc_config_t mixedConfig(int32_t low = KVC_FORMAT_INT2) {
 uint64_t alignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /// What a low page stores for x: per group of g channels, the reference's
-/// record (quantizeAsymRecord: bfloat16 min and scale) and its codes,
+/// record (quantizeAsymRecord: f16 min and scale) and its codes,
 /// dequantized.
 std::vector<float> expectedLow(const std::vector<float> &x, int g, int bits) {
   std::vector<float> out;
@@ -67,7 +67,7 @@ TEST(Mixed, LayoutFollowsTheDocumentedFormulas) {
   EXPECT_EQ(high.key_stride, 64u);
   EXPECT_EQ(high.page_bytes, alignUp(16 * 64 * 2 + 16 * 4 * 2, 256));
   // Low: 64 channels at 2 bits = 16 bytes per row, 2 groups of {scale,
-  // min} (two bfloat16 each) = 8 bytes per record, for keys and values.
+  // min} (two f16 each) = 8 bytes per record, for keys and values.
   EXPECT_EQ(low.key_stride, 16u);
   EXPECT_EQ(low.value_stride, 16u);
   EXPECT_EQ(low.key_param_stride, 8u);

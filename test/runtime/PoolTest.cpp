@@ -94,8 +94,8 @@ TEST(Layout, HandComputedOffsets) {
 
   // KIVI int4, d = 8, G = 4, R = 8, 8 slots, f32:
   //  key rows 8 * 4 / 8 = 4 bytes -> 32 bytes; values at 32 .. 64;
-  //  key records: 8 / 4 = 2 blocks x 8 channels x {scale, min} (two
-  //  bfloat16, 4 bytes) = 2 x 32 at 64 .. 128; value records: 8 slots x 2
+  //  key records: 8 / 4 = 2 blocks x 8 channels x {scale, min} (two f16,
+  //  4 bytes) = 2 x 32 at 64 .. 128; value records: 8 slots x 2
   //  groups x 4 bytes = 8 x 8 at 128 .. 192 -> page 256 bytes.
   //  Residual: 2 x R x d x 4 = 512 bytes per head; 4 sequences x 2 layers x
   //  2 heads = 16 heads -> pages start at 8192.

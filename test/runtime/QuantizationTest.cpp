@@ -293,21 +293,46 @@ TEST(RuntimeVsReference, Asym) {
   EXPECT_LE(nearTies, 3);
 }
 
-// A page stores {scale, min} as two bfloat16: min rounded down, scale
-// rounded up, so that the codes still span every value of the group.
-TEST(Quantization, KiviRecordsAreBf16AndSpanTheirGroup) {
-  // By hand: min -1 - 2^-9 rounds down to -1 - 2^-7 = -1.0078125; scale
-  // (1 + 1.0078125) / 3 = 0.66927... rounds up to 172 / 256 = 0.671875.
-  const float pair[4] = {-1.0f - std::ldexp(1.0f, -9), 1.0f, 0.25f, -0.5f};
-  std::vector<uint8_t> packed(1);
-  float scale = 0.0f, min = 0.0f;
-  ASSERT_EQ(kvc_kivi_quantize_value(pair, 4, 4, 2, packed.data(), &scale,
-                                    &min),
-            KVC_STATUS_OK);
-  EXPECT_EQ(min, -1.0078125f);
-  EXPECT_EQ(scale, 0.671875f);
-  // Codes rne((x - min) / scale): 0, 2.98 -> 3, 1.87 -> 2, 0.76 -> 1.
-  EXPECT_EQ(packed[0], 0u | 3u << 2 | 2u << 4 | 1u << 6);
+// A page stores {scale, min} as two f16: min rounded down, scale rounded
+// up, so that the codes still span every value of the group.
+TEST(Quantization, KiviRecordsAreF16AndSpanTheirGroup) {
+  // Groups of four int2 codes, by hand.
+  struct Case {
+    float x[4];
+    float min, scale;
+    uint8_t packed;
+  };
+  const Case cases[] = {
+      // min -1 - 2^-12 rounds down to -1 - 2^-10 = -1.0009765625 (f16
+      // spacing 2^-10 in [1, 2)); scale (1.5 + 1.0009765625) / 3 =
+      // 0.833659... rounds up to 1708 / 2048 = 0.833984375 (spacing 2^-11
+      // in [1/2, 1)); codes rne((x - min) / scale): 0.0009 -> 0, 2.999 ->
+      // 3, 1.560 -> 2, 0.601 -> 1.
+      {{-1.0f - std::ldexp(1.0f, -12), 1.5f, 0.3f, -0.5f},
+       -1.0009765625f,
+       0.833984375f,
+       0 | 3 << 2 | 2 << 4 | 1 << 6},
+      // Below f16's normal range the spacing is 2^-24: scale 1e-6 / 3 =
+      // 5.59 2^-24 rounds up to 6 2^-24; codes 0, 2.80 -> 3, 0, 0.
+      {{0.0f, 1e-6f, 0.0f, 0.0f}, 0.0f, std::ldexp(6.0f, -24), 3 << 2},
+      // Beyond +-65504 the record saturates: min -65504, scale (1e5 +
+      // 65504) / 3 = 55168 (a multiple of f16's spacing 32 there); -1e5 is
+      // clamped to min (code 0), 1e5 is code 3, 0 is 1.19 -> 1.
+      {{-1e5f, 1e5f, 0.0f, 0.0f},
+       -65504.0f,
+       55168.0f,
+       0 | 3 << 2 | 1 << 4 | 1 << 6},
+  };
+  for (const Case &c : cases) {
+    uint8_t packed = 0;
+    float scale = 0.0f, min = 0.0f;
+    ASSERT_EQ(
+        kvc_kivi_quantize_value(c.x, 4, 4, 2, &packed, &scale, &min),
+        KVC_STATUS_OK);
+    EXPECT_EQ(min, c.min) << c.x[1];
+    EXPECT_EQ(scale, c.scale) << c.x[1];
+    EXPECT_EQ(packed, c.packed) << c.x[1];
+  }
 
   std::mt19937 rng(31);
   for (int bits : {2, 4})
@@ -322,18 +347,18 @@ TEST(Quantization, KiviRecordsAreBf16AndSpanTheirGroup) {
       ASSERT_EQ(kvc_kivi_quantize_value(v.data(), 32, 32, bits, vp.data(),
                                         &s, &m),
                 KVC_STATUS_OK);
-      EXPECT_EQ(kvc_bf16_to_f32(kvc_f32_to_bf16(s)), s);
-      EXPECT_EQ(kvc_bf16_to_f32(kvc_f32_to_bf16(m)), m);
+      EXPECT_EQ(kvc_f16_to_f32(kvc_f32_to_f16(s)), s);
+      EXPECT_EQ(kvc_f16_to_f32(kvc_f32_to_f16(m)), m);
       const float lo = *std::min_element(v.begin(), v.end());
       const float hi = *std::max_element(v.begin(), v.end());
       const float exact = (hi - lo) / static_cast<float>((1 << bits) - 1);
       EXPECT_LE(m, lo);
       EXPECT_GE(static_cast<double>(m) + ((1 << bits) - 1) * double(s),
                 static_cast<double>(hi));
-      // Both roundings together widen the step by less than 2^-7 of it
-      // plus a bfloat16 step of min.
-      EXPECT_LE(s, exact * (1.0f + std::ldexp(1.0f, -7)) +
-                       std::fabs(m) * std::ldexp(1.0f, -7));
+      // Both roundings together widen the step by less than 2^-10 of it
+      // plus an f16 step of min.
+      EXPECT_LE(s, exact * (1.0f + std::ldexp(1.0f, -10)) +
+                       std::fabs(m) * std::ldexp(1.0f, -10));
       std::vector<float> back(32);
       ASSERT_EQ(kvc_kivi_dequantize_value(vp.data(), 32, 32, bits, &s, &m,
                                           back.data()),

@@ -15,7 +15,7 @@ Usage: check_policies.py KVC_RUN [--model PATH]
 3. eviction: on a 319-token prompt the 10% variants (budget 205) keep at
    most 205 entries per layer and head after the prompt and hold fewer
    bytes than the f16 cache without eviction; kivi2 keeps every entry, in
-   48 bytes once quantized (2-bit rows plus bfloat16 parameters) instead
+   48 bytes once quantized (2-bit rows plus f16 parameters) instead
    of 256;
    next-token agreement with the full cache stays sensible (top-1 >= 0.6,
    perplexity within 1.5x). Replaying the recorded prompt pass gives
@@ -153,7 +153,7 @@ def eviction():
     # Mixed precision keeps every entry: per head the ceil(0.2 n) best in
     # int8 (64 + 64 code bytes + two float scales = 136 bytes), the rest
     # in int2 (16 + 16 code bytes + two groups of {scale, min}, two
-    # bfloat16 each, for the key and the value = 48 bytes).
+    # f16 each, for the key and the value = 48 bytes).
     n = ref["prompt_tokens"]
     high = -(-n // 5)
     mixed, int8 = runs["mixed_precision"], runs["int8"]
