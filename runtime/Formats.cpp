@@ -205,13 +205,22 @@ uint8_t encodeAsym(float x, int bits, float scale, float min) {
   return static_cast<uint8_t>(std::min(code, maxCode));
 }
 
-void quantizeAsym(const float *x, int64_t n, int bits, uint8_t *codes,
-                  float *scale, float *min) {
-  float lo = n > 0 ? x[0] : 0.0f, hi = lo;
+namespace {
+/// The least and greatest of x[0 .. n) (both 0 when n is 0).
+void valueRange(const float *x, int64_t n, float &lo, float &hi) {
+  lo = n > 0 ? x[0] : 0.0f;
+  hi = lo;
   for (int64_t i = 1; i < n; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
+}
+} // namespace
+
+void quantizeAsym(const float *x, int64_t n, int bits, uint8_t *codes,
+                  float *scale, float *min) {
+  float lo, hi;
+  valueRange(x, n, lo, hi);
   *scale = (hi - lo) / static_cast<float>((1 << bits) - 1);
   *min = lo;
   for (int64_t i = 0; i < n; ++i)
@@ -256,11 +265,8 @@ float f16Float(uint16_t bits) { return kvc_f16_to_f32(bits); }
 
 AsymRecord quantizeAsymRecord(const float *x, int64_t n, int bits,
                               uint8_t *codes) {
-  float lo = n > 0 ? x[0] : 0.0f, hi = lo;
-  for (int64_t i = 1; i < n; ++i) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
-  }
+  float lo, hi;
+  valueRange(x, n, lo, hi);
   AsymRecord r;
   r.min = f16Floor(lo);
   const float min = r.minValue();

@@ -2889,24 +2889,30 @@ struct KiviDigits {
   }
 };
 
-/// The power of two of KiviDigits for a warp whose largest |x| is `bound`:
-/// scale = 2^(14 - k) for 2^(k - 1) <= bound < 2^k, so that |x scale| < 2^14;
-/// unit = 1 / scale. A bound below 2^-113 (0 included) takes the scale of
-/// 2^-113, so that the factors stay normal floats; a bound of 2^127 or
-/// more (or not finite) has no digits: scale 0 and unit NaN, so that the
+/// The power of two under which a warp's values become integers of up to
+/// kTop bits: for a warp whose largest |x| is `bound`, scale = 2^(kTop - k)
+/// for 2^(k - 1) <= bound < 2^k, so that |x scale| < 2^kTop; unit = 1 /
+/// scale. A bound below 2^(kTop - 127) (0 included) takes the scale of
+/// that bound, so that the factors stay normal floats; a bound of 2^127 or
+/// more (or not finite) has no integers: scale 0 and unit NaN, so that the
 /// logits are NaN as a float dot product's would be.
 /// `boundBits`: the bits of the bound (the largest of the values' bits
 /// with the sign cleared, so that a NaN or an infinity wins).
-struct KiviDigitScale {
+/// KiviDigitScale: kTop = 14, the first of KiviDigits' two digits;
+/// KiviKeyScale: kTop = 22, the fixed-point key factors of decodeKiviTiles'
+/// tensor-core keys (three bytes).
+template <int kTop> struct KiviPowerScale {
   float scale, unit;
-  __device__ __forceinline__ explicit KiviDigitScale(uint32_t boundBits) {
+  __device__ __forceinline__ explicit KiviPowerScale(uint32_t boundBits) {
     int e = static_cast<int>(boundBits >> 23);
-    e = e < 14 ? 14 : e;
-    scale = e > 253 ? 0.0f : __int_as_float((267 - e) << 23);
+    e = e < kTop ? kTop : e;
+    scale = e > 253 ? 0.0f : __int_as_float((kTop + 253 - e) << 23);
     unit = e > 253 ? __int_as_float(0x7fc00000)
-                   : __int_as_float((e - 13) << 23);
+                   : __int_as_float((e + 1 - kTop) << 23);
   }
 };
+using KiviDigitScale = KiviPowerScale<14>;
+using KiviKeyScale = KiviPowerScale<22>;
 
 /// Geometry of decodeKiviTiles: each warp takes tiles of 32 consecutive
 /// slots (32-aligned, so a tile lies in one key block of KG >= 32 tokens and
@@ -2917,7 +2923,7 @@ struct KiviDigitScale {
 template <int G, int D, int kBits, int KG, kvc_dtype_t T, int kThreads>
 struct KiviTiles {
   static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr int kHeadDim = D, kKeyGroup = KG;
+  static constexpr int kHeadDim = D, kKeyGroup = KG, kCodeBits = kBits;
   /// Bytes of a block's key record ({scale, min} word per channel) and of
   /// a slot's value record (a word per group of KG channels).
   static constexpr uint64_t kKeyRecordBytes = 4 * D;
@@ -2939,6 +2945,42 @@ struct KiviTiles {
   /// the word in byte k.
   static constexpr int kCodesPerByte = 8 / kBits;
   static constexpr uint32_t kByteMask = ((1u << kBits) - 1) * 0x01010101u;
+  /// Key codes as the bytes of mmaK32U8 (decodeKiviMma's B, the G = 1
+  /// tiles' A): where channel c goes among the 32 k of its key step (c /
+  /// 32): k 4t + 16 half + i for the channel of code kCodesPerByte i + t %
+  /// kCodesPerByte of key word keyWord(c / 32, t, half), so that the shift
+  /// by kBits (t % kCodesPerByte) and kByteMask of that word give the four
+  /// k 4t + 16 half .. +3 a fragment register holds. A permutation of the
+  /// step's channels (entry 8t + 4 half + i: a lane's eight k in order).
+  __host__ __device__ static constexpr int keyIndex(int c) {
+    const int w16 = c % 16, r = w16 % kCodesPerWord;
+    const int t = w16 / kCodesPerWord * kCodesPerByte + r % kCodesPerByte;
+    return c / 32 * 32 + 8 * t + 4 * (c % 32 / 16) + r / kCodesPerByte;
+  }
+  /// The key word whose bytes lane t takes at step ks (half 0: k 4t ..
+  /// 4t+3, half 1: k 4t+16 .. 4t+19), shifted right by kBits (t %
+  /// kCodesPerByte).
+  __host__ __device__ static constexpr int keyWord(int ks, int t, int half) {
+    return (32 * ks + 16 * half) / kCodesPerWord + t / kCodesPerByte;
+  }
+  /// Row pitch of codes staged in shared memory, in words: an odd multiple
+  /// of 4, so that rows stay 16-byte aligned and the eight rows that a
+  /// fragment reads fall into different banks.
+  static constexpr int kWordPitch =
+      (kRowWords + 3) / 4 % 2 ? (kRowWords + 3) / 4 * 4
+                              : (kRowWords + 3) / 4 * 4 + 4;
+  /// Whether the keys' logits go through mma.sync (G = 1; decodeKiviMma
+  /// takes G >= 2 where tensor cores are on): the warp's 32 slots as the
+  /// rows of two A (their codes as bytes, keyIndex order), the folded
+  /// query's three fixed-point digit bytes and a column of ones as B.
+  static constexpr bool kKeyMma = kTensorCores && G == 1;
+  /// Where digit byte `digit` (0..2) of channel c's fixed-point factor goes
+  /// in the warp's scratch (as bytes): per key step, 32 bytes a digit in
+  /// keyIndex order, so that lane (g, t) of the step reads B's column g
+  /// (g < 3) as the eight bytes from 8t.
+  __host__ __device__ static constexpr int keyDigitByte(int c, int digit) {
+    return (c / 32 * 3 + digit) * 32 + keyIndex(c) % 32;
+  }
   /// Where digit `digit` (0, 1) of channel c of a query head's folded row
   /// goes in its 2 D entries of decodeKiviTiles' scratch: for the run j of
   /// word w, the 16 bytes {d0 of bytes 0-3, d1 of bytes 0-3}, two per
@@ -3010,10 +3052,12 @@ struct KiviTiles {
       (kPrefetchLines + kWarpSize - 1) / kWarpSize;
   static constexpr int kPrefetchBytes =
       kWarps * kPrefetchRounds * kWarpSize * 8;
-  /// Shared memory of the kernel (its buffers and combineRowGroups').
+  /// Shared memory of the kernel (its buffers, the staged key rows at
+  /// kKeyMma, and combineRowGroups').
   static constexpr int kSharedBytes =
       4 * (G * D + kWarps * kWarpSize * (G + 1)) +
       kWarps * (2 * kScratch + kWarpSize * kRowBytes) +
+      (kKeyMma ? 4 * kWarps * kWarpSize * kWordPitch : 0) +
       4 * (G * D + 2 * kWarps * G) + kPrefetchBytes;
   /// Key blocks of whole tiles, up to 8 query heads (their value sums stay
   /// in registers), the static shared memory limit; other KIVI geometries
@@ -3306,6 +3350,120 @@ __device__ __forceinline__ void addWindowKeyDots(const uint8_t *residual,
   }
 }
 
+/// The logit q . k of a lane's slot (before the softmax scale) for a tile
+/// of decodeKiviTiles at G = 1 on tensor cores (KiviTiles::kKeyMma); 0 where
+/// the slot's key is not codes. With k = code s + min per channel, q . k =
+/// sum_c f_c code_c + sum_c q_c min_c, f_c = q_c s_c for the tile's key
+/// block (`fold`: some lane's key is codes). The factors become integers
+/// X_c = f_c / U, |X_c| <= 2^22, under one power of two U for the warp
+/// (KiviKeyScale: 2^-22 of the power of two above the largest |f_c|), by
+/// one fused multiply-add with 1.5 2^23, whose bits' low three bytes are
+/// the digits of X_c + 2^22 (the last at most 128: X_c = 2^22, the largest
+/// |f_c| rounded up, gives 2^24, whose exponent's low bit is bit 23, so
+/// that byte 2 reads 128 and bytes 0 and 1 zero); each lane writes its
+/// channels' digit bytes to `digits` (KiviTiles::keyDigitByte). The two
+/// halves of the tile's 32 slots are the rows of two A of mmaK32U8 (their
+/// staged codes `rows` as bytes, a shift and a mask per four), and B's
+/// columns are digit 0, 1, 2 and ones, twice (columns 4..7 as 0..3), so
+/// that lane (g, t) holds C[r][2t], C[r][2t + 1] of its rows r = g, g + 8:
+/// the low part C0 + 2^8 C1 at even t, the high part 2^16 (C2 - 2^6 C1s)
+/// at odd t (the ones column takes the 2^22 of every factor back out) of
+/// slots 16 m + 8 half + g. Lane (g, t) adds its part of slot run 2m +
+/// half = t to its neighbour's (one shuffle), and slot s's lane reads it
+/// from lane 4 (s % 8) + s / 8: l = U (C0 + 2^8 C1 + 2^16 (C2 - 2^6 C1s))
+/// + bias. For int2 up to head dim 128 the sum is one 32-bit integer
+/// (|C2 - 2^6 C1s| <= 2^6 3 D, C0 + 2^8 C1 <= 257 255 3 D, their sum below
+/// 2^31), else two floats. The whole warp calls it, converged.
+template <typename Tiles>
+__device__ __forceinline__ float
+tileKeyLogit(const KiviTileLoads<Tiles> &in, const float *query,
+             uint8_t *digits, const uint32_t (*rows)[Tiles::kWordPitch],
+             bool fold, bool keyCodes, int lane) {
+  constexpr int D = Tiles::kHeadDim, kBits = Tiles::kCodeBits;
+  constexpr int kSteps = D / kWarpSize;
+  constexpr float kMagic = 12582912.0f; // 1.5 * 2^23
+  if (!fold)
+    return 0.0f;
+  float f[kSteps], bias = 0.0f;
+  uint32_t bound = 0;
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    const int c = i * kWarpSize + lane;
+    const float2 record = asymPair(in.keyRecord[i]);
+    f[i] = query[c] * record.x;
+    const uint32_t bits = __float_as_uint(f[i]) & 0x7fffffffu;
+    bound = bits > bound ? bits : bound;
+    bias = fmaf(query[c], record.y, bias);
+  }
+  bias = warpSum(bias);
+  const KiviKeyScale k(warpMax(bound));
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    const uint32_t x = __float_as_uint(fmaf(f[i], k.scale, kMagic));
+    const int c = i * kWarpSize + lane;
+    digits[Tiles::keyDigitByte(c, 0)] = static_cast<uint8_t>(x);
+    digits[Tiles::keyDigitByte(c, 1)] = static_cast<uint8_t>(x >> 8);
+    digits[Tiles::keyDigitByte(c, 2)] = static_cast<uint8_t>(x >> 16);
+  }
+  __syncwarp();
+
+  const int g = lane / 4, t = lane % 4, column = g % 4;
+  const int shift = kBits * (t % Tiles::kCodesPerByte);
+  int32_t acc[2][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    uint32_t b0 = 0x01010101u, b1 = 0x01010101u;
+    if (column < 3) {
+      const uint2 b = *reinterpret_cast<const uint2 *>(
+          digits + (ks * 3 + column) * kWarpSize + 8 * t);
+      b0 = b.x;
+      b1 = b.y;
+    }
+    const int w0 = Tiles::keyWord(ks, t, 0), w1 = Tiles::keyWord(ks, t, 1);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const uint32_t *lo = rows[16 * m + g], *hi = rows[16 * m + g + 8];
+      const uint32_t a[4] = {lo[w0] >> shift & Tiles::kByteMask,
+                             hi[w0] >> shift & Tiles::kByteMask,
+                             lo[w1] >> shift & Tiles::kByteMask,
+                             hi[w1] >> shift & Tiles::kByteMask};
+      mmaK32U8(acc[m], a, b0, b1);
+    }
+  }
+
+  // Part 2m + half of this lane (slots 16m + 8 half + g), then the sum of
+  // run t with the other parity's part of it.
+  constexpr bool kOneInteger = kBits == 2 && D <= 128;
+  using Sum = std::conditional_t<kOneInteger, int32_t, float>;
+  Sum part[4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int32_t x0 = acc[m][2 * half], x1 = acc[m][2 * half + 1];
+      Sum v;
+      if constexpr (kOneInteger)
+        v = t % 2 ? static_cast<int32_t>(
+                        static_cast<uint32_t>(x0 - x1 * 64) << 16)
+                  : x0 + x1 * 256;
+      else
+        v = t % 2 ? 65536.0f * static_cast<float>(x0 - x1 * 64)
+                  : static_cast<float>(x0 + x1 * 256);
+      part[2 * m + half] = v;
+    }
+  const Sum mine = t == 0 ? part[0]
+                   : t == 1 ? part[1]
+                   : t == 2 ? part[2]
+                            : part[3];
+  const Sum other = t == 0 ? part[1]
+                    : t == 1 ? part[0]
+                    : t == 2 ? part[3]
+                             : part[2];
+  const Sum run = mine + __shfl_xor_sync(kFullMask, other, 1);
+  const Sum sum = __shfl_sync(kFullMask, run, 4 * (lane % 8) + lane / 8);
+  return keyCodes ? fmaf(k.unit, static_cast<float>(sum), bias) : 0.0f;
+}
+
 /// decodeAttentionKivi for key blocks of KG >= 32 tokens (KG a multiple of
 /// 32; the paper's 32 and larger): the codes stay integers and meet their
 /// factors in integer dot products (dp2a: two 16-bit digits times two
@@ -3362,6 +3520,10 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   // value weights p s per query head and group as digits (64 per head and
   // group: KiviTiles::weightIndex).
   __shared__ __align__(16) int16_t scratch[kWarps][Tiles::kScratch];
+  // At G = 1 on tensor cores (kKeyMma), the tile's key rows (a slot's at
+  // warp 32 + slot), which the key fragments gather across slots.
+  __shared__ __align__(16) uint32_t
+      keyWords[Tiles::kKeyMma ? kWarps * kWarpSize : 1][Tiles::kWordPitch];
   // A tile's weights (per slot and query head) and full-precision value
   // rows (-1: codes), for its window values.
   __shared__ __align__(16) float weights[kWarps][kWarpSize][G];
@@ -3412,81 +3574,95 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     // value codes and window row go to them.
     __syncwarp();
 #pragma unroll
-    for (int v = 0; v < Tiles::kRowVectors; ++v)
+    for (int v = 0; v < Tiles::kRowVectors; ++v) {
       valueCodes[warp][lane][v] = in.valueRow[v];
+      if constexpr (Tiles::kKeyMma)
+        reinterpret_cast<typename Tiles::RowVector *>(
+            keyWords[warp * kWarpSize + lane])[v] = in.keyRow[v];
+    }
     valueRows[warp][lane] = valueFull ? row : -1;
-    // The fold: f[g][c] = q[g][c] s[c] as digits under a power of two per
-    // query head (the warp's largest |f[g][c]|), and the bias
-    // sum_c q[g][c] min[c], channels lane, lane + 32, ...
-    float bias[G], unit[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-      bias[g] = unit[g] = 0.0f;
-    if (fold) {
-      float f[D / kWarpSize][G];
-      uint32_t bound[G];
+    if constexpr (Tiles::kKeyMma) {
+      l[0] = tileKeyLogit<Tiles>(in, &queries[0][0],
+                                 reinterpret_cast<uint8_t *>(scratch[warp]),
+                                 keyWords + warp * kWarpSize, fold, keyCodes,
+                                 lane);
+    } else {
+      // The fold: f[g][c] = q[g][c] s[c] as digits under a power of two per
+      // query head (the warp's largest |f[g][c]|), and the bias
+      // sum_c q[g][c] min[c], channels lane, lane + 32, ...
+      float bias[G], unit[G];
 #pragma unroll
       for (int g = 0; g < G; ++g)
-        bound[g] = 0;
+        bias[g] = unit[g] = 0.0f;
+      if (fold) {
+        float f[D / kWarpSize][G];
+        uint32_t bound[G];
 #pragma unroll
-      for (int i = 0; i < D / kWarpSize; ++i) {
-        const int c = i * kWarpSize + lane;
-        const float2 record = asymPair(in.keyRecord[i]);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          f[i][g] = queries[g][c] * record.x;
-          const uint32_t bits = __float_as_uint(f[i][g]) & 0x7fffffffu;
-          bound[g] = bits > bound[g] ? bits : bound[g];
-          bias[g] = fmaf(queries[g][c], record.y, bias[g]);
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        bias[g] = warpSum(bias[g]);
-        const KiviDigitScale k(warpMax(bound[g]));
-        unit[g] = k.unit;
-        int16_t *row = &scratch[warp][g * 2 * D + laneDigits];
+        for (int g = 0; g < G; ++g)
+          bound[g] = 0;
 #pragma unroll
         for (int i = 0; i < D / kWarpSize; ++i) {
-          const KiviDigits d(f[i][g], k.scale);
-          row[i * Tiles::kDigitStride] = static_cast<int16_t>(d.d0);
-          row[i * Tiles::kDigitStride + 4] = static_cast<int16_t>(d.d1);
-        }
-      }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-      l[g] = keyCodes ? bias[g] : 0.0f;
-    if (keyCodes) {
-      // q . x = sum_c f_c code_c + bias: each run of kCodesPerByte codes
-      // as bytes (a shift and a mask), two dp2a per digit and byte pair.
-      const uint32_t *words = reinterpret_cast<const uint32_t *>(in.keyRow);
-      int32_t s0[G], s1[G];
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-        s0[g] = s1[g] = 0;
-#pragma unroll
-      for (int w = 0; w < Tiles::kRowWords; ++w)
-#pragma unroll
-        for (int j = 0; j < Tiles::kCodesPerByte; ++j) {
-          const uint32_t bytes = (words[w] >> (j * kBits)) & Tiles::kByteMask;
+          const int c = i * kWarpSize + lane;
+          const float2 record = asymPair(in.keyRecord[i]);
 #pragma unroll
           for (int g = 0; g < G; ++g) {
-            const uint4 d = *reinterpret_cast<const uint4 *>(
-                &scratch[warp][g * 2 * D +
-                               Tiles::digitIndex(w * Tiles::kCodesPerWord + j,
-                                                 0)]);
-            s0[g] = dot2x16<true>(d.x, bytes, s0[g]);
-            s0[g] = dot2x16<false>(d.y, bytes, s0[g]);
-            s1[g] = dot2x16<true>(d.z, bytes, s1[g]);
-            s1[g] = dot2x16<false>(d.w, bytes, s1[g]);
+            f[i][g] = queries[g][c] * record.x;
+            const uint32_t bits = __float_as_uint(f[i][g]) & 0x7fffffffu;
+            bound[g] = bits > bound[g] ? bits : bound[g];
+            bias[g] = fmaf(queries[g][c], record.y, bias[g]);
           }
         }
 #pragma unroll
+        for (int g = 0; g < G; ++g) {
+          bias[g] = warpSum(bias[g]);
+          const KiviDigitScale k(warpMax(bound[g]));
+          unit[g] = k.unit;
+          int16_t *row = &scratch[warp][g * 2 * D + laneDigits];
+#pragma unroll
+          for (int i = 0; i < D / kWarpSize; ++i) {
+            const KiviDigits d(f[i][g], k.scale);
+            row[i * Tiles::kDigitStride] = static_cast<int16_t>(d.d0);
+            row[i * Tiles::kDigitStride + 4] = static_cast<int16_t>(d.d1);
+          }
+        }
+      }
+      __syncwarp();
+#pragma unroll
       for (int g = 0; g < G; ++g)
-        l[g] = KiviDigits::addSums(unit[g], s0[g], s1[g], l[g]);
-    } else if (live) {
+        l[g] = keyCodes ? bias[g] : 0.0f;
+      if (keyCodes) {
+        // q . x = sum_c f_c code_c + bias: each run of kCodesPerByte codes
+        // as bytes (a shift and a mask), two dp2a per digit and byte pair.
+        const uint32_t *words =
+            reinterpret_cast<const uint32_t *>(in.keyRow);
+        int32_t s0[G], s1[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          s0[g] = s1[g] = 0;
+#pragma unroll
+        for (int w = 0; w < Tiles::kRowWords; ++w)
+#pragma unroll
+          for (int j = 0; j < Tiles::kCodesPerByte; ++j) {
+            const uint32_t bytes =
+                (words[w] >> (j * kBits)) & Tiles::kByteMask;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+              const uint4 d = *reinterpret_cast<const uint4 *>(
+                  &scratch[warp][g * 2 * D +
+                                 Tiles::digitIndex(
+                                     w * Tiles::kCodesPerWord + j, 0)]);
+              s0[g] = dot2x16<true>(d.x, bytes, s0[g]);
+              s0[g] = dot2x16<false>(d.y, bytes, s0[g]);
+              s1[g] = dot2x16<true>(d.z, bytes, s1[g]);
+              s1[g] = dot2x16<false>(d.w, bytes, s1[g]);
+            }
+          }
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          l[g] = KiviDigits::addSums(unit[g], s0[g], s1[g], l[g]);
+      }
+    }
+    if (live && !keyCodes) {
       // A window key: its full-precision row from the residual region.
       addWindowKeyDots<G, D, S>(t.kiviResidual, row, &queries[0][0], D, l);
     }
@@ -3758,13 +3934,9 @@ struct KiviMma {
   using Tiles = KiviTiles<G, D, kBits, KG, T, kThreads>;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kCpb = 8 / kBits;
-  /// Row pitch of the staged codes in words: an odd multiple of 4, so that
-  /// rows stay 16-byte aligned and the eight rows that a fragment reads
-  /// fall into different banks.
+  /// Row pitch of the staged codes in words (KiviTiles::kWordPitch).
   static constexpr int kRowWords = Tiles::kRowWords;
-  static constexpr int kPitch =
-      (kRowWords + 3) / 4 % 2 ? (kRowWords + 3) / 4 * 4
-                              : (kRowWords + 3) / 4 * 4 + 4;
+  static constexpr int kPitch = Tiles::kWordPitch;
   /// Query rows padded so that the window keys' broadcast loads of the
   /// heads miss each other's banks.
   static constexpr int kQueryPitch = D + (kBits == 2 ? 16 : 8);
@@ -3810,21 +3982,6 @@ struct KiviMma {
   /// overrides the four (0: no bound).
   static constexpr int kMinBlocks = KVC_CUDA_KIVI_MMA_BLOCKS * 128 / kThreads;
 
-  /// Where channel c's factors go among the 32 entries of its key step
-  /// (c / 32): entry 8t + 4 half + i for A's k 4t + 16 half + i, the
-  /// channel of code kCodesPerByte i + t % kCodesPerByte of key word
-  /// keyWord(c / 32, t, half). A permutation of the step's channels.
-  __host__ __device__ static constexpr int keyIndex(int c) {
-    const int w16 = c % 16, r = w16 % kCodesPerWord;
-    const int t = w16 / kCodesPerWord * kCodesPerByte + r % kCodesPerByte;
-    return c / 32 * 32 + 8 * t + 4 * (c % 32 / 16) + r / kCodesPerByte;
-  }
-  /// The key word whose bytes lane t takes as B at step ks (half 0: k 4t ..
-  /// 4t+3, half 1: k 4t+16 .. 4t+19), shifted right by kBits (t %
-  /// kCodesPerByte).
-  __device__ static int keyWord(int ks, int t, int half) {
-    return (32 * ks + 16 * half) / kCodesPerWord + t / kCodesPerByte;
-  }
   /// Channel of column n of value n-block kCpb q + r.
   __device__ static int valueChannel(int q, int n, int r) {
     return 8 * kCpb * q + kCpb * n + r;
@@ -3869,7 +4026,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     for (int c = 0; c < kWarpSize; ++c) {
       int hits = 0;
       for (int d = 0; d < kWarpSize; ++d)
-        hits += P::keyIndex(d) == c;
+        hits += Tiles::keyIndex(d) == c;
       if (hits != 1)
         return false;
     }
@@ -3904,7 +4061,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
 #pragma unroll
   for (int k = 0; k < P::kKeyRows * D / kThreads; ++k) {
     const int i = threadIdx.x + k * kThreads, row = i / D, c = i % D;
-    keyQuery[row][P::keyIndex(c)] = queries[row][c] * headScale[row];
+    keyQuery[row][Tiles::keyIndex(c)] = queries[row][c] * headScale[row];
   }
   __syncthreads();
 
@@ -3949,7 +4106,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
                                   : 0x5140u;
   const uint32_t onesRow = g == (P::kPairedLanes ? 4 : 0) ? 0x01010101u : 0u;
   const int keyShift = kBits * (tq % P::kCodesPerByte);
-  const int keyTerm = P::keyIndex(lane);
+  const int keyTerm = Tiles::keyIndex(lane);
   const float headUnit = headBound[keyRow];
   // Byte g % 4 of two value words into bytes 0 and 2.
   const uint32_t valueBytes =
@@ -4077,9 +4234,9 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         for (int n = 0; n < P::kKeyBlocks; ++n) {
           const uint32_t *words = keyWords[warp][8 * n + g];
           const uint32_t b0 =
-              words[P::keyWord(ks, tq, 0)] >> keyShift & P::kByteMask;
+              words[Tiles::keyWord(ks, tq, 0)] >> keyShift & P::kByteMask;
           const uint32_t b1 =
-              words[P::keyWord(ks, tq, 1)] >> keyShift & P::kByteMask;
+              words[Tiles::keyWord(ks, tq, 1)] >> keyShift & P::kByteMask;
           mmaK32U8(acc[0][n], qa, b0, b1);
           if constexpr (!P::kPairedLanes)
             mmaK32U8(acc[1][n], qb, b0, b1);

@@ -28,8 +28,10 @@
 //    2^127; NaN units beyond and for infinities and NaNs), dot2x16 against
 //    the PTX definition of dp2a.lo / dp2a.hi, and the digit and weight
 //    layouts (KiviTiles::digitIndex, weightIndex): one entry each, the
-//    bytes a shift and a mask give, the pairs a value lane loads; and
-//    warpSumScattered (each lane the warp sum its lane bits name).
+//    bytes a shift and a mask give, the pairs a value lane loads; the
+//    tensor-core keys' KiviKeyScale (factors of up to 2^22 as three digit
+//    bytes of one fused multiply-add) and fragment layout (keyIndex,
+//    keyWord, keyDigitByte); and warpSumScattered (each lane the warp sum its lane bits name).
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
@@ -424,6 +426,45 @@ void checkDigitsUnder(float bound, std::mt19937 &rng) {
   }
 }
 
+/// KiviKeyScale and the fixed-point key factors of decodeKiviTiles at G = 1
+/// (tileKeyLogit): fmaf(x, scale, 1.5 2^23) holds X + 2^22 in bytes 0, 1,
+/// 2 of its bits, X within 1/2 of x scale and |X| <= 2^22 for |x| up to the
+/// bound (byte 2 at most 128).
+void checkKeyFactorsUnder(float bound, std::mt19937 &rng) {
+  const kvc::cuda::KiviKeyScale k(__float_as_uint(std::fabs(bound)));
+  if (!(std::fabs(bound) < 0x1p127f)) {
+    CHECK(std::isnan(k.unit) && k.scale == 0.0f,
+          "key bound %g: unit %g, scale %g, want NaN and 0", bound, k.unit,
+          k.scale);
+    return;
+  }
+  // The unit is the bound's power of two over 2^21 (2^-126 at the least).
+  const double want =
+      std::max(std::ldexp(1.0, std::ilogb(std::max(bound, 0x1p-126f)) - 21),
+               0x1p-126);
+  CHECK(static_cast<double>(k.unit) * k.scale == 1.0 &&
+            (k.unit == want || (bound < 0x1p-105f && k.unit == 0x1p-126f)),
+        "key bound %g: unit %g, scale %g, want unit %g", bound, k.unit,
+        k.scale, want);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> xs = {0.0f, bound, -bound, std::nextafter(bound, 0.0f),
+                           -std::nextafter(bound, 0.0f), 0x1p-149f};
+  for (int i = 0; i < 2000; ++i)
+    xs.push_back(bound * u(rng));
+  for (float x : xs) {
+    const uint32_t bits = __float_as_uint(std::fmaf(x, k.scale, 12582912.0f));
+    const int64_t d0 = bits & 0xffu, d1 = bits >> 8 & 0xffu,
+                  d2 = bits >> 16 & 0xffu;
+    const int64_t fixed = d0 + 256 * d1 + 65536 * d2 - (1 << 22);
+    const double exact = static_cast<double>(x) * k.scale;
+    CHECK(d2 <= 128 && std::llabs(fixed) <= (1 << 22) &&
+              std::fabs(static_cast<double>(fixed) - exact) <= 0.5,
+          "key bound %g, x %.9g: digits %lld %lld %lld give %lld, want %.3f",
+          bound, x, static_cast<long long>(d0), static_cast<long long>(d1),
+          static_cast<long long>(d2), static_cast<long long>(fixed), exact);
+  }
+}
+
 /// A code layout's digit and weight indices (KiviTiles at int2 or int4).
 template <int kBits, int D> void checkKiviLayout(std::mt19937 &rng) {
   using Tiles = kvc::cuda::KiviTiles<1, D, kBits, 32, KVC_DTYPE_F16, 128>;
@@ -470,6 +511,34 @@ template <int kBits, int D> void checkKiviLayout(std::mt19937 &rng) {
                 Tiles::weightIndex(r1, 1) == at + 3,
             "D=%d: slots %d and %d are not pair %d's", D, r0, r1, at / 4);
     }
+  // The key fragments of mmaK32U8 (keyIndex, keyWord): k 4t + 16 half + i
+  // of step ks, entry 8t + 4 half + i, is byte i of key word keyWord(ks, t,
+  // half) shifted by kBits (t % kCodesPerByte) and masked; the G = 1
+  // tiles' digit bytes (keyDigitByte) take each of the 3 D bytes once, per
+  // step 32 a digit in keyIndex order.
+  std::vector<int> entries(D, 0), bytes(3 * D, 0);
+  for (int c = 0; c < D; ++c) {
+    const int e = Tiles::keyIndex(c);
+    CHECK(e / 32 == c / 32 && entries[e]++ == 0,
+          "int%d D=%d: channel %d at key entry %d, taken or in another step",
+          kBits, D, c, e);
+    const int t = e % 32 / 8, half = e % 8 / 4, i = e % 4;
+    const uint32_t word = words[Tiles::keyWord(c / 32, t, half)];
+    const uint32_t run =
+        word >> (t % Tiles::kCodesPerByte * kBits) & Tiles::kByteMask;
+    const uint32_t code =
+        words[c / Tiles::kCodesPerWord] >> (c % Tiles::kCodesPerWord * kBits) &
+        ((1u << kBits) - 1);
+    CHECK((run >> (8 * i) & 0xffu) == code,
+          "int%d D=%d: channel %d is not byte %d of lane %d's half %d", kBits,
+          D, c, i, t, half);
+    for (int digit = 0; digit < 3; ++digit) {
+      const int at = Tiles::keyDigitByte(c, digit);
+      CHECK(at == (c / 32 * 3 + digit) * 32 + e % 32 && bytes[at]++ == 0,
+            "int%d D=%d: digit %d of channel %d at byte %d", kBits, D, digit,
+            c, at);
+    }
+  }
 }
 
 void checkKiviArithmetic(std::mt19937 &rng) {
@@ -477,7 +546,10 @@ void checkKiviArithmetic(std::mt19937 &rng) {
                       1e-30f, 1e-3f, 0.75f, 1.0f, 3.99f, 4.0f, 1000.0f,
                       1e30f, 0x1.fffffep126f, 0x1p127f, 3e38f, INFINITY,
                       NAN})
+  {
     checkDigitsUnder(bound, rng);
+    checkKeyFactorsUnder(bound, rng);
+  }
   std::uniform_int_distribution<uint32_t> any;
   for (int i = 0; i < 10000; ++i) {
     const uint32_t a = any(rng), b = any(rng);

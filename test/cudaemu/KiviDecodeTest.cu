@@ -113,7 +113,8 @@ template <int kBits> void putCode(uint8_t *row, int c, uint32_t code) {
 
 template <int G, int D, int kBits, int KG, kvc_dtype_t T>
 void check(std::mt19937 &rng, Path path = Path::Dispatch,
-           int32_t splitSlots = 100, float outlier = 1.0f) {
+           int32_t splitSlots = 100, float outlier = 1.0f,
+           bool edge = false) {
   constexpr Storage S = kvc::cuda::kKiviFullStorage<T>;
   using Full = kvc::cuda::RowShape<D, S>;
   constexpr uint64_t kRowBytes = D * kBits / 8;
@@ -181,6 +182,8 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
         const float f = i % D % 16 == 5 ? outlier : 1.0f;
         keyRecords[2 * i] = toF16(f * (0.02f + 0.2f * u(rng))); // scale
         keyRecords[2 * i + 1] = toF16(f * (u(rng) - 0.8f));     // min
+        if (edge && i % D == 0)
+          keyRecords[2 * i] = toF16(1.0f);
       }
       for (int32_t o = 0; o < kPageSize; ++o) {
         const int32_t s = p * kPageSize + o;
@@ -239,6 +242,12 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
   std::vector<float> q(static_cast<size_t>(heads) * G * D);
   for (float &x : q)
     x = 4.0f * u(rng) - 2.0f;
+  // `edge`: channel 0's factor q s, the largest of every key block, is the
+  // float just below 1 (its scale 1, the query's channel 0 1 - 2^-24), which
+  // a fixed-point factor under 1's power of two must not round up to it.
+  if (edge)
+    for (size_t i = 0; i < q.size(); i += D)
+      q[i] = std::nextafter(1.0f, 0.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const kvc::cuda::DecodeSplitArgs args =
       batch.args(tables, layout, q, scale);
@@ -261,11 +270,12 @@ void check(std::mt19937 &rng, Path path = Path::Dispatch,
   kvc::emu::setPrefetchLog(nullptr);
 #endif
 
-  char prefix[112];
+  char prefix[144];
   std::snprintf(prefix, sizeof prefix,
-                "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d%s)", kBits,
+                "KIVI int%d G=%d D=%d KG=%d %s (%s, splits of %d%s%s)", kBits,
                 G, D, KG, dtypeName(T), pathName<G, D, kBits, KG, T>(path),
-                splitSlots, outlier != 1.0f ? ", outlier channels" : "");
+                splitSlots, outlier != 1.0f ? ", outlier channels" : "",
+                edge ? ", a factor just below 1" : "");
   // The tiles' L2 prefetch (both tile paths): warp w of a split walks the
   // tiles of 32 slots from the w-th on, every fourth, and asks for the
   // lines of each tile after its first that lies in the split on a page:
@@ -352,6 +362,13 @@ int main() {
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 8.0f);
   check<8, 128, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 100, 8.0f);
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles, 100, 8.0f);
+  check<1, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 8.0f);
+  check<1, 64, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 100, 8.0f);
+  // A block's largest key factor just below a power of two: the G = 1
+  // tiles' fixed-point keys (KiviTiles::kKeyMma) and the tensor-core tiles.
+  check<1, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 1.0f, true);
+  check<1, 64, 4, 32, KVC_DTYPE_F32>(rng, Path::Dispatch, 704, 1.0f, true);
+  check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 1.0f, true);
   // CUDA-core tiles where the tensor cores would go.
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles);
   check<8, 64, 4, 64, KVC_DTYPE_BF16>(rng, Path::Tiles);
