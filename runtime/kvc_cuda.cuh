@@ -452,6 +452,7 @@ struct AsymParams {
   float scale, min;
   uint32_t word;
 };
+/// The float of the f16 in the low 16 bits of `bits`.
 __device__ __forceinline__ float f16Value(uint32_t bits) {
   __half_raw raw;
   raw.x = static_cast<unsigned short>(bits);
@@ -463,6 +464,34 @@ template <int kBits> __device__ AsymParams asymParams(float lo, float hi) {
   const uint32_t scaleBits =
       rules::f16Directed(__float_as_uint(kiviScale<kBits>(min, hi)), true);
   return {f16Value(scaleBits), min, scaleBits | minBits << 16};
+}
+
+/// The N consecutive 32-bit words at `from` (aligned to the widest of 16,
+/// 8 and 4 bytes that N words fill) in the fewest loads.
+template <int N>
+__device__ __forceinline__ void loadWords(const uint8_t *from,
+                                          uint32_t (&words)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4 *>(from) + i / 4);
+      words[i] = w.x;
+      words[i + 1] = w.y;
+      words[i + 2] = w.z;
+      words[i + 3] = w.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const uint2 w = __ldg(reinterpret_cast<const uint2 *>(from) + i / 2);
+      words[i] = w.x;
+      words[i + 1] = w.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      words[i] = __ldg(reinterpret_cast<const uint32_t *>(from) + i);
+  }
 }
 
 /// {scale, min} of a record word: two conversions.
@@ -2784,19 +2813,15 @@ decodeKiviRows(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     // The {scale, min} words of the lane's channels, consecutive in the
     // block's record and 16-byte aligned (the record is, and a vector's
     // first channel is a multiple of kElemsPerVec, itself of 4).
-    const uint4 *words =
-        reinterpret_cast<const uint4 *>(r.kRecord + Shape::channel(j, lane, 0));
+    uint32_t words[Shape::kElemsPerVec];
+    loadWords(reinterpret_cast<const uint8_t *>(
+                  r.kRecord + Shape::channel(j, lane, 0)),
+              words);
 #pragma unroll
-    for (int e = 0; e < Shape::kElemsPerVec; e += 4) {
-      const uint4 w = __ldg(words + e / 4);
-      const uint32_t four[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 p = asymPair(four[i]);
-        out[e + i] = kiviDequant(
-            static_cast<uint32_t>((codes >> ((e + i) * kBits)) & kMask), p.x,
-            p.y);
-      }
+    for (int e = 0; e < Shape::kElemsPerVec; ++e) {
+      const float2 p = asymPair(words[e]);
+      out[e] = kiviDequant(
+          static_cast<uint32_t>((codes >> (e * kBits)) & kMask), p.x, p.y);
     }
   };
   decodeSplitRows<G, D, Shape, kThreads, KiviRowsInFlight<G>::value, Row>(
@@ -3250,34 +3275,6 @@ template <int G, typename Tiles> struct KiviTileWalk {
                     threadIdx.x / kWarpSize, lane);
   }
 };
-
-/// The N consecutive 32-bit words at `from` (aligned to the widest of 16,
-/// 8 and 4 bytes that N words fill) in the fewest loads.
-template <int N>
-__device__ __forceinline__ void loadWords(const uint8_t *from,
-                                          uint32_t (&words)[N]) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const uint4 w = __ldg(reinterpret_cast<const uint4 *>(from) + i / 4);
-      words[i] = w.x;
-      words[i + 1] = w.y;
-      words[i + 2] = w.z;
-      words[i + 3] = w.w;
-    }
-  } else if constexpr (N % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 2) {
-      const uint2 w = __ldg(reinterpret_cast<const uint2 *>(from) + i / 2);
-      words[i] = w.x;
-      words[i + 1] = w.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-      words[i] = __ldg(reinterpret_cast<const uint32_t *>(from) + i);
-  }
-}
 
 /// One lane's loads of a KIVI tile, issued together ahead of their use: its
 /// slot's key codes (where they are read: `keyCodes`), value codes (always:

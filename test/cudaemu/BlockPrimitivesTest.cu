@@ -31,7 +31,8 @@
 //    bytes a shift and a mask give, the pairs a value lane loads; the
 //    tensor-core keys' KiviKeyScale (factors of up to 2^22 as three digit
 //    bytes of one fused multiply-add) and fragment layout (keyIndex,
-//    keyWord, keyDigitByte); and warpSumScattered (each lane the warp sum its lane bits name).
+//    keyWord, keyDigitByte); and warpSumScattered (each lane the warp sum
+//    its lane bits name).
 // Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//

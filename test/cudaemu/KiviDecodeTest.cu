@@ -7,8 +7,10 @@
 // fixed-point factors; the value sums with codes as bf16 units and the
 // weights split into bf16 parts; mma.sync as the emulator computes it from
 // the PTX fragment layout), the CUDA-core tiles of decodeKiviTiles (the same
-// blocks at G = 1, and at G = 4 and 8 through a kernel of this test that
-// calls it directly: the fallback should the tensor-core path lose on a GPU)
+// blocks at G = 1, whose keys go through mma.sync too: the slots' codes
+// against three digit bytes of the folded query, KiviTiles::kKeyMma; and at
+// G = 4 and 8 through a kernel of this test that calls it directly, with
+// dp2a keys: the fallback should the tensor-core path lose on a GPU)
 // and the row groups of decodeKiviRows (other groups). KIVI pages are built
 // by hand: random packed codes (LSB-first, as kvc_pack_bits), a {scale, min}
 // per channel per block of KG key slots and per group of KG channels per
@@ -19,9 +21,10 @@
 // all in the window (no block to fold), a head laid out as a KIVI cache
 // (every slot live, the window at its end), a split size that is not a
 // multiple of the tile, and one split per head (each warp walks many tiles),
-// and cases whose key blocks have outlier channels (one in 16 with 8 times
-// the range). The reference dequantizes as x = code * scale + min in double
-// and reads window rows with the kernel's Codec, and checks every slot's
+// cases whose key blocks have outlier channels (one in 16 with 8 times the
+// range), and cases whose largest key factor is the float below 1. The
+// reference dequantizes as x = code * scale + min in double and reads
+// window rows with the kernel's Codec, and checks every slot's
 // logit and the merged split records (DecodeReference.h); each case runs
 // again without a logits row (as the KIVI policies' decode, which has no
 // statistics): the same records, bit for bit, and no logit stored; then, but
