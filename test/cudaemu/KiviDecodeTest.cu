@@ -367,6 +367,10 @@ int main() {
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Tiles, 100, 8.0f);
   check<1, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 8.0f);
   check<1, 64, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 100, 8.0f);
+  // The G = 1 tensor-core keys' other forms: head dim 256 (int2 whose key
+  // sums take two floats), key blocks of 64 tokens.
+  check<1, 256, 2, 32, KVC_DTYPE_F16>(rng);
+  check<1, 64, 2, 64, KVC_DTYPE_BF16>(rng, Path::Dispatch, 704);
   // A block's largest key factor just below a power of two: the G = 1
   // tiles' fixed-point keys (KiviTiles::kKeyMma) and the tensor-core tiles.
   check<1, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 100, 1.0f, true);
