@@ -3347,6 +3347,35 @@ __device__ __forceinline__ void addWindowKeyDots(const uint8_t *residual,
   }
 }
 
+/// The fold of a KIVI tile's key block record ({scale, min} per channel,
+/// KiviTileLoads::keyRecord) into G query heads (rows of D floats from
+/// `queries`), channels c = lane + 32 i of the lane: f[i][g] = q[g][c]
+/// s[c], bound[g] the largest bits of |f[i][g]| (a NaN or an infinity
+/// wins), and bias[g] += q[g][c] min[c], the lane's share of the bias
+/// (decodeKiviTiles, tileKeyLogit).
+template <int G, typename Tiles>
+__device__ __forceinline__ void
+foldKeyRecord(const KiviTileLoads<Tiles> &in, const float *queries, int lane,
+              float (&f)[Tiles::kHeadDim / kWarpSize][G],
+              uint32_t (&bound)[G], float (&bias)[G]) {
+  constexpr int D = Tiles::kHeadDim;
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    bound[g] = 0;
+#pragma unroll
+  for (int i = 0; i < D / kWarpSize; ++i) {
+    const int c = i * kWarpSize + lane;
+    const float2 record = asymPair(in.keyRecord[i]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      f[i][g] = queries[g * D + c] * record.x;
+      const uint32_t bits = __float_as_uint(f[i][g]) & 0x7fffffffu;
+      bound[g] = bits > bound[g] ? bits : bound[g];
+      bias[g] = fmaf(queries[g * D + c], record.y, bias[g]);
+    }
+  }
+}
+
 /// The logit q . k of a lane's slot (before the softmax scale) for a tile
 /// of decodeKiviTiles at G = 1 on tensor cores (KiviTiles::kKeyMma); 0 where
 /// the slot's key is not codes. With k = code s + min per channel, q . k =
@@ -3381,22 +3410,14 @@ tileKeyLogit(const KiviTileLoads<Tiles> &in, const float *query,
   constexpr float kMagic = 12582912.0f; // 1.5 * 2^23
   if (!fold)
     return 0.0f;
-  float f[kSteps], bias = 0.0f;
-  uint32_t bound = 0;
+  float f[kSteps][1], bias[1] = {0.0f};
+  uint32_t bound[1];
+  foldKeyRecord<1>(in, query, lane, f, bound, bias);
+  const float sum = warpSum(bias[0]);
+  const KiviKeyScale k(warpMax(bound[0]));
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) {
-    const int c = i * kWarpSize + lane;
-    const float2 record = asymPair(in.keyRecord[i]);
-    f[i] = query[c] * record.x;
-    const uint32_t bits = __float_as_uint(f[i]) & 0x7fffffffu;
-    bound = bits > bound ? bits : bound;
-    bias = fmaf(query[c], record.y, bias);
-  }
-  bias = warpSum(bias);
-  const KiviKeyScale k(warpMax(bound));
-#pragma unroll
-  for (int i = 0; i < kSteps; ++i) {
-    const uint32_t x = __float_as_uint(fmaf(f[i], k.scale, kMagic));
+    const uint32_t x = __float_as_uint(fmaf(f[i][0], k.scale, kMagic));
     const int c = i * kWarpSize + lane;
     digits[Tiles::keyDigitByte(c, 0)] = static_cast<uint8_t>(x);
     digits[Tiles::keyDigitByte(c, 1)] = static_cast<uint8_t>(x >> 8);
@@ -3457,8 +3478,9 @@ tileKeyLogit(const KiviTileLoads<Tiles> &in, const float *query,
                     : t == 2 ? part[3]
                              : part[2];
   const Sum run = mine + __shfl_xor_sync(kFullMask, other, 1);
-  const Sum sum = __shfl_sync(kFullMask, run, 4 * (lane % 8) + lane / 8);
-  return keyCodes ? fmaf(k.unit, static_cast<float>(sum), bias) : 0.0f;
+  const Sum slotSum =
+      __shfl_sync(kFullMask, run, 4 * (lane % 8) + lane / 8);
+  return keyCodes ? fmaf(k.unit, static_cast<float>(slotSum), sum) : 0.0f;
 }
 
 /// decodeAttentionKivi for key blocks of KG >= 32 tokens (KG a multiple of
@@ -3594,21 +3616,7 @@ decodeKiviTiles(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
       if (fold) {
         float f[D / kWarpSize][G];
         uint32_t bound[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-          bound[g] = 0;
-#pragma unroll
-        for (int i = 0; i < D / kWarpSize; ++i) {
-          const int c = i * kWarpSize + lane;
-          const float2 record = asymPair(in.keyRecord[i]);
-#pragma unroll
-          for (int g = 0; g < G; ++g) {
-            f[i][g] = queries[g][c] * record.x;
-            const uint32_t bits = __float_as_uint(f[i][g]) & 0x7fffffffu;
-            bound[g] = bits > bound[g] ? bits : bound[g];
-            bias[g] = fmaf(queries[g][c], record.y, bias[g]);
-          }
-        }
+        foldKeyRecord<G>(in, &queries[0][0], lane, f, bound, bias);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           bias[g] = warpSum(bias[g]);

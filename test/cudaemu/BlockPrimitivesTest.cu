@@ -390,6 +390,24 @@ void checkPageDivisor(std::mt19937 &rng) {
   std::printf("page divisor: %zu sizes ok\n", sizes.size());
 }
 
+/// The values a scale of `bound` is checked on: 0, the bound and its
+/// neighbours below (both signs), the least subnormal, and 2,000 random
+/// values within the bound.
+std::vector<float> valuesUnder(float bound, std::mt19937 &rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> xs = {0.0f,
+                           bound,
+                           -bound,
+                           bound * 0.5f,
+                           std::nextafter(bound, 0.0f),
+                           -std::nextafter(bound, 0.0f),
+                           0x1p-149f,
+                           -0x1p-149f};
+  for (int i = 0; i < 2000; ++i)
+    xs.push_back(bound * u(rng));
+  return xs;
+}
+
 /// KiviDigitScale and KiviDigits over values up to `bound`.
 void checkDigitsUnder(float bound, std::mt19937 &rng) {
   const kvc::cuda::KiviDigitScale k(
@@ -408,13 +426,7 @@ void checkDigitsUnder(float bound, std::mt19937 &rng) {
                0x1p-126);
   CHECK(k.unit == want || (bound < 0x1p-113f && k.unit == 0x1p-126f),
         "bound %g: unit %g, want %g", bound, k.unit, want);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> xs = {0.0f, bound, -bound, bound * 0.5f,
-                           std::nextafter(bound, 0.0f), 0x1p-149f,
-                           -0x1p-149f};
-  for (int i = 0; i < 2000; ++i)
-    xs.push_back(bound * u(rng));
-  for (float x : xs) {
+  for (float x : valuesUnder(bound, rng)) {
     const kvc::cuda::KiviDigits d(x, k.scale);
     CHECK(std::abs(d.d0) <= 16384 && std::abs(d.d1) <= 16384,
           "bound %g, x %.9g: digits %d %d beyond 15 bits", bound, x, d.d0,
@@ -447,12 +459,7 @@ void checkKeyFactorsUnder(float bound, std::mt19937 &rng) {
             (k.unit == want || (bound < 0x1p-105f && k.unit == 0x1p-126f)),
         "key bound %g: unit %g, scale %g, want unit %g", bound, k.unit,
         k.scale, want);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> xs = {0.0f, bound, -bound, std::nextafter(bound, 0.0f),
-                           -std::nextafter(bound, 0.0f), 0x1p-149f};
-  for (int i = 0; i < 2000; ++i)
-    xs.push_back(bound * u(rng));
-  for (float x : xs) {
+  for (float x : valuesUnder(bound, rng)) {
     const uint32_t bits = __float_as_uint(std::fmaf(x, k.scale, 12582912.0f));
     const int64_t d0 = bits & 0xffu, d1 = bits >> 8 & 0xffu,
                   d2 = bits >> 16 & 0xffu;
