@@ -434,16 +434,44 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   // The statistics and the selection's summaries over the block's slots.
   std::string slotWork;
   llvm::raw_string_ostream os(slotWork);
+  // A selection summarized every step takes its slots in the pass of the
+  // last fold that runs every step (accumulate, or persistence after it):
+  // the fold visits each live slot right after it stores the slot's new
+  // state, so the summary reads no position or score a second time.
+  const bool scanInFold =
+      oneVictim && !periodic &&
+      (attention.getAccumulate() || attention.getPersistence());
+  const std::string selection = "&w.selection[h * foldBlocks + blockIdx.y]";
+  auto summaryComment = [&]() {
+    os << "  // The block's summary for takeOneVictim, which settles the "
+          "selection in\n  // "
+       << deviceName("Stages") << " when one entry goes or none:\n  "
+       << opComment(oneVictim) << "\n";
+  };
+  // The fold's trailing argument: the scan's visit.
+  std::string visit;
+  if (scanInFold) {
+    summaryComment();
+    os << "  // Each live slot goes into it as the fold below stores the "
+          "slot's new\n  // state.\n";
+    os << "  kvc::cuda::SelectionScan scan("
+       << protectionGuess(oneVictimProtect) << ", "
+       << (oneVictim.getTie() == TieBreak::recent ? "true" : "false")
+       << ");\n";
+    visit = ",\n      [&](int32_t i, int32_t at) { scan.add(i, at, " +
+            oneVictimScore + "); }";
+  }
   if (attention.getAccumulate())
     os << "  kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(\n"
           "      positions, t.state, r, logits, stride, maxLogit, invSum, "
           "kDecay, "
-       << reduceEnumerator("cuda", *attention.getReduce()) << ");\n";
+       << reduceEnumerator("cuda", *attention.getReduce())
+       << (attention.getPersistence() ? "" : visit) << ");\n";
   if (attention.getPersistence())
     os << "  kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(\n"
           "      positions, t.history, r, logits, stride, maxLogit, invSum, "
           "kThreshold,\n      "
-       << reduceEnumerator("cuda", *attention.getPersistenceReduce())
+       << reduceEnumerator("cuda", *attention.getPersistenceReduce()) << visit
        << ");\n";
   if (attention.getWindow())
     os << "  // The window: the group-mean weights of the last kWindow queries "
@@ -457,21 +485,21 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   if (needsProbs)
     os << "  kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(\n"
           "      logits, stride, r, maxLogit, invSum, probs);\n";
-  if (oneVictim) {
+  if (scanInFold) {
+    os << "  scan.summarize<kvc::cuda::kFoldThreads>(r, " << selection
+       << ");\n";
+  } else if (oneVictim) {
     if (periodic)
       os << "  // The selection runs once every kPeriod positions.\n"
             "  if ((position + 1) % kPeriod != 0)\n"
             "    return;\n";
-    os << "  // The block's summary for takeOneVictim, which settles the "
-          "selection in\n  // "
-       << deviceName("Stages") << " when one entry goes or none:\n  "
-       << opComment(oneVictim) << "\n"
-       << "  kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(\n"
+    summaryComment();
+    os << "  kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(\n"
           "      positions, r, "
        << protectionGuess(oneVictimProtect) << ", "
        << (oneVictim.getTie() == TieBreak::recent ? "true" : "false")
        << ",\n      [&](int32_t i) { return " << oneVictimScore
-       << "; },\n      &w.selection[h * foldBlocks + blockIdx.y]);\n";
+       << "; },\n      " << selection << ");\n";
   }
 
   std::string body;

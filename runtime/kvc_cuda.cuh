@@ -4899,14 +4899,23 @@ __device__ void writeProbabilities(const float *logits, int64_t stride,
   __syncthreads();
 }
 
+/// What a fold helper does after it updates a slot when nothing else reads
+/// the slots in the same pass.
+struct NoVisit {
+  __device__ void operator()(int32_t, int32_t) const {}
+};
+
 /// values[s] <- update(values[s], reduce_g(p_g)) for every live slot s in
 /// `r`, foldUnroll<G>() slots per thread at a time: their positions, values
-/// and logits load together, then the updates store.
-template <int G, int kThreads, typename T, typename Update>
+/// and logits load together, then the updates store. visit(s, position)
+/// follows each live slot's store, in ascending slot order per thread (a
+/// SelectionScan's add, which summarizes the selection in the same pass).
+template <int G, int kThreads, typename T, typename Update,
+          typename Visit = NoVisit>
 __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
                           const float *logits, int64_t stride,
                           const float *maxLogit, const float *invSum,
-                          Reduce kind, Update update) {
+                          Reduce kind, Update update, Visit visit = {}) {
   constexpr int U = foldUnroll<G>();
   for (int32_t s0 = r.first + threadIdx.x; s0 < r.last;
        s0 += U * kThreads) {
@@ -4923,38 +4932,41 @@ __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (pos[u] != KVC_POSITION_NONE)
+      if (pos[u] != KVC_POSITION_NONE) {
         values[s0 + u * kThreads] =
             update(old[u], groupWeight<G>(l[u], maxLogit, invSum, kind));
+        visit(s0 + u * kThreads, pos[u]);
+      }
   }
   __syncthreads();
 }
 
 /// Folds this step's probabilities into the score state of every live
 /// slot in `r`: state <- decay * state + reduce_g(p_g).
-template <int G, int kThreads>
+template <int G, int kThreads, typename Visit = NoVisit>
 __device__ void foldAccumulated(const int32_t *positions, float *state,
                                 SlotRange r, const float *logits, int64_t stride,
                                 const float *maxLogit, const float *invSum,
-                                float decay, Reduce kind) {
-  foldSlots<G, kThreads>(positions, state, r, logits, stride, maxLogit, invSum,
-                         kind, [&](float old, float weight) {
-                           return decay * old + weight;
-                         });
+                                float decay, Reduce kind, Visit visit = {}) {
+  foldSlots<G, kThreads>(
+      positions, state, r, logits, stride, maxLogit, invSum, kind,
+      [&](float old, float weight) { return decay * old + weight; }, visit);
 }
 
 /// Shifts this step into the importance bits of every live slot in `r`
 /// (kvc.attn_persistence): bits <- (bits << 1) | (reduce_g(p_g) >
 /// threshold), the latest step in bit 0, as kvc_cpu.h's foldPersistence.
-template <int G, int kThreads>
+template <int G, int kThreads, typename Visit = NoVisit>
 __device__ void foldPersistence(const int32_t *positions, uint64_t *bits,
                                 SlotRange r, const float *logits, int64_t stride,
                                 const float *maxLogit, const float *invSum,
-                                float threshold, Reduce kind) {
-  foldSlots<G, kThreads>(positions, bits, r, logits, stride, maxLogit, invSum,
-                         kind, [&](uint64_t old, float weight) -> uint64_t {
-                           return (old << 1) | (weight > threshold ? 1u : 0u);
-                         });
+                                float threshold, Reduce kind, Visit visit = {}) {
+  foldSlots<G, kThreads>(
+      positions, bits, r, logits, stride, maxLogit, invSum, kind,
+      [&](uint64_t old, float weight) -> uint64_t {
+        return (old << 1) | (weight > threshold ? 1u : 0u);
+      },
+      visit);
 }
 
 /// Adds this step's group-mean weights to the score state of every live
@@ -6153,19 +6165,80 @@ constexpr int kCountBits = 21;
 /// their positions and scores load together.
 constexpr int kSummaryUnroll = 4;
 
+/// A thread's account of the live slots it has seen for a SelectionSummary:
+/// add() them in ascending slot order (so that on equal keys it keeps the
+/// lowest), then summarize() in every thread of the block. Used by
+/// summarizeSelection, and by a fold helper that updates the score the
+/// selection reads (its visit), which then needs no second pass over the
+/// slots' positions and scores.
+struct SelectionScan {
+  ProtectGuess guess;
+  bool tieRecent;
+  unsigned long long best = ~0ull;
+  int32_t bestSlot = INT32_MAX, live = 0, sinks = 0, recent = 0;
+
+  __device__ SelectionScan(ProtectGuess guess, bool tieRecent)
+      : guess(guess), tieRecent(tieRecent) {}
+
+  /// Live slot `slot` at `position`, of the policy's score `score` before
+  /// kvc.protect; a slot the guess protects scores +infinity, as protect
+  /// writes it.
+  __device__ void add(int32_t slot, int32_t position, float score) {
+    const bool sink = position <= guess.lowCut,
+               young = position >= guess.highCut;
+    ++live;
+    sinks += sink;
+    recent += young;
+    const unsigned long long key =
+        selectionKey(sink || young ? kPosInf : score, position, tieRecent);
+    if (key < best) {
+      best = key;
+      bestSlot = slot;
+    }
+  }
+
+  /// The block's summary of the range `r` the threads added from into *out
+  /// (thread 0 writes it). Every thread of the block calls it.
+  template <int kThreads>
+  __device__ void summarize(SlotRange r, SelectionSummary *out) const {
+    const unsigned long long blockBest =
+        ~blockReduce<kThreads, true>(~best);
+    const int32_t slot = -blockReduce<kThreads, true>(
+        best == blockBest ? -bestSlot : -INT32_MAX);
+    int32_t all = live, low = sinks, high = recent;
+    if (r.last - r.first < (int32_t{1} << kCountBits)) {
+      // The three counts (each at most the range's length) in one sum.
+      const unsigned long long counts = blockReduce<kThreads>(
+          static_cast<unsigned long long>(live) |
+          static_cast<unsigned long long>(sinks) << kCountBits |
+          static_cast<unsigned long long>(recent) << 2 * kCountBits);
+      constexpr unsigned long long kMask = (1ull << kCountBits) - 1;
+      all = static_cast<int32_t>(counts & kMask);
+      low = static_cast<int32_t>(counts >> kCountBits & kMask);
+      high = static_cast<int32_t>(counts >> 2 * kCountBits & kMask);
+    } else {
+      all = blockReduce<kThreads>(all);
+      low = blockReduce<kThreads>(low);
+      high = blockReduce<kThreads>(high);
+    }
+    if (threadIdx.x == 0)
+      *out = {blockBest, all > 0 && slot != INT32_MAX ? slot : -1, all, low,
+              high};
+  }
+};
+
 /// Summarizes the live slots of `r` into *out (thread 0 writes it).
-/// score(i) is the policy's score of live slot i before kvc.protect; a slot
-/// the guess protects scores +infinity, as protect writes it. score(i) is
-/// also evaluated, and its value ignored, for the free slots of `r` (so that
-/// it loads with the positions, kSummaryUnroll slots per thread at a time):
-/// it must read only slot i's entries.
+/// score(i) is the policy's score of live slot i before kvc.protect (see
+/// SelectionScan::add). score(i) is also evaluated, and its value ignored,
+/// for the free slots of `r` (so that it loads with the positions,
+/// kSummaryUnroll slots per thread at a time): it must read only slot i's
+/// entries.
 template <int kThreads, typename Score>
 __device__ void summarizeSelection(const int32_t *positions, SlotRange r,
                                    ProtectGuess guess, bool tieRecent,
                                    Score score, SelectionSummary *out) {
-  unsigned long long best = ~0ull;
-  int32_t bestSlot = INT32_MAX, live = 0, sinks = 0, recent = 0;
-  // Each thread's slots ascend, so on equal keys it keeps the lowest.
+  SelectionScan scan(guess, tieRecent);
+  // Each thread's slots ascend.
   for (int32_t i0 = r.first + threadIdx.x; i0 < r.last;
        i0 += kSummaryUnroll * kThreads) {
     int32_t pos[kSummaryUnroll];
@@ -6178,43 +6251,11 @@ __device__ void summarizeSelection(const int32_t *positions, SlotRange r,
       scores[u] = in ? score(i) : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kSummaryUnroll; ++u) {
-      if (pos[u] == KVC_POSITION_NONE)
-        continue;
-      const bool sink = pos[u] <= guess.lowCut,
-                 young = pos[u] >= guess.highCut;
-      ++live;
-      sinks += sink;
-      recent += young;
-      const unsigned long long key = selectionKey(
-          sink || young ? kPosInf : scores[u], pos[u], tieRecent);
-      if (key < best) {
-        best = key;
-        bestSlot = i0 + u * kThreads;
-      }
-    }
+    for (int u = 0; u < kSummaryUnroll; ++u)
+      if (pos[u] != KVC_POSITION_NONE)
+        scan.add(i0 + u * kThreads, pos[u], scores[u]);
   }
-  const unsigned long long blockBest = ~blockReduce<kThreads, true>(~best);
-  const int32_t slot =
-      -blockReduce<kThreads, true>(best == blockBest ? -bestSlot : -INT32_MAX);
-  if (r.last - r.first < (int32_t{1} << kCountBits)) {
-    // The three counts (each at most the range's length) in one sum.
-    const unsigned long long counts = blockReduce<kThreads>(
-        static_cast<unsigned long long>(live) |
-        static_cast<unsigned long long>(sinks) << kCountBits |
-        static_cast<unsigned long long>(recent) << 2 * kCountBits);
-    constexpr unsigned long long kMask = (1ull << kCountBits) - 1;
-    live = static_cast<int32_t>(counts & kMask);
-    sinks = static_cast<int32_t>(counts >> kCountBits & kMask);
-    recent = static_cast<int32_t>(counts >> 2 * kCountBits & kMask);
-  } else {
-    live = blockReduce<kThreads>(live);
-    sinks = blockReduce<kThreads>(sinks);
-    recent = blockReduce<kThreads>(recent);
-  }
-  if (threadIdx.x == 0)
-    *out = {blockBest, live > 0 && slot != INT32_MAX ? slot : -1, live, sinks,
-            recent};
+  scan.summarize<kThreads>(r, out);
 }
 
 /// Settles a head's decode selection from the `count` summaries of its fold

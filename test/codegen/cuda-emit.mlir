@@ -124,13 +124,18 @@
 // CHECK-NEXT: // The output rows of the group, spread over the head's blocks.
 // CHECK-NEXT: kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(
 // CHECK-NEXT: w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, foldBlocks);
+// The selection's summary is taken in the fold's pass over the slots: no
+// second pass reads their positions and state.
+// CHECK-NEXT: // The block's summary for takeOneVictim, which settles the selection in
+// CHECK-NEXT: // decodeStages when one entry goes or none:
+// CHECK-NEXT: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
+// CHECK-NEXT: // Each live slot goes into it as the fold below stores the slot's new
+// CHECK-NEXT: // state.
+// CHECK-NEXT: kvc::cuda::SelectionScan scan(kvc::cuda::guessProtection(4, 16, position), true);
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum);
-// CHECK: // %4 = kvc.topk %2, %3 tie recent : !kvc.score<kv_head>
-// CHECK-NEXT: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: positions, r, kvc::cuda::guessProtection(4, 16, position), true,
-// CHECK-NEXT: [&](int32_t i) { return t.state[i]; },
-// CHECK-NEXT: &w.selection[h * foldBlocks + blockIdx.y]);
+// CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum,
+// CHECK-NEXT: [&](int32_t i, int32_t at) { scan.add(i, at, t.state[i]); });
+// CHECK-NEXT: scan.summarize<kvc::cuda::kFoldThreads>(r, &w.selection[h * foldBlocks + blockIdx.y]);
 // CHECK-NEXT: // The last of the head's blocks to finish runs the policy's stages for it.
 // CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
 // CHECK-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
@@ -377,12 +382,12 @@
 // SCISSORHANDS-NEXT: {kvc::cuda::slotArray(positions),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(t.history),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
-// SCISSORHANDS: kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(
+// SCISSORHANDS: kvc::cuda::SelectionScan scan(kvc::cuda::guessProtection(0, 64, position), true);
+// SCISSORHANDS-NEXT: kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(
 // SCISSORHANDS-NEXT: positions, t.history, r, logits, stride, maxLogit, invSum, kThreshold,
-// SCISSORHANDS-NEXT: kvc::cuda::Reduce::Mean);
-// SCISSORHANDS: kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
-// SCISSORHANDS-NEXT: positions, r, kvc::cuda::guessProtection(0, 64, position), true,
-// SCISSORHANDS-NEXT: [&](int32_t i) { return static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory)); },
+// SCISSORHANDS-NEXT: kvc::cuda::Reduce::Mean,
+// SCISSORHANDS-NEXT: [&](int32_t i, int32_t at) { scan.add(i, at, static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory))); });
+// SCISSORHANDS-NEXT: scan.summarize<kvc::cuda::kFoldThreads>(r, &w.selection[h * foldBlocks + blockIdx.y]);
 // SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
 // SCISSORHANDS-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
 // SCISSORHANDS-LABEL: extern "C" {

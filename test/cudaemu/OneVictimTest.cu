@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -44,6 +45,31 @@ __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
       t.positions, r,
       kvc::cuda::guessProtection(sinks, recent, t.queryPosition), tieRecent,
       [&](int32_t i) { return t.state[i]; }, &summaries[blockIdx.y]);
+}
+
+/// What a fold block of the generated decodeFold does for H2O's selection:
+/// the fold of the step's weights into the score state (here one query
+/// head, M = 0 and Z = 1, so a slot's weight is e^logit; decay 0, so its
+/// new state is that weight), summarized in the same pass (SelectionScan).
+__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
+    foldScanned(kvc::cuda::HeadTable t, int32_t slotsPerSplit,
+                const float *logits, int32_t sinks, int32_t recent,
+                bool tieRecent, kvc::cuda::SelectionSummary *summaries) {
+  const kvc::cuda::SlotRange r =
+      kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
+  __shared__ float maxLogit[1], invSum[1];
+  if (threadIdx.x == 0) {
+    maxLogit[0] = 0.0f;
+    invSum[0] = 1.0f;
+  }
+  __syncthreads();
+  kvc::cuda::SelectionScan scan(
+      kvc::cuda::guessProtection(sinks, recent, t.queryPosition), tieRecent);
+  kvc::cuda::foldAccumulated<1, kvc::cuda::kFoldThreads>(
+      t.positions, t.state, r, logits, t.numSlots, maxLogit, invSum, 0.0f,
+      kvc::cuda::Reduce::Sum,
+      [&](int32_t i, int32_t at) { scan.add(i, at, t.state[i]); });
+  scan.summarize<kvc::cuda::kFoldThreads>(r, &summaries[blockIdx.y]);
 }
 
 /// What the generated decodeStages does: the check, then the full stages.
@@ -126,8 +152,14 @@ std::vector<int32_t> referenceVictims(const Case &c) {
   return victims;
 }
 
-void check(const Case &c) {
+/// Checks the case with the summaries of summarizeSelection or, when
+/// `logits` is not empty, of a fold that writes the case's state from them
+/// (foldScanned) over a state that held other values: the summaries must
+/// then be summarizeSelection's over the new state, which the selection
+/// must have read (the old state would rank the slots otherwise).
+void check(const Case &c, const std::vector<float> &logits = {}) {
   const int32_t n = static_cast<int32_t>(c.positions.size());
+  const bool scanned = !logits.empty();
   const int32_t numSplits =
       std::max(1, (n + c.slotsPerSplit - 1) / c.slotsPerSplit) + 1;
   std::vector<uint64_t> history(n);
@@ -135,7 +167,12 @@ void check(const Case &c) {
     history[i] = 0x9e3779b97f4a7c15ull * (i + 1);
   kvc::cuda::HeadTable t{};
   t.positions = upload(c.positions);
-  t.state = upload(c.state);
+  std::vector<float> before(c.state);
+  if (scanned)
+    for (int32_t i = 0; i < n; ++i)
+      if (c.positions[i] != KVC_POSITION_NONE)
+        before[i] = 1.0f - c.state[i];
+  t.state = upload(before);
   t.history = upload(history);
   t.numSlots = n;
   t.queryPosition = c.queryPosition;
@@ -148,8 +185,35 @@ void check(const Case &c) {
   int32_t *settled = upload(std::vector<int32_t>{-1});
 
   // One split more than the head needs: its block covers no slot.
-  foldSummaries<<<dim3(1, numSplits), kvc::cuda::kFoldThreads>>>(
-      t, c.slotsPerSplit, c.sinks, c.recent, c.tieRecent, summaries);
+  if (scanned) {
+    float *logitRow = upload(logits);
+    foldScanned<<<dim3(1, numSplits), kvc::cuda::kFoldThreads>>>(
+        t, c.slotsPerSplit, logitRow, c.sinks, c.recent, c.tieRecent,
+        summaries);
+    // summarizeSelection over the state the fold wrote.
+    kvc::cuda::SelectionSummary *separate =
+        upload(std::vector<kvc::cuda::SelectionSummary>(numSplits));
+    foldSummaries<<<dim3(1, numSplits), kvc::cuda::kFoldThreads>>>(
+        t, c.slotsPerSplit, c.sinks, c.recent, c.tieRecent, separate);
+    const auto got = download(summaries, numSplits),
+               want = download(separate, numSplits);
+    for (int32_t j = 0; j < numSplits; ++j)
+      CHECK(got[j].key == want[j].key && got[j].slot == want[j].slot &&
+                got[j].live == want[j].live &&
+                got[j].sinks == want[j].sinks &&
+                got[j].recent == want[j].recent,
+            "%s, scanned in the fold: split %d's summary (slot %d, %d live, "
+            "%d sinks, %d recent), summarizeSelection's (slot %d, %d, %d, "
+            "%d)",
+            c.name, j, got[j].slot, got[j].live, got[j].sinks,
+            got[j].recent, want[j].slot, want[j].live, want[j].sinks,
+            want[j].recent);
+    cudaFree(logitRow);
+    cudaFree(separate);
+  } else {
+    foldSummaries<<<dim3(1, numSplits), kvc::cuda::kFoldThreads>>>(
+        t, c.slotsPerSplit, c.sinks, c.recent, c.tieRecent, summaries);
+  }
   stages<<<1, kStageThreads>>>(t, summaries, numSplits, c.budget, c.sinks,
                                c.recent, c.tieRecent, s0, s1, victim, settled);
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "%s: launch", c.name);
@@ -294,6 +358,22 @@ int main() {
   }
   for (const Case &c : cases)
     check(c);
-  std::printf("one victim: %zu cases ok\n", cases.size());
+  // The same cases with the summaries taken in the fold's pass: the state
+  // becomes e^logit (logits from a few levels where the case has ties, so
+  // that the new scores tie too; a free slot's logit is -infinity).
+  for (Case c : cases) {
+    const int32_t n = static_cast<int32_t>(c.positions.size());
+    std::vector<float> logits(n, kvc::cuda::kNegInf);
+    const bool ties = c.name == std::string("one victim, ties") ||
+                      c.name == std::string("splits of 3000 slots, ties");
+    for (int32_t i = 0; i < n; ++i)
+      if (c.positions[i] != KVC_POSITION_NONE) {
+        logits[i] = -static_cast<float>(rng() % (ties ? 3 : 100000)) / 997.0f;
+        c.state[i] = std::exp(logits[i]);
+      }
+    check(c, logits);
+  }
+  std::printf("one victim: %zu cases ok, in the fold's pass too\n",
+              cases.size());
   return 0;
 }
