@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of six kernel choices, for side-by-side
+// Build-time overrides of seven kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -91,6 +91,11 @@
 //  - KVC_CUDA_SPLIT_PLAN (default 1): the decode attention's splits are
 //    counted against whole waves of the blocks the device holds at once
 //    (planSplits); 0 counts them from the longest head's length alone.
+//  - KVC_CUDA_ISSUE_AHEAD (default 1): a staged decode (decodeMmaRows,
+//    decodeStagedRows) issues the copies of its next tile before it waits
+//    for the tile it is about to read, so that all of its stages are in
+//    flight while it waits (nextStagedTile); 0 issues them after the wait,
+//    one stage fewer in flight and one barrier a tile fewer.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -108,6 +113,9 @@
 #endif
 #ifndef KVC_CUDA_SPLIT_PLAN
 #define KVC_CUDA_SPLIT_PLAN 1
+#endif
+#ifndef KVC_CUDA_ISSUE_AHEAD
+#define KVC_CUDA_ISSUE_AHEAD 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -127,6 +135,9 @@
 #if KVC_CUDA_SPLIT_PLAN != 0 && KVC_CUDA_SPLIT_PLAN != 1
 #error "KVC_CUDA_SPLIT_PLAN must be 0 or 1"
 #endif
+#if KVC_CUDA_ISSUE_AHEAD != 0 && KVC_CUDA_ISSUE_AHEAD != 1
+#error "KVC_CUDA_ISSUE_AHEAD must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -134,16 +145,20 @@
 // body per program.
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
-    KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1
-#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split)      \
+    KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
+    KVC_CUDA_ISSUE_AHEAD != 1
+#define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
+                                 ahead)                                        \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
-      fold##_split##split
-#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split)       \
-  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split)
+      fold##_split##split##_ahead##ahead
+#define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
+                                ahead)                                         \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
-      KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN) {
+      KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
+      KVC_CUDA_ISSUE_AHEAD) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -160,6 +175,9 @@ constexpr bool kPrefillTensorCores = KVC_CUDA_PREFILL_MMA != 0;
 /// Whether the decodes stream the cache with an L2 evict-first policy
 /// (KVC_CUDA_EVICT_FIRST, streamPolicy).
 constexpr bool kEvictFirst = KVC_CUDA_EVICT_FIRST != 0;
+/// Whether a staged decode issues its next tile's copies before it waits
+/// for the current tile's (KVC_CUDA_ISSUE_AHEAD, nextStagedTile).
+constexpr bool kIssueAhead = KVC_CUDA_ISSUE_AHEAD != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -1594,6 +1612,35 @@ template <int G, int D, Storage S, int kThreads> struct StagedDecode {
   static constexpr int kUnitsPerThread = (kUnits + kThreads - 1) / kThreads;
 };
 
+/// The top of a staged decode's loop over its tiles (decodeStagedRows,
+/// decodeMmaRows), whose tiles 0 .. kStages - 2 were issued before it and
+/// whose `fetch` holds tile i + kStages - 1's slots: on return tile i has
+/// landed for every thread, tile i + kStages - 1's copies are out into the
+/// stage of tile i - 1 (which every warp is done with), and `fetch` holds
+/// tile i + kStages's slots. Under kIssueAhead the copies go out before the
+/// wait for tile i, so that kStages tiles are in flight while the block
+/// waits (a barrier first, so that no warp still reads tile i - 1's stage,
+/// and a second one after the wait); otherwise after it, behind the one
+/// barrier that serves both, with kStages - 1 tiles in flight during the
+/// wait. With two stages (decodeMmaRows at head dim 128) that is two tiles
+/// in flight against one.
+template <int kStages, typename Issue, typename Fetch>
+__device__ __forceinline__ void nextStagedTile(int32_t i, Issue &issue,
+                                               Fetch &fetch) {
+  if constexpr (kIssueAhead) {
+    __syncthreads();
+    issue(i + kStages - 1);
+    fetch(i + kStages);
+    waitCopies<kStages - 1>();
+    __syncthreads();
+  } else {
+    waitCopies<kStages - 2>();
+    __syncthreads();
+    issue(i + kStages - 1);
+    fetch(i + kStages);
+  }
+}
+
 /// The position and page address of each of a thread's copy units of a
 /// tile of kTileRows rows, kVecs units per row (units threadIdx.x,
 /// + kThreads, ... below kUnits): what a staged decode loads one tile
@@ -1739,12 +1786,7 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
   }
   fetch(kStages - 1);
   for (int32_t i = 0; i < numTiles; ++i) {
-    // Tile i has landed for every thread, and every warp is done with tile
-    // i - 1, whose stage tile i + kStages - 1 takes.
-    waitCopies<kStages - 2>();
-    __syncthreads();
-    issue(i + kStages - 1);
-    fetch(i + kStages);
+    nextStagedTile<kStages>(i, issue, fetch);
 
     const int st = i % kStages;
     float l[P::kPasses][kGw];
@@ -2245,12 +2287,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   }
   fetch(kStages - 1);
   for (int32_t i = 0; i < numTiles; ++i) {
-    // Tile i has landed for every thread, and every warp is done with tile
-    // i - 1, whose stage tile i + kStages - 1 takes.
-    waitCopies<kStages - 2>();
-    __syncthreads();
-    issue(i + kStages - 1);
-    fetch(i + kStages);
+    nextStagedTile<kStages>(i, issue, fetch);
 
     const int st = i % kStages;
     const int row0 = warp * P::kKeysPerWarp;

@@ -44,8 +44,10 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #               (KVC_CUDA_FOLD_PLAN=0), against planFold's one wave
 #   plain_len   plain's decode with its attention split by length only
 #               (KVC_CUDA_SPLIT_PLAN=0), against planSplits' whole waves
+#   plain_late  plain's decode issuing a tile's copies after the wait for
+#               the tile before (KVC_CUDA_ISSUE_AHEAD=0), against before it
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
-    fused_lru fused_split plain_len)
+    fused_lru fused_split plain_len plain_late)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -62,3 +64,5 @@ set(gpu_bench_alternative_policy_fused_split ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_split KVC_CUDA_FOLD_PLAN=0)
 set(gpu_bench_alternative_policy_plain_len ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_len KVC_CUDA_SPLIT_PLAN=0)
+set(gpu_bench_alternative_policy_plain_late ${gpu_bench_policy_plain})
+set(gpu_bench_alternative_defines_plain_late KVC_CUDA_ISSUE_AHEAD=0)

@@ -105,7 +105,9 @@ struct BenchGeometry {
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
   /// statistics (h2o_cc); fused's decode reading the cache under the
   /// default L2 policy (fused_lru) and with one fold block per attention
-  /// split (fused_split); plain's decode split by length only (plain_len).
+  /// split (fused_split); plain's decode split by length only (plain_len)
+  /// and issuing a tile's copies after the wait for the tile before
+  /// (plain_late).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
@@ -121,6 +123,8 @@ struct BenchGeometry {
   DecodeFn fusedSplitDecode = nullptr;
   BatchBytesFn plainLenBytes = nullptr;
   DecodeFn plainLenDecode = nullptr;
+  BatchBytesFn plainLateBytes = nullptr;
+  DecodeFn plainLateDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -147,7 +151,9 @@ struct BenchGeometry {
         KVC_GB(fused_split, d, g, decode_batch_workspace_bytes),               \
         KVC_GB(fused_split, d, g, decode_batch),                               \
         KVC_GB(plain_len, d, g, decode_batch_workspace_bytes),                 \
-        KVC_GB(plain_len, d, g, decode_batch)                                  \
+        KVC_GB(plain_len, d, g, decode_batch),                                 \
+        KVC_GB(plain_late, d, g, decode_batch_workspace_bytes),                \
+        KVC_GB(plain_late, d, g, decode_batch)                                 \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1149,7 +1155,7 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
-/// fused_split's, plain_len's (GpuBenchPolicies.cmake).
+/// fused_split's, plain_len's and plain_late's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1160,11 +1166,12 @@ enum Alternative {
   kAltFusedLru = 6,
   kAltFusedSplit = 7,
   kAltPlainLen = 8,
-  kNumAlternatives = 9
+  kAltPlainLate = 9,
+  kNumAlternatives = 10
 };
-const char *kAlternativeNames[] = {"plain",     "plain_cc",    "int2",
-                                   "int2_cc",   "int2_free",   "fused",
-                                   "fused_lru", "fused_split", "plain_len"};
+const char *kAlternativeNames[] = {
+    "plain", "plain_cc",  "int2",        "int2_cc",   "int2_free",
+    "fused", "fused_lru", "fused_split", "plain_len", "plain_late"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1172,7 +1179,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the nine decodes at one (geometry, batch, context), one after
+/// Times the ten decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1194,18 +1201,20 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
     buffers.workspace.reserve(std::max(
         {g.plainBytes(batch, stride), g.plainCcBytes(batch, stride),
          g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
-         g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride)}));
+         g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride),
+         g.plainLateBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
-    for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltFused,
-                    kAltFusedLru, kAltFusedSplit}) {
-      const DecodeFn decode = alt == kAltPlain      ? g.plainDecode
-                              : alt == kAltPlainCc  ? g.plainCcDecode
-                              : alt == kAltPlainLen ? g.plainLenDecode
-                              : alt == kAltFused    ? g.fusedDecode
-                              : alt == kAltFusedLru ? g.fusedLruDecode
-                                                    : g.fusedSplitDecode;
+    for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltPlainLate,
+                    kAltFused, kAltFusedLru, kAltFusedSplit}) {
+      const DecodeFn decode = alt == kAltPlain       ? g.plainDecode
+                              : alt == kAltPlainCc   ? g.plainCcDecode
+                              : alt == kAltPlainLen  ? g.plainLenDecode
+                              : alt == kAltPlainLate ? g.plainLateDecode
+                              : alt == kAltFused     ? g.fusedDecode
+                              : alt == kAltFusedLru  ? g.fusedLruDecode
+                                                     : g.fusedSplitDecode;
       try {
         r.usPerStep[alt] = timeSteps(
             timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
@@ -1490,7 +1499,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_KIVI_MMA_BLOCKS=0), fused_lru (fused, "
                 "KVC_CUDA_EVICT_FIRST=0), fused_split (fused, "
                 "KVC_CUDA_FOLD_PLAN=0), plain_len (plain, "
-                "KVC_CUDA_SPLIT_PLAN=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_SPLIT_PLAN=0), plain_late (plain, "
+                "KVC_CUDA_ISSUE_AHEAD=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1830,7 +1840,10 @@ int main(int argc, char **argv) {
           "16b tc = plain's decode (tensor cores, decodeMmaRows); 16b cc = "
           "plain_cc (KVC_CUDA_TENSOR_CORES=0: decodeStagedRows); len us = "
           "plain_len (KVC_CUDA_SPLIT_PLAN=0: the attention's splits by "
-          "length, not by whole waves of resident blocks); int2 tc = "
+          "length, not by whole waves of resident blocks); late us = "
+          "plain_late (KVC_CUDA_ISSUE_AHEAD=0: a tile's copies issued after "
+          "the wait for the tile before, one stage fewer in flight); int2 "
+          "tc = "
           "kivi2 (tensor cores, launch bounds for 4 blocks of 128 threads "
           "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
@@ -1839,13 +1852,15 @@ int main(int argc, char **argv) {
           "= fused_lru (KVC_CUDA_EVICT_FIRST=0: the default policy); split "
           "us = fused_split (KVC_CUDA_FOLD_PLAN=0: one fold block per "
           "attention split).\n"
-          "cc/tc, len/tc, cc/i2, fr/i2, lru/fu, sp/fu = the alternative's "
+          "cc/tc, len/tc, lt/tc, cc/i2, fr/i2, lru/fu, sp/fu = the "
+          "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
-      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s | %9s %9s %6s "
-                  "%9s %6s | %9s %9s %6s %9s %6s\n",
+      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s | %9s "
+                  "%9s %6s %9s %6s | %9s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
-                  "cc/tc", "len us", "len/tc", "int2 us", "int2cc us",
+                  "cc/tc", "len us", "len/tc", "late us", "lt/tc", "int2 us",
+                  "int2cc us",
                   "cc/i2", "free us", "fr/i2", "fused us", "lru us", "lru/fu",
                   "split us", "sp/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
@@ -1874,12 +1889,14 @@ int main(int argc, char **argv) {
                               : 0.0);
             };
             std::printf(
-                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s | %9s %9s %6s %9s "
-                "%6s | %9s %9s %6s %9s %6s\n",
+                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s | %9s %9s "
+                "%6s %9s %6s | %9s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
-                ratio(kAltPlainLen, kAltPlain).c_str(), us(kAltInt2).c_str(),
+                ratio(kAltPlainLen, kAltPlain).c_str(),
+                us(kAltPlainLate).c_str(),
+                ratio(kAltPlainLate, kAltPlain).c_str(), us(kAltInt2).c_str(),
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),

@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the six build-time overrides, and OverridesTest.cu links the
+// and with the seven build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -35,6 +35,9 @@ struct KernelFacts {
   /// The attention splits planSplits gives 64 heads of 4096 slots on a
   /// device that holds 924 blocks at once (16 splits by length).
   int splits;
+  /// kIssueAhead: whether a staged decode issues its next tile's copies
+  /// before it waits for the current tile's.
+  bool issueAhead;
 };
 
 KernelFacts defaultFacts();

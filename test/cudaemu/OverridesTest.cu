@@ -57,6 +57,10 @@ int main() {
          "blocks fit the device at once");
   expect(overridden.splits == 16,
          "KVC_CUDA_SPLIT_PLAN=0 splits by length (16 splits of 256)");
+  expect(shipped.issueAhead,
+         "the defaults issue a staged decode's next tile before the wait");
+  expect(!overridden.issueAhead,
+         "KVC_CUDA_ISSUE_AHEAD=0 issues the next tile after the wait");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
