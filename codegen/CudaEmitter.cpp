@@ -448,16 +448,19 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
        << deviceName("Stages") << " when one entry goes or none:\n  "
        << opComment(oneVictim) << "\n";
   };
+  // The summary's guessed protection and tie order, as both forms take
+  // them.
+  auto selectionArgs = [&]() {
+    return protectionGuess(oneVictimProtect) + ", " +
+           (oneVictim.getTie() == TieBreak::recent ? "true" : "false");
+  };
   // The fold's trailing argument: the scan's visit.
   std::string visit;
   if (scanInFold) {
     summaryComment();
     os << "  // Each live slot goes into it as the fold below stores the "
           "slot's new\n  // state.\n";
-    os << "  kvc::cuda::SelectionScan scan("
-       << protectionGuess(oneVictimProtect) << ", "
-       << (oneVictim.getTie() == TieBreak::recent ? "true" : "false")
-       << ");\n";
+    os << "  kvc::cuda::SelectionScan scan(" << selectionArgs() << ");\n";
     visit = ",\n      [&](int32_t i, int32_t at) { scan.add(i, at, " +
             oneVictimScore + "); }";
   }
@@ -496,9 +499,8 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
     summaryComment();
     os << "  kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(\n"
           "      positions, r, "
-       << protectionGuess(oneVictimProtect) << ", "
-       << (oneVictim.getTie() == TieBreak::recent ? "true" : "false")
-       << ",\n      [&](int32_t i) { return " << oneVictimScore
+       << selectionArgs() << ",\n      [&](int32_t i) { return "
+       << oneVictimScore
        << "; },\n      " << selection << ");\n";
   }
 
