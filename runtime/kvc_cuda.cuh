@@ -223,28 +223,51 @@ enum class Normalize { ZScore, Sum, Max };
 /// Row encodings of the runtime's device formats (kvc_page_layout_t).
 enum class Storage { F32, F16, BF16, Int8, Fp8E4M3 };
 
+/// A float from its bits and its bits from a float, on the device and on
+/// the host: the row codecs below are also the host's (the kernel tests
+/// build and read their pages with them), and the device's reinterpreting
+/// intrinsics have no host definition.
+__host__ __device__ inline float floatFromBits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+#endif
+}
+__host__ __device__ inline uint32_t bitsOfFloat(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+#endif
+}
+
 /// fp8 e4m3 bits to float, exact (0x7f/0xff are NaN, no infinities).
-__device__ inline float fp8E4m3ToFloat(uint32_t bits) {
+__host__ __device__ inline float fp8E4m3ToFloat(uint32_t bits) {
   const uint32_t exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
   float magnitude;
   if (exponent == 15 && mantissa == 7)
-    magnitude = __int_as_float(0x7fc00000);
+    magnitude = floatFromBits(0x7fc00000u);
   else if (exponent == 0)
     magnitude = static_cast<float>(mantissa) * (1.0f / 512.0f);
   else
-    magnitude = __int_as_float(((exponent + 120u) << 23) | (mantissa << 20));
+    magnitude = floatFromBits(((exponent + 120u) << 23) | (mantissa << 20));
   return (bits & 0x80u) ? -magnitude : magnitude;
 }
 
 /// float to fp8 e4m3 with round-half-to-even, saturating to +-448; the same
 /// bits as kvc_f32_to_fp8_e4m3.
-__device__ inline uint8_t floatToFp8E4m3(float value) {
-  const uint32_t x = __float_as_uint(value);
+__host__ __device__ inline uint8_t floatToFp8E4m3(float value) {
+  const uint32_t x = bitsOfFloat(value);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t magnitude = x & 0x7fffffffu;
   if (magnitude > 0x7f800000u)
     return 0x7f;
-  const float a = __uint_as_float(magnitude);
+  const float a = floatFromBits(magnitude);
   if (a >= 448.0f)
     return sign | 0x7e;
   if (a < 0.015625f) // Subnormals in units of 2^-9.
@@ -330,18 +353,19 @@ __device__ __forceinline__ T loadStreamed(const T *p, uint64_t policy) {
 
 /// Decoding and encoding of one storage kind. kScaled formats carry one
 /// float scale per row in the page's parameter region.
+/// Host and device: the kernel tests write and read their pages with it.
 template <Storage S> struct Codec;
 
 template <> struct Codec<Storage::F32> {
   static constexpr int kBytes = 4;
   static constexpr bool kScaled = false;
-  __device__ static void decode(const uint4 &raw, float, float *out) {
-    out[0] = __uint_as_float(raw.x);
-    out[1] = __uint_as_float(raw.y);
-    out[2] = __uint_as_float(raw.z);
-    out[3] = __uint_as_float(raw.w);
+  __host__ __device__ static void decode(const uint4 &raw, float, float *out) {
+    out[0] = floatFromBits(raw.x);
+    out[1] = floatFromBits(raw.y);
+    out[2] = floatFromBits(raw.z);
+    out[3] = floatFromBits(raw.w);
   }
-  __device__ static void store(uint8_t *row, int c, float x, float) {
+  __host__ __device__ static void store(uint8_t *row, int c, float x, float) {
     reinterpret_cast<float *>(row)[c] = x;
   }
 };
@@ -349,7 +373,7 @@ template <> struct Codec<Storage::F32> {
 template <> struct Codec<Storage::F16> {
   static constexpr int kBytes = 2;
   static constexpr bool kScaled = false;
-  __device__ static void decode(const uint4 &raw, float, float *out) {
+  __host__ __device__ static void decode(const uint4 &raw, float, float *out) {
     const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -358,7 +382,7 @@ template <> struct Codec<Storage::F16> {
       out[2 * i + 1] = f.y;
     }
   }
-  __device__ static void store(uint8_t *row, int c, float x, float) {
+  __host__ __device__ static void store(uint8_t *row, int c, float x, float) {
     reinterpret_cast<__half *>(row)[c] = __float2half_rn(x);
   }
 };
@@ -366,7 +390,7 @@ template <> struct Codec<Storage::F16> {
 template <> struct Codec<Storage::BF16> {
   static constexpr int kBytes = 2;
   static constexpr bool kScaled = false;
-  __device__ static void decode(const uint4 &raw, float, float *out) {
+  __host__ __device__ static void decode(const uint4 &raw, float, float *out) {
     const __nv_bfloat162 *b = reinterpret_cast<const __nv_bfloat162 *>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -375,7 +399,7 @@ template <> struct Codec<Storage::BF16> {
       out[2 * i + 1] = f.y;
     }
   }
-  __device__ static void store(uint8_t *row, int c, float x, float) {
+  __host__ __device__ static void store(uint8_t *row, int c, float x, float) {
     reinterpret_cast<__nv_bfloat16 *>(row)[c] = __float2bfloat16_rn(x);
   }
 };
@@ -384,14 +408,16 @@ template <> struct Codec<Storage::Int8> {
   static constexpr int kBytes = 1;
   static constexpr bool kScaled = true;
   /// scale = max|x| / 127 (0 for a zero row), as kvc_quantize_int8.
-  __device__ static float scaleOf(float amax) { return amax / 127.0f; }
-  __device__ static void decode(const uint4 &raw, float scale, float *out) {
+  __host__ __device__ static float scaleOf(float amax) { return amax / 127.0f; }
+  __host__ __device__ static void decode(const uint4 &raw, float scale,
+                                         float *out) {
     const int8_t *q = reinterpret_cast<const int8_t *>(&raw);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
       out[i] = static_cast<float>(q[i]) * scale;
   }
-  __device__ static void store(uint8_t *row, int c, float x, float scale) {
+  __host__ __device__ static void store(uint8_t *row, int c, float x,
+                                        float scale) {
     float r = 0.0f;
     if (scale > 0.0f)
       r = fminf(rintf(fabsf(x) / scale), 127.0f);
@@ -404,16 +430,18 @@ template <> struct Codec<Storage::Fp8E4M3> {
   static constexpr int kBytes = 1;
   static constexpr bool kScaled = true;
   /// scale = max|x| / 448 (1 for a zero row), as kvc_quantize_fp8_e4m3.
-  __device__ static float scaleOf(float amax) {
+  __host__ __device__ static float scaleOf(float amax) {
     return amax > 0.0f ? amax / 448.0f : 1.0f;
   }
-  __device__ static void decode(const uint4 &raw, float scale, float *out) {
+  __host__ __device__ static void decode(const uint4 &raw, float scale,
+                                         float *out) {
     const uint8_t *q = reinterpret_cast<const uint8_t *>(&raw);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
       out[i] = fp8E4m3ToFloat(q[i]) * scale;
   }
-  __device__ static void store(uint8_t *row, int c, float x, float scale) {
+  __host__ __device__ static void store(uint8_t *row, int c, float x,
+                                        float scale) {
     row[c] = floatToFp8E4m3(x / scale);
   }
 };

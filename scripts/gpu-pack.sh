@@ -16,7 +16,11 @@
 #        root, which .gitignore leaves out of git)
 # Environment: KVC_BUILD_DIR (default build), KVC_GPU_PACK_SMOKE_ONLY=1
 #        leaves out the full kvc-bench-gpu (its 60 libraries take the
-#        longest to compile).
+#        longest to compile), KVC_GPU_PACK_ARCHIVE=FILE also writes DIR as
+#        a gzip tar archive (its members named as DIR is under the
+#        repository root, or by its own name elsewhere): the folder is
+#        about 80 MB, its archive about 35 MB, for a transfer that limits
+#        the bytes; unpack it with `tar -xzf FILE` in the repository root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVC_BUILD_DIR:-$root/build}
@@ -54,6 +58,15 @@ fi
   (cd "$dir" && sha256sum bin/* lib/* 2>/dev/null)
 } > "$dir/MANIFEST"
 echo "gpu-pack: $(du -sh "$dir" | cut -f1) in $dir (MANIFEST lists the files)" >&2
+if [ -n "${KVC_GPU_PACK_ARCHIVE:-}" ]; then
+  archive=$(realpath -m "$KVC_GPU_PACK_ARCHIVE")
+  mkdir -p "$(dirname "$archive")"
+  case $dir in
+    "$root"/*) tar -C "$root" -czf "$archive" "${dir#"$root"/}" ;;
+    *) tar -C "$(dirname "$dir")" -czf "$archive" "$(basename "$dir")" ;;
+  esac
+  echo "gpu-pack: $(du -sh "$archive" | cut -f1) archive in $archive" >&2
+fi
 # Where the folder is inside the repository, the GPU machine's copy has it
 # at the same place under its root.
 case $dir in
