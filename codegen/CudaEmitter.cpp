@@ -535,6 +535,12 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
        << indent << "    {"
        << llvm::join(arrays, ",\n" + indent + "        ") << "});\n";
   }
+  // Launched as a dependent of the attention kernel (launchDependent):
+  // what the block reads before this is the uploaded HeadTables and L2
+  // hints, what it reads after it the attention's logits and records.
+  bs << "  // The attention kernel's logits and split records from here on "
+        "(launchDependent).\n"
+        "  kvc::cuda::awaitPriorGrids();\n";
   if (foldsStatistics() || attention.getOutput())
     bs << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n"
           "  kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, "
@@ -1971,10 +1977,12 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     out << "    // Mixed precision: the low pages (tagged by DeviceTables) hold "
            "grouped int\n"
            "    // codes, dequantized in registers.\n";
-  out << "    " << attentionKernel(kivi ? 35 : 36) << "\n"
-      << "        <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, "
-         "s>>>(args"
-      << (kivi ? ", kResidual" : "") << ");\n";
+  out << "    // Its blocks may start while the kernel before it ends, and wait "
+         "for it\n    // (launchDependent).\n"
+      << "    KVC_CUDA_TRY((kvc::cuda::launchDependent<\n        &"
+      << attentionKernel(kivi ? 40 : 41) << ">(\n        \"" << name
+      << "\", dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, s, args"
+      << (kivi ? ", kResidual" : "") << ")));\n";
   if (foldKernel) {
     out << "    // Exact merge of the splits and the statistics over the "
            "slots"
@@ -1986,12 +1994,15 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
                          : ".\n")
         << "    const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(\n"
            "        plan, heads, tables.maxSlots(), multiprocessors);\n"
-        << "    " << deviceName("Fold")
-        << "<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, "
-           "s>>>(w, stride, plan.splits,\n"
+        << "    // Its blocks may start while the attention ends, and wait "
+           "for it.\n"
+        << "    KVC_CUDA_TRY(kvc::cuda::launchDependent<&" << deviceName("Fold")
+        << ">(\n        \"" << name
+        << "\", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, "
+           "stride, plan.splits,\n"
         << "        fold.blocks, fold.slotsPerBlock"
         << (stagesInFold ? ", layer" : "")
-        << (attention.getOutput() ? ", out" : "") << ");\n";
+        << (attention.getOutput() ? ", out" : "") << "));\n";
   }
   if (mergeInAttention)
     out << "    // The last of each head's blocks merges the head's splits "

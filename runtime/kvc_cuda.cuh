@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of seven kernel choices, for side-by-side
+// Build-time overrides of eight kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -96,6 +96,12 @@
 //    for the tile it is about to read, so that all of its stages are in
 //    flight while it waits (nextStagedTile); 0 issues them after the wait,
 //    one stage fewer in flight and one barrier a tile fewer.
+//  - KVC_CUDA_DEPENDENT_LAUNCH (default 1): a decode step's attention and
+//    fold kernels are launched as programmatic dependents of the kernel
+//    before them in the stream where the device and the kernel's code allow
+//    it (launchDependent: compute capability 9.0 or above, code compiled for
+//    it), so that their launch and their blocks' start overlap the end of
+//    that kernel; 0 launches them after it, as every other kernel.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -116,6 +122,9 @@
 #endif
 #ifndef KVC_CUDA_ISSUE_AHEAD
 #define KVC_CUDA_ISSUE_AHEAD 1
+#endif
+#ifndef KVC_CUDA_DEPENDENT_LAUNCH
+#define KVC_CUDA_DEPENDENT_LAUNCH 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -138,6 +147,9 @@
 #if KVC_CUDA_ISSUE_AHEAD != 0 && KVC_CUDA_ISSUE_AHEAD != 1
 #error "KVC_CUDA_ISSUE_AHEAD must be 0 or 1"
 #endif
+#if KVC_CUDA_DEPENDENT_LAUNCH != 0 && KVC_CUDA_DEPENDENT_LAUNCH != 1
+#error "KVC_CUDA_DEPENDENT_LAUNCH must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -146,19 +158,19 @@
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
-    KVC_CUDA_ISSUE_AHEAD != 1
+    KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead)                                        \
+                                 ahead, pdl)                                   \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
-      fold##_split##split##_ahead##ahead
+      fold##_split##split##_ahead##ahead##_pdl##pdl
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead)                                         \
-  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead)
+                                ahead, pdl)                                    \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead, pdl)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
-      KVC_CUDA_ISSUE_AHEAD) {
+      KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -178,6 +190,9 @@ constexpr bool kEvictFirst = KVC_CUDA_EVICT_FIRST != 0;
 /// Whether a staged decode issues its next tile's copies before it waits
 /// for the current tile's (KVC_CUDA_ISSUE_AHEAD, nextStagedTile).
 constexpr bool kIssueAhead = KVC_CUDA_ISSUE_AHEAD != 0;
+/// Whether a decode step's attention and fold kernels may start before the
+/// kernel ahead of them ends (KVC_CUDA_DEPENDENT_LAUNCH, launchDependent).
+constexpr bool kDependentLaunch = KVC_CUDA_DEPENDENT_LAUNCH != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -895,6 +910,32 @@ __device__ inline bool lastArrival(int32_t *arrivals, int32_t blocks) {
   return last;
 }
 
+/// Programmatic dependent launch (compute capability 9.0 and above;
+/// launchDependent on the host). A kernel launched as a dependent may start
+/// while the kernel before it in the stream still runs: awaitPriorGrids
+/// waits until that kernel (and through its own wait, every one before it)
+/// has completed and its writes are visible, so a dependent reads nothing
+/// that the kernels before it write until after it, and calls it in every
+/// block before anything that depends on them, early returns included.
+/// releaseDependents lets the next kernel, if it was launched as a
+/// dependent, start its blocks once every block of this one has called it
+/// or ended: it orders nothing (the dependent still waits for this
+/// kernel's end), it only hides that kernel's launch. Both compile to
+/// nothing below sm_90 (and on the host, and in the CUDA emulator, which
+/// runs kernels one after another); launched as an ordinary kernel, a
+/// kernel's wait returns at once.
+__device__ __forceinline__ void awaitPriorGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVC_CUDA_DEPENDENT_LAUNCH
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void releaseDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVC_CUDA_DEPENDENT_LAUNCH
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /// Asks the L2 cache to fetch the 128-byte line holding `address`, a
 /// global address: a hint with no effect on results, which turns the
 /// latency of a later load of the line into an L2 hit.
@@ -1198,6 +1239,8 @@ __global__ void __launch_bounds__(kStoreThreads)
                   PageLayout layout, const float *k, const float *v,
                   int64_t kvStride, const TableWord *words,
                   int32_t numWords) {
+  // The attention kernel after it may start its blocks (launchDependent).
+  releaseDependents();
   constexpr int32_t kWarps = kStoreThreads / kWarpSize;
   const int32_t headBlocks = (count + kWarps - 1) / kWarps;
   if (static_cast<int32_t>(blockIdx.x) >= headBlocks) {
@@ -2461,6 +2504,10 @@ __global__ void __launch_bounds__(kThreads,
   using Shape = RowShape<D, S>;
   constexpr bool kMixed = kLowBits != 0;
   using Low = LowRow<D, S, kLowBits, kLowGroup>;
+  // Launched as a dependent of the step's stores (launchDependent): their
+  // rows and table words first; then the fold may start its blocks.
+  awaitPriorGrids();
+  releaseDependents();
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
@@ -2649,6 +2696,9 @@ template <int D, int kBits, int KG, kvc_dtype_t T>
 __global__ void __launch_bounds__(D)
     kiviQuantize(const KiviJob *jobs, const KiviMember *members) {
   static_assert(D % KG == 0 && (D * kBits) % 8 == 0, "KIVI geometry");
+  // The attention kernel may follow it (a step without staged rows:
+  // launchDependent).
+  releaseDependents();
   const KiviJob job = jobs[blockIdx.x];
   __shared__ uint8_t codes[KG][D];
   __shared__ float row[D];
@@ -2706,6 +2756,8 @@ template <int D, kvc_dtype_t T>
 __global__ void __launch_bounds__(D)
     kiviStageRows(const KiviStage *stages, int32_t count,
                   const TableWord *words, int32_t numWords) {
+  // The attention kernel after it may start its blocks (launchDependent).
+  releaseDependents();
   if (static_cast<int32_t>(blockIdx.x) >= count) {
     writeTableWord(words, numWords,
                    (static_cast<int32_t>(blockIdx.x) - count) * D +
@@ -4561,6 +4613,10 @@ __global__ void __launch_bounds__(
                          ? KiviTiles<G, D, kBits, KG, T, kThreads>::kMinBlocks
                          : 0))
     decodeAttentionKivi(DecodeSplitArgs a, int32_t residualLength) {
+  // Launched as a dependent of the step's quantization and stores
+  // (launchDependent): their codes, rows and table words first.
+  awaitPriorGrids();
+  releaseDependents();
   // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
   const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
@@ -6784,6 +6840,8 @@ constexpr int32_t kVictimBuffers = 2;
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     writeTableWords(const TableWord *words, int32_t n) {
+  // A KIVI step's attention kernel may follow it (launchDependent).
+  releaseDependents();
   writeTableWord(words, n, blockIdx.x * kThreads + threadIdx.x);
 }
 
@@ -8924,6 +8982,75 @@ inline kvc_status_t residentBlocks(const char *name, int32_t *count) {
                                                              kThreads, 0);
       },
       count);
+}
+
+/// Whether `Kernel` can be launched as a programmatic dependent on the
+/// current device (*applies): a device of compute capability 9.0 or above
+/// running code of the kernel compiled for one (its PTX version 90 or
+/// above, where awaitPriorGrids is a wait: not the sm_80 PTX that the
+/// driver compiles for a newer device), asked of the runtime once per
+/// device. Always false under KVC_CUDA_DEPENDENT_LAUNCH=0 and in the CUDA
+/// emulator.
+template <auto Kernel>
+inline kvc_status_t dependentLaunchApplies(const char *name, bool *applies) {
+#if KVC_CUDA_DEPENDENT_LAUNCH && !defined(KVC_CUDA_EMULATED)
+  static std::atomic<int32_t> known[kKnownDevices];
+  int32_t value = 0;
+  KVC_CUDA_TRY(perDeviceCount(
+      name, known,
+      [](int device, int *answer) {
+        int major = 0;
+        cudaError_t error = cudaDeviceGetAttribute(
+            &major, cudaDevAttrComputeCapabilityMajor, device);
+        if (error != cudaSuccess)
+          return error;
+        cudaFuncAttributes attributes{};
+        error = cudaFuncGetAttributes(&attributes, Kernel);
+        if (error != cudaSuccess)
+          return error;
+        *answer = major >= 9 && attributes.ptxVersion >= 90 ? 1 : 0;
+        return cudaSuccess;
+      },
+      &value));
+  *applies = value != 0;
+#else
+  (void)name;
+  *applies = false;
+#endif
+  return KVC_STATUS_OK;
+}
+
+/// Launches `Kernel` (no dynamic shared memory) on `stream` as a
+/// programmatic dependent of the kernel before it where
+/// dependentLaunchApplies, otherwise as an ordinary launch. The kernel
+/// must call awaitPriorGrids (above) before it reads anything that the
+/// work before it in the stream writes. A launch error is reported under
+/// `name`.
+template <auto Kernel, typename... Args>
+inline kvc_status_t launchDependent(const char *name, dim3 grid, dim3 block,
+                                    cudaStream_t stream,
+                                    const Args &...args) {
+  bool dependent = false;
+  KVC_CUDA_TRY(dependentLaunchApplies<Kernel>(name, &dependent));
+#if !defined(KVC_CUDA_EMULATED)
+  if (dependent) {
+    cudaLaunchAttribute attribute[1] = {};
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    KVC_CUDA_CHECK(name, cudaLaunchKernelEx(&config, Kernel, args...));
+    return KVC_STATUS_OK;
+  }
+#endif
+  Kernel<<<grid, block, 0, stream>>>(args...);
+  KVC_CUDA_CHECK(name, cudaGetLastError());
+  return KVC_STATUS_OK;
 }
 
 /// Uploads `entries` (not empty) to `region`; `blocks` receives the grid of

@@ -21,12 +21,24 @@
 #        repository root, or by its own name elsewhere): the folder is
 #        about 80 MB, its archive about 35 MB, for a transfer that limits
 #        the bytes; unpack it with `tar -xzf FILE` in the repository root.
+#        KVC_GPU_TEST_ARCHITECTURES=LIST sets the build's cache variable of
+#        that name first (the GPU suite's architectures, default 80): with
+#        "80;90a" an H100 or H200 runs the suite's sm_90a code, where the
+#        decode steps launch their attention and fold as programmatic
+#        dependents (docs/codegen-cuda.md), rather than the sm_80 PTX,
+#        where they do not. The MANIFEST names the architectures.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVC_BUILD_DIR:-$root/build}
 dir=$(realpath -m "${1:-$root/.gpu}")
 export CCACHE_BASEDIR=$root
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvc-ccache}
+
+if [ -n "${KVC_GPU_TEST_ARCHITECTURES:-}" ]; then
+  cmake -DKVC_GPU_TEST_ARCHITECTURES="$KVC_GPU_TEST_ARCHITECTURES" "$build" \
+    >/dev/null
+fi
+archs=$(sed -n 's/^KVC_GPU_TEST_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
 
 targets=(kvc-gpu-kernel-kivi-decode kvc-gpu-kernel-decode-kernel
          kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots
@@ -55,6 +67,7 @@ fi
        "$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo '(with local changes)')"
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   echo "nvcc: $("$nvcc" --version 2>/dev/null | tail -1 || echo unknown)"
+  echo "GPU suite architectures: ${archs:-unknown}"
   (cd "$dir" && sha256sum bin/* lib/* 2>/dev/null)
 } > "$dir/MANIFEST"
 echo "gpu-pack: $(du -sh "$dir" | cut -f1) in $dir (MANIFEST lists the files)" >&2

@@ -46,8 +46,11 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #               (KVC_CUDA_SPLIT_PLAN=0), against planSplits' whole waves
 #   plain_late  plain's decode issuing a tile's copies after the wait for
 #               the tile before (KVC_CUDA_ISSUE_AHEAD=0), against before it
+#   fused_serial fused's decode with its attention and fold kernels launched
+#               as ordinary kernels (KVC_CUDA_DEPENDENT_LAUNCH=0), against
+#               programmatic dependents of the kernel before each
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
-    fused_lru fused_split plain_len plain_late)
+    fused_lru fused_split plain_len plain_late fused_serial)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -66,3 +69,5 @@ set(gpu_bench_alternative_policy_plain_len ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_len KVC_CUDA_SPLIT_PLAN=0)
 set(gpu_bench_alternative_policy_plain_late ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_late KVC_CUDA_ISSUE_AHEAD=0)
+set(gpu_bench_alternative_policy_fused_serial ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_fused_serial KVC_CUDA_DEPENDENT_LAUNCH=0)

@@ -23,7 +23,8 @@
 // CHECK-NEXT: /*withKivi=*/true));
 // CHECK: &kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // CHECK: // the residual rows (the device tables' word per slot: row and formats).
-// CHECK-NEXT: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// CHECK: KVC_CUDA_TRY((kvc::cuda::launchDependent<
+// CHECK-NEXT: &kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // CHECK-NOT: cudaStreamSynchronize
 // CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
 // CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));

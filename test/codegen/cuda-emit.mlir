@@ -119,6 +119,9 @@
 // CHECK-NEXT: {kvc::cuda::slotArray(positions),
 // CHECK-NEXT: kvc::cuda::slotArray(t.state),
 // CHECK-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
+// Then the wait for the attention kernel, before anything reads its outputs.
+// CHECK-NEXT: // The attention kernel's logits and split records from here on (launchDependent).
+// CHECK-NEXT: kvc::cuda::awaitPriorGrids();
 // CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // CHECK: kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, numSplits, h, maxLogit, invSum);
 // CHECK-NEXT: // The output rows of the group, spread over the head's blocks.
@@ -202,14 +205,21 @@
 // CHECK-NEXT: static_cast<int64_t>(multiprocessors) * resident);
 // The statistics read every slot's logits: the attention stores them.
 // CHECK: w.logits, w.partials};
-// CHECK: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>
-// CHECK-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args);
+// The attention and the fold are launched as dependents of the kernel
+// before each (programmatic dependent launch where the device has it).
+// CHECK: // Its blocks may start while the kernel before it ends, and wait for it
+// CHECK-NEXT: // (launchDependent).
+// CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::launchDependent<
+// CHECK-NEXT: &kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>>(
+// CHECK-NEXT: "kvc_heavy_cuda_decode_batch", dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, s, args)));
 // The fold's blocks: the device filled once (FoldPlan).
 // CHECK: // the last block of a head runs the policy's stages for it.
 // CHECK-NEXT: const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(
 // CHECK-NEXT: plan, heads, tables.maxSlots(), multiprocessors);
-// CHECK-NEXT: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// CHECK-NEXT: fold.blocks, fold.slotsPerBlock, layer, out);
+// CHECK-NEXT: // Its blocks may start while the attention ends, and wait for it.
+// CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeFold>(
+// CHECK-NEXT: "kvc_heavy_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
+// CHECK-NEXT: fold.blocks, fold.slotsPerBlock, layer, out));
 // CHECK-NOT: decodeStages<<<
 // No synchronization in the step: the victims stay in the device tables.
 // CHECK-NOT: cudaStreamSynchronize
@@ -237,8 +247,9 @@
 // UNFUSED: kvc_status_t kvc_heavy_cuda_prefill_scoring(
 // UNFUSED: kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, kSoftmaxScale, w.scratchOut, w.lse);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const int32_t *positions, void *workspace, uint64_t workspace_bytes, void *stream) {
-// UNFUSED: decodeScoringFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// UNFUSED-NEXT: fold.blocks, fold.slotsPerBlock, layer);
+// UNFUSED: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeScoringFold>(
+// UNFUSED-NEXT: "kvc_heavy_cuda_decode_scoring_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
+// UNFUSED-NEXT: fold.blocks, fold.slotsPerBlock, layer));
 // UNFUSED-NOT: decodeScoringStages<<<
 // UNFUSED: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, int32_t position, void *workspace, uint64_t workspace_bytes, void *stream) {
@@ -301,7 +312,8 @@
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
 // TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/true, w.tables,
-// TOVA: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
+// TOVA: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeFold>(
+// TOVA-NEXT: "kvc_tova_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
 // TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
 
@@ -421,6 +433,8 @@
 // RPC-NEXT: {kvc::cuda::slotArray(positions),
 // RPC-NEXT: kvc::cuda::slotArray(t.state),
 // RPC-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
+// RPC-NEXT: // The attention kernel's logits and split records from here on (launchDependent).
+// RPC-NEXT: kvc::cuda::awaitPriorGrids();
 // RPC-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // RPC: // The window: the group-mean weights of the last kWindow queries of
 // RPC-NEXT: // each period, summed in the score state.
@@ -455,8 +469,9 @@
 // RPC: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
 // RPC-NEXT: /*withState=*/true, /*withHistory=*/false,
 // RPC-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_batch"));
-// RPC: decodeFold<<<dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, 0, s>>>(w, stride, plan.splits,
-// RPC-NEXT: fold.blocks, fold.slotsPerBlock, out);
+// RPC: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeFold>(
+// RPC-NEXT: "kvc_rpc_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
+// RPC-NEXT: fold.blocks, fold.slotsPerBlock, out));
 // The stages read the fold blocks' summaries.
 // RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
 // RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
@@ -548,9 +563,12 @@ kvc.policy @heavy {
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>("kvc_kivi2_cuda_decode_batch", &resident)));
 // KIVI: // the residual rows (the device tables' word per slot: row and formats).
-// KIVI-NEXT: kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
-// KIVI-NEXT: kvc::cuda::kDecodeThreads>
-// KIVI-NEXT: <<<dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, 0, s>>>(args, kResidual);
+// KIVI-NEXT: // Its blocks may start while the kernel before it ends, and wait for it
+// KIVI-NEXT: // (launchDependent).
+// KIVI-NEXT: KVC_CUDA_TRY((kvc::cuda::launchDependent<
+// KIVI-NEXT: &kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
+// KIVI-NEXT: kvc::cuda::kDecodeThreads>>(
+// KIVI-NEXT: "kvc_kivi2_cuda_decode_batch", dim3(heads, plan.splits), kvc::cuda::kDecodeThreads, s, args, kResidual)));
 // No kernel after the attention: its last block of a head merges the splits.
 // KIVI-NEXT: // The last of each head's blocks merges the head's splits (mergeOut): no kernel
 // KIVI-NEXT: // follows.

@@ -35,8 +35,9 @@
 // CHECK-NEXT:         kvc::cuda::kDecodeThreads>(
 // CHECK:      kvc::cuda::devicePageLayout(config, layout, lowLayout)
 // CHECK:      // codes, dequantized in registers.
-// CHECK-NEXT: kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
-// CHECK-NEXT:                                     kLowBits, kLowGroup>
+// CHECK:      KVC_CUDA_TRY((kvc::cuda::launchDependent<
+// CHECK-NEXT:     &kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
+// CHECK-NEXT:                                      kLowBits, kLowGroup>>(
 // CHECK:      config->group_size = kLowGroup;
 // CHECK:      config->low_format = kLowFormat;
 

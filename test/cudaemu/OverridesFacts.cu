@@ -29,7 +29,8 @@ KernelFacts defaultFacts() {
           kEvictFirst,
           planFold<4>(planSplits(32769, 64, 256, 64, 0), 64, 32769, 132)
               .blocks,
-          planSplits(4096, 64, 256, 64, 924).splits, kIssueAhead};
+          planSplits(4096, 64, 256, 64, 924).splits, kIssueAhead,
+          kDependentLaunch};
 }
 
 } // namespace kvc::test

@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the seven build-time overrides, and OverridesTest.cu links the
+// and with the eight build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -38,6 +38,9 @@ struct KernelFacts {
   /// kIssueAhead: whether a staged decode issues its next tile's copies
   /// before it waits for the current tile's.
   bool issueAhead;
+  /// kDependentLaunch: whether a decode step's attention and fold kernels
+  /// may be launched as programmatic dependents (launchDependent).
+  bool dependentLaunch;
 };
 
 KernelFacts defaultFacts();

@@ -1,14 +1,17 @@
 //===- OverridesTest.cu - Build-time overrides link beside the defaults ----===//
 //
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
-// KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN and
-// KVC_CUDA_SPLIT_PLAN (docs/codegen-cuda.md, "Build-time overrides"): a
+// KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN,
+// KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD and KVC_CUDA_DEPENDENT_LAUNCH
+// (docs/codegen-cuda.md, "Build-time overrides"): a
 // translation unit built with them selects the CUDA-core decodes, no KIVI
 // launch bounds, the CUDA-core prefill attention (16-query tiles), the
-// default L2 policy for the cache's reads, a fold block per attention split
-// and splits by length, one built without them the tensor-core decodes,
-// four blocks per SM, the tensor-core prefill attention (64-query tiles),
-// the evict-first policy, planFold's fold blocks and splits by waves, and
+// default L2 policy for the cache's reads, a fold block per attention split,
+// splits by length, a staged tile's copies after the wait and ordinary
+// launches, one built without them the tensor-core decodes, four blocks per
+// SM, the tensor-core prefill attention (64-query tiles), the evict-first
+// policy, planFold's fold blocks, splits by waves, copies issued ahead and
+// dependent launches, and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -61,6 +64,11 @@ int main() {
          "the defaults issue a staged decode's next tile before the wait");
   expect(!overridden.issueAhead,
          "KVC_CUDA_ISSUE_AHEAD=0 issues the next tile after the wait");
+  expect(shipped.dependentLaunch,
+         "the defaults launch a decode step's attention and fold kernels as "
+         "programmatic dependents");
+  expect(!overridden.dependentLaunch,
+         "KVC_CUDA_DEPENDENT_LAUNCH=0 launches them as ordinary kernels");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
