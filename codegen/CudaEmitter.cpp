@@ -521,7 +521,7 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
                            attention.getPersistence() || needsProbs ||
                            (oneVictim && !periodic);
     std::string indent = "  ";
-    bs << "  // The lines of the block's first pass of slots into L2 while "
+    bs << "  // The lines of the block's first passes of slots into L2 while "
           "the splits'\n  // records load.\n";
     if (!everyStep) {
       bs << "  if (" << (attention.getWindow() ? inWindow : periodEnd)
@@ -531,7 +531,7 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
     bs << indent
        << "kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(\n"
        << indent
-       << "    kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),\n"
+       << "    kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),\n"
        << indent << "    {"
        << llvm::join(arrays, ",\n" + indent + "        ") << "});\n";
   }

@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of eight kernel choices, for side-by-side
+// Build-time overrides of nine kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -102,6 +102,10 @@
 //    it (launchDependent: compute capability 9.0 or above, code compiled for
 //    it), so that their launch and their blocks' start overlap the end of
 //    that kernel; 0 launches them after it, as every other kernel.
+//  - KVC_CUDA_FOLD_AHEAD (default 2): passes of slots that the decode fold
+//    asks L2 for ahead of its loads (kFoldAhead: the fold kernel asks for
+//    its first passes, foldSlots for the pass that many later while it
+//    loads one), 1 to 4; 0 asks for the first pass only, as before.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -125,6 +129,9 @@
 #endif
 #ifndef KVC_CUDA_DEPENDENT_LAUNCH
 #define KVC_CUDA_DEPENDENT_LAUNCH 1
+#endif
+#ifndef KVC_CUDA_FOLD_AHEAD
+#define KVC_CUDA_FOLD_AHEAD 2
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -150,6 +157,9 @@
 #if KVC_CUDA_DEPENDENT_LAUNCH != 0 && KVC_CUDA_DEPENDENT_LAUNCH != 1
 #error "KVC_CUDA_DEPENDENT_LAUNCH must be 0 or 1"
 #endif
+#if KVC_CUDA_FOLD_AHEAD < 0 || KVC_CUDA_FOLD_AHEAD > 4
+#error "KVC_CUDA_FOLD_AHEAD must be 0 to 4"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -158,19 +168,21 @@
 #if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
-    KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1
+    KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
+    KVC_CUDA_FOLD_AHEAD != 2
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead, pdl)                                   \
+                                 ahead, pdl, foldahead)                        \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
-      fold##_split##split##_ahead##ahead##_pdl##pdl
+      fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead, pdl)                                    \
-  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead, pdl)
+                                ahead, pdl, foldahead)                         \
+  KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
+                           pdl, foldahead)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
-      KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH) {
+      KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -238,27 +250,17 @@ enum class Normalize { ZScore, Sum, Max };
 /// Row encodings of the runtime's device formats (kvc_page_layout_t).
 enum class Storage { F32, F16, BF16, Int8, Fp8E4M3 };
 
-/// A float from its bits and its bits from a float, on the device and on
-/// the host: the row codecs below are also the host's (the kernel tests
-/// build and read their pages with them), and the device's reinterpreting
-/// intrinsics have no host definition.
-__host__ __device__ inline float floatFromBits(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-#endif
-}
-__host__ __device__ inline uint32_t bitsOfFloat(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-#endif
+/// The value of type To with the bits of `from` (a float from its bits,
+/// the bits of a float), on the device and on the host: the row codecs
+/// below are also the host's (the kernel tests build and read their pages
+/// with them), and the device's reinterpreting intrinsics have no host
+/// definition. On the device the copy is a register move.
+template <typename To, typename From>
+__host__ __device__ inline To bitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "bitCast between sizes");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
 }
 
 /// fp8 e4m3 bits to float, exact (0x7f/0xff are NaN, no infinities).
@@ -266,23 +268,23 @@ __host__ __device__ inline float fp8E4m3ToFloat(uint32_t bits) {
   const uint32_t exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
   float magnitude;
   if (exponent == 15 && mantissa == 7)
-    magnitude = floatFromBits(0x7fc00000u);
+    magnitude = bitCast<float>(0x7fc00000u);
   else if (exponent == 0)
     magnitude = static_cast<float>(mantissa) * (1.0f / 512.0f);
   else
-    magnitude = floatFromBits(((exponent + 120u) << 23) | (mantissa << 20));
+    magnitude = bitCast<float>(((exponent + 120u) << 23) | (mantissa << 20));
   return (bits & 0x80u) ? -magnitude : magnitude;
 }
 
 /// float to fp8 e4m3 with round-half-to-even, saturating to +-448; the same
 /// bits as kvc_f32_to_fp8_e4m3.
 __host__ __device__ inline uint8_t floatToFp8E4m3(float value) {
-  const uint32_t x = bitsOfFloat(value);
+  const uint32_t x = bitCast<uint32_t>(value);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t magnitude = x & 0x7fffffffu;
   if (magnitude > 0x7f800000u)
     return 0x7f;
-  const float a = floatFromBits(magnitude);
+  const float a = bitCast<float>(magnitude);
   if (a >= 448.0f)
     return sign | 0x7e;
   if (a < 0.015625f) // Subnormals in units of 2^-9.
@@ -375,10 +377,10 @@ template <> struct Codec<Storage::F32> {
   static constexpr int kBytes = 4;
   static constexpr bool kScaled = false;
   __host__ __device__ static void decode(const uint4 &raw, float, float *out) {
-    out[0] = floatFromBits(raw.x);
-    out[1] = floatFromBits(raw.y);
-    out[2] = floatFromBits(raw.z);
-    out[3] = floatFromBits(raw.w);
+    out[0] = bitCast<float>(raw.x);
+    out[1] = bitCast<float>(raw.y);
+    out[2] = bitCast<float>(raw.z);
+    out[3] = bitCast<float>(raw.w);
   }
   __host__ __device__ static void store(uint8_t *row, int c, float x, float) {
     reinterpret_cast<float *>(row)[c] = x;
@@ -4891,13 +4893,32 @@ __host__ __device__ constexpr int foldUnroll() {
   return G >= 8 ? 1 : G >= 4 ? 2 : 4;
 }
 
-/// The slots of the first pass of a fold block over `r` (foldUnroll<G>()
-/// slots per thread): the ones its helpers load first, right after the
-/// merge of the splits.
+/// Passes that a fold helper asks L2 for ahead of its loads (foldSlots;
+/// KVC_CUDA_FOLD_AHEAD): while the loads of pass p are in flight, its
+/// threads ask for the lines of pass p + kFoldAhead, so that a block keeps
+/// memory busy while it waits for its pass and computes (without them,
+/// the bytes it has in flight fall to nothing at the end of every pass).
+/// 0: none.
+constexpr int kFoldAhead = KVC_CUDA_FOLD_AHEAD;
+
+/// The slots of the first kFoldAhead passes (one where kFoldAhead is 0) of
+/// a fold block over `r` (foldUnroll<G>() slots per thread and pass): what
+/// the fold kernel asks L2 for before the merge of the splits
+/// (prefetchSlotLines); foldSlots asks for the lines of the later passes.
 template <int G, int kThreads>
-__device__ inline SlotRange firstPass(SlotRange r) {
-  const int32_t pass = kThreads * foldUnroll<G>();
-  return {r.first, r.last - r.first > pass ? r.first + pass : r.last};
+__host__ __device__ inline SlotRange firstPasses(SlotRange r) {
+  const int32_t passes =
+      (kFoldAhead > 0 ? kFoldAhead : 1) * kThreads * foldUnroll<G>();
+  return {r.first, r.last - r.first > passes ? r.first + passes : r.last};
+}
+
+/// Asks L2 for the line of `element` where `take` holds and the element
+/// starts its 128-byte line: over a run of slots, each line that starts
+/// inside the run is asked for once, by the slot at its start.
+template <typename T>
+__device__ __forceinline__ void prefetchLineAt(bool take, const T *element) {
+  prefetchL2If(take && (reinterpret_cast<uintptr_t>(element) & 127) == 0,
+               element);
 }
 
 /// One array of per-slot elements that a fold block reads: `rows` rows of
@@ -4953,9 +4974,9 @@ __device__ void forSlotLines(SlotRange r, const SlotArray (&arrays)[N],
 /// Asks L2 for every line of the slots in `r` of the `arrays`
 /// (forSlotLines), so that the loads of the fold that follows the merge of
 /// the splits hit L2 rather than wait for device memory behind the merge's
-/// own loads (the fold kernel asks for its first pass, firstPass: a few
-/// kilobytes a block, which the blocks of one wave keep within L2). A
-/// hint: no effect on results.
+/// own loads (the fold kernel asks for its first passes, firstPasses:
+/// about 20 to 24 KB a block, 13 MB for a wave of 4 blocks on each of 132
+/// SMs, which L2 keeps). A hint: no effect on results.
 template <int kThreads, int N>
 __device__ void prefetchSlotLines(SlotRange r, const SlotArray (&arrays)[N]) {
   forSlotLines<kThreads>(r, arrays,
@@ -5031,6 +5052,9 @@ struct NoVisit {
 /// and logits load together, then the updates store. visit(s, position)
 /// follows each live slot's store, in ascending slot order per thread (a
 /// SelectionScan's add, which summarizes the selection in the same pass).
+/// With the loads of a pass, the lines of the pass kFoldAhead later are
+/// asked of L2 (prefetchLineAt; the fold kernel asks for those of
+/// firstPasses before it starts): hints, with no effect on results.
 template <int G, int kThreads, typename T, typename Update,
           typename Visit = NoVisit>
 __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
@@ -5050,6 +5074,18 @@ __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
       pos[u] = in ? positions[s] : KVC_POSITION_NONE;
       old[u] = in ? values[s] : T{};
       loadLogits<G>(logits, stride, s, in, l[u]);
+      if constexpr (kFoldAhead > 0) {
+        // Slot a of the pass kFoldAhead later (r.first, whose address is
+        // valid, when a lies past the range: nothing is asked then).
+        const int32_t ahead = s + kFoldAhead * U * kThreads;
+        const bool take = ahead < r.last;
+        const int32_t a = take ? ahead : r.first;
+        prefetchLineAt(take, positions + a);
+        prefetchLineAt(take, values + a);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          prefetchLineAt(take, logits + g * stride + a);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)

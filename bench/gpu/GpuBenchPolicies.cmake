@@ -49,8 +49,11 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   fused_serial fused's decode with its attention and fold kernels launched
 #               as ordinary kernels (KVC_CUDA_DEPENDENT_LAUNCH=0), against
 #               programmatic dependents of the kernel before each
+#   fused_first fused's decode with a fold that asks L2 for its first pass
+#               of slots only (KVC_CUDA_FOLD_AHEAD=0), against the passes
+#               two ahead of its loads
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
-    fused_lru fused_split plain_len plain_late fused_serial)
+    fused_lru fused_split plain_len plain_late fused_serial fused_first)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -71,3 +74,5 @@ set(gpu_bench_alternative_policy_plain_late ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_late KVC_CUDA_ISSUE_AHEAD=0)
 set(gpu_bench_alternative_policy_fused_serial ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_serial KVC_CUDA_DEPENDENT_LAUNCH=0)
+set(gpu_bench_alternative_policy_fused_first ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_fused_first KVC_CUDA_FOLD_AHEAD=0)

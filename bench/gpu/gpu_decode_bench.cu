@@ -107,7 +107,8 @@ struct BenchGeometry {
   /// default L2 policy (fused_lru) and with one fold block per attention
   /// split (fused_split); plain's decode split by length only (plain_len)
   /// and issuing a tile's copies after the wait for the tile before
-  /// (plain_late); fused's decode with ordinary launches (fused_serial).
+  /// (plain_late); fused's decode with ordinary launches (fused_serial)
+  /// and with a fold that asks L2 for its first pass only (fused_first).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
@@ -127,6 +128,8 @@ struct BenchGeometry {
   DecodeFn plainLateDecode = nullptr;
   BatchBytesFn fusedSerialBytes = nullptr;
   DecodeFn fusedSerialDecode = nullptr;
+  BatchBytesFn fusedFirstBytes = nullptr;
+  DecodeFn fusedFirstDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -157,7 +160,9 @@ struct BenchGeometry {
         KVC_GB(plain_late, d, g, decode_batch_workspace_bytes),                \
         KVC_GB(plain_late, d, g, decode_batch),                                \
         KVC_GB(fused_serial, d, g, decode_batch_workspace_bytes),              \
-        KVC_GB(fused_serial, d, g, decode_batch)                               \
+        KVC_GB(fused_serial, d, g, decode_batch),                              \
+        KVC_GB(fused_first, d, g, decode_batch_workspace_bytes),               \
+        KVC_GB(fused_first, d, g, decode_batch)                                \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1159,8 +1164,8 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
-/// fused_split's, plain_len's, plain_late's and fused_serial's
-/// (GpuBenchPolicies.cmake).
+/// fused_split's, plain_len's, plain_late's, fused_serial's and
+/// fused_first's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1173,12 +1178,13 @@ enum Alternative {
   kAltPlainLen = 8,
   kAltPlainLate = 9,
   kAltFusedSerial = 10,
-  kNumAlternatives = 11
+  kAltFusedFirst = 11,
+  kNumAlternatives = 12
 };
 const char *kAlternativeNames[] = {
-    "plain",       "plain_cc",  "int2",       "int2_cc",
-    "int2_free",   "fused",     "fused_lru",  "fused_split",
-    "plain_len",   "plain_late", "fused_serial"};
+    "plain",       "plain_cc",   "int2",         "int2_cc",
+    "int2_free",   "fused",      "fused_lru",    "fused_split",
+    "plain_len",   "plain_late", "fused_serial", "fused_first"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1186,7 +1192,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the eleven decodes at one (geometry, batch, context), one after
+/// Times the twelve decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1209,20 +1215,23 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
         {g.plainBytes(batch, stride), g.plainCcBytes(batch, stride),
          g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
          g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride),
-         g.plainLateBytes(batch, stride), g.fusedSerialBytes(batch, stride)}));
+         g.plainLateBytes(batch, stride), g.fusedSerialBytes(batch, stride),
+         g.fusedFirstBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
     for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltPlainLate,
-                    kAltFused, kAltFusedLru, kAltFusedSplit, kAltFusedSerial}) {
-      const DecodeFn decode = alt == kAltPlain        ? g.plainDecode
-                              : alt == kAltPlainCc    ? g.plainCcDecode
-                              : alt == kAltPlainLen   ? g.plainLenDecode
-                              : alt == kAltPlainLate  ? g.plainLateDecode
-                              : alt == kAltFused      ? g.fusedDecode
-                              : alt == kAltFusedLru   ? g.fusedLruDecode
-                              : alt == kAltFusedSplit ? g.fusedSplitDecode
-                                                      : g.fusedSerialDecode;
+                    kAltFused, kAltFusedLru, kAltFusedSplit, kAltFusedSerial,
+                    kAltFusedFirst}) {
+      const DecodeFn decode = alt == kAltPlain         ? g.plainDecode
+                              : alt == kAltPlainCc     ? g.plainCcDecode
+                              : alt == kAltPlainLen    ? g.plainLenDecode
+                              : alt == kAltPlainLate   ? g.plainLateDecode
+                              : alt == kAltFused       ? g.fusedDecode
+                              : alt == kAltFusedLru    ? g.fusedLruDecode
+                              : alt == kAltFusedSplit  ? g.fusedSplitDecode
+                              : alt == kAltFusedSerial ? g.fusedSerialDecode
+                                                       : g.fusedFirstDecode;
       try {
         r.usPerStep[alt] = timeSteps(
             timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
@@ -1509,7 +1518,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_FOLD_PLAN=0), plain_len (plain, "
                 "KVC_CUDA_SPLIT_PLAN=0), plain_late (plain, "
                 "KVC_CUDA_ISSUE_AHEAD=0), fused_serial (fused, "
-                "KVC_CUDA_DEPENDENT_LAUNCH=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_DEPENDENT_LAUNCH=0), fused_first (fused, "
+                "KVC_CUDA_FOLD_AHEAD=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1863,18 +1873,21 @@ int main(int argc, char **argv) {
           "attention split); ser us = fused_serial "
           "(KVC_CUDA_DEPENDENT_LAUNCH=0: the attention and the fold launched "
           "after the kernel before each ends, not as programmatic "
-          "dependents).\n"
-          "cc/tc, len/tc, lt/tc, cc/i2, fr/i2, lru/fu, sp/fu, se/fu = the "
+          "dependents); first us = fused_first (KVC_CUDA_FOLD_AHEAD=0: the "
+          "fold asks L2 for its first pass of slots only, not for each pass "
+          "two ahead of its loads).\n"
+          "cc/tc, len/tc, lt/tc, cc/i2, fr/i2, lru/fu, sp/fu, se/fu, fi/fu = "
+          "the "
           "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
       std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s | %9s "
-                  "%9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s\n",
+                  "%9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "len us", "len/tc", "late us", "lt/tc", "int2 us",
                   "int2cc us",
                   "cc/i2", "free us", "fr/i2", "fused us", "lru us", "lru/fu",
-                  "split us", "sp/fu", "ser us", "se/fu");
+                  "split us", "sp/fu", "ser us", "se/fu", "first us", "fi/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
@@ -1902,7 +1915,7 @@ int main(int argc, char **argv) {
             };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s | %9s %9s "
-                "%6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s\n",
+                "%6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
@@ -1916,7 +1929,9 @@ int main(int argc, char **argv) {
                 us(kAltFusedSplit).c_str(),
                 ratio(kAltFusedSplit, kAltFused).c_str(),
                 us(kAltFusedSerial).c_str(),
-                ratio(kAltFusedSerial, kAltFused).c_str());
+                ratio(kAltFusedSerial, kAltFused).c_str(),
+                us(kAltFusedFirst).c_str(),
+                ratio(kAltFusedFirst, kAltFused).c_str());
             for (int a = 0; a < kNumAlternatives; ++a) {
               if (!r.ok[a])
                 std::printf("     %s: %s\n", kAlternativeNames[a],

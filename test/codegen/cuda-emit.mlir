@@ -110,12 +110,12 @@
 // CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
 // CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, int32_t layer, float *out) {
 // CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerBlock);
-// The lines of the first pass of slots the fold reads, asked of L2 ahead of
-// the merge:
-// CHECK: // The lines of the block's first pass of slots into L2 while the splits'
+// The lines of the first passes of slots the fold reads, asked of L2 ahead
+// of the merge:
+// CHECK: // The lines of the block's first passes of slots into L2 while the splits'
 // CHECK-NEXT: // records load.
 // CHECK-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// CHECK-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
 // CHECK-NEXT: {kvc::cuda::slotArray(positions),
 // CHECK-NEXT: kvc::cuda::slotArray(t.state),
 // CHECK-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
@@ -288,7 +288,7 @@
 // TOVA-LABEL: //===--- kvc_tova_cuda_decode: device part ---===//
 // TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, float *out) {
 // TOVA: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// TOVA-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// TOVA-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
 // TOVA-NEXT: {kvc::cuda::slotArray(logits, kGroup, stride)});
 // TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
 // TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
@@ -390,7 +390,7 @@
 // SCISSORHANDS-NEXT: }
 // SCISSORHANDS: decodeFold(
 // SCISSORHANDS: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// SCISSORHANDS-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// SCISSORHANDS-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
 // SCISSORHANDS-NEXT: {kvc::cuda::slotArray(positions),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(t.history),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
@@ -429,7 +429,7 @@
 // The prefetch only at the window's steps, where the fold reads the slots.
 // RPC: if (position % kPeriod >= kPeriod - kWindow)
 // RPC-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// RPC-NEXT: kvc::cuda::firstPass<kGroup, kvc::cuda::kFoldThreads>(r),
+// RPC-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
 // RPC-NEXT: {kvc::cuda::slotArray(positions),
 // RPC-NEXT: kvc::cuda::slotArray(t.state),
 // RPC-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});

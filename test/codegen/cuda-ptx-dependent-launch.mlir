@@ -6,7 +6,7 @@
 //    (griddepcontrol.wait) before anything else, then lets the fold start
 //    its blocks (griddepcontrol.launch_dependents);
 //  - the fold reads only its HeadTable (integer and pointer fields) and
-//    asks L2 for its first pass's lines before its wait: no float (logit,
+//    asks L2 for its first passes' lines before its wait: no float (logit,
 //    split record) is loaded and no atomic runs ahead of it;
 //  - the step's first kernel (storeAppended) lets the attention start.
 // In sm_80 PTX, and under KVC_CUDA_DEPENDENT_LAUNCH=0 (kvc-bench-gpu's

@@ -15,8 +15,15 @@
 //  - forSlotLines (the lines prefetchSlotLines asks L2 for): over every
 //    thread of a block, each 128-byte line of the range's elements of each
 //    array row is named exactly once, by an address inside the range; none
-//    for an empty range or a null array; firstPass, the slots of a block's
-//    first pass (what the fold kernel asks L2 for);
+//    for an empty range or a null array; firstPasses, the slots of a
+//    block's first kFoldAhead passes (what the fold kernel asks L2 for);
+//  - the fold's L2 requests over a block's whole range (the emulator's
+//    prefetch log): prefetchSlotLines over firstPasses, then foldSlots
+//    (under foldAccumulated, 4-byte state, and foldPersistence, 8-byte
+//    bits), ask for each line of the range's positions, values and G logit
+//    rows exactly once, by an address in the range, at G = 1, 4 and 8,
+//    for ranges shorter and longer than the first passes (on the
+//    emulator only);
 //  - the merge of a head's split records by the fold blocks
 //    (splitStatistics, then mergeOutput's part blockIdx.y of gridDim.y)
 //    for 1 to 64 splits, some of them empty, cut in 1, 2, 3, 5 and as
@@ -107,15 +114,45 @@ __global__ void __launch_bounds__(kThreads)
   counts[threadIdx.x] = count;
 }
 
-/// The fold block's slots of its first pass over [first, last).
+/// The fold block's slots of its first passes over [first, last).
 template <int G>
-__global__ void firstPassOf(int32_t first, int32_t last, int32_t *out) {
+__global__ void firstPassesOf(int32_t first, int32_t last, int32_t *out) {
   const kvc::cuda::SlotRange r =
-      kvc::cuda::firstPass<G, kThreads>(kvc::cuda::SlotRange{first, last});
+      kvc::cuda::firstPasses<G, kThreads>(kvc::cuda::SlotRange{first, last});
   if (threadIdx.x == 0) {
     out[0] = r.first;
     out[1] = r.last;
   }
+}
+
+/// What a fold kernel asks L2 for over the range foldRange gives the
+/// block, in the order the kernel asks: the lines of its first passes
+/// (prefetchSlotLines over firstPasses), then foldSlots's, over the
+/// positions, `values` (the 4-byte state of foldAccumulated or the 8-byte
+/// bits of foldPersistence) and the G logit rows.
+template <int G, typename T>
+__global__ void __launch_bounds__(kThreads)
+    foldRequests(const int32_t *positions, T *values, const float *logits,
+                 int64_t stride, int32_t numSlots, int32_t slotsPerBlock) {
+  __shared__ float maxLogit[G], invSum[G];
+  if (threadIdx.x < G) {
+    maxLogit[threadIdx.x] = 0.0f;
+    invSum[threadIdx.x] = 1.0f;
+  }
+  __syncthreads();
+  const kvc::cuda::SlotRange r = kvc::cuda::foldRange(numSlots, slotsPerBlock);
+  kvc::cuda::prefetchSlotLines<kThreads>(
+      kvc::cuda::firstPasses<G, kThreads>(r),
+      {kvc::cuda::slotArray(positions), kvc::cuda::slotArray(values),
+       kvc::cuda::slotArray(logits, G, stride)});
+  if constexpr (sizeof(T) == 8)
+    kvc::cuda::foldPersistence<G, kThreads>(positions, values, r, logits,
+                                            stride, maxLogit, invSum, 0.5f,
+                                            kvc::cuda::Reduce::Sum);
+  else
+    kvc::cuda::foldAccumulated<G, kThreads>(positions, values, r, logits,
+                                            stride, maxLogit, invSum, 1.0f,
+                                            kvc::cuda::Reduce::Sum);
 }
 
 /// The fold kernel's merge of head `h`'s split records: part blockIdx.y of
@@ -372,18 +409,71 @@ void checkMerge(std::mt19937 &rng, int32_t numSplits, int32_t parts) {
     cudaFree(d);
 }
 
-template <int G> void checkFirstPass(int32_t first, int32_t last) {
+template <int G> void checkFirstPasses(int32_t first, int32_t last) {
   int32_t *d = upload(std::vector<int32_t>(2, -1));
-  firstPassOf<G><<<1, kThreads>>>(first, last, d);
-  CHECK(cudaDeviceSynchronize() == cudaSuccess, "firstPassOf");
+  firstPassesOf<G><<<1, kThreads>>>(first, last, d);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "firstPassesOf");
   const std::vector<int32_t> got = download(d, 2);
-  const int32_t pass = kThreads * kvc::cuda::foldUnroll<G>();
-  const int32_t wantLast = std::min(last, first + pass);
+  const int32_t passes =
+      kvc::cuda::kFoldAhead * kThreads * kvc::cuda::foldUnroll<G>();
+  const int32_t wantLast = std::min(last, first + passes);
   CHECK(got[0] == first && got[1] == wantLast,
-        "first pass of [%d, %d) at G %d: [%d, %d), want [%d, %d)", first,
+        "first passes of [%d, %d) at G %d: [%d, %d), want [%d, %d)", first,
         last, G, got[0], got[1], first, wantLast);
   cudaFree(d);
 }
+
+#if defined(KVC_CUDA_EMULATED)
+/// The L2 requests of the fold blocks over a head of `numSlots` slots in
+/// ranges of `slotsPerBlock` (foldRequests, values of type T): each line of
+/// each block's range named once, as addLines names them. Only the
+/// emulator logs them (on a device they leave no trace).
+template <int G, typename T>
+void checkRequests(int32_t numSlots, int32_t slotsPerBlock) {
+  const int32_t capacity = numSlots + 19;
+  const int64_t stride = capacity + 37; // rows that start mid-line
+  int32_t *positions = upload(std::vector<int32_t>(capacity, 0));
+  T *values = upload(std::vector<T>(capacity));
+  float *logits = upload(std::vector<float>(G * stride, 0.0f));
+  const int32_t blocks = (numSlots + slotsPerBlock - 1) / slotsPerBlock;
+  std::vector<const void *> log;
+  kvc::emu::setPrefetchLog(&log);
+  foldRequests<G, T><<<dim3(1, blocks), kThreads>>>(
+      positions, values, logits, stride, numSlots, slotsPerBlock);
+  const bool ran = cudaDeviceSynchronize() == cudaSuccess;
+  kvc::emu::setPrefetchLog(nullptr);
+  CHECK(ran, "foldRequests");
+
+  std::vector<uintptr_t> want;
+  for (int32_t b = 0; b < blocks; ++b) {
+    const int32_t first = b * slotsPerBlock;
+    const int32_t last = std::min(numSlots, first + slotsPerBlock);
+    addLines(want, positions, 4, 0, first, last);
+    addLines(want, values, sizeof(T), 0, first, last);
+    for (int g = 0; g < G; ++g)
+      addLines(want, logits, 4, g * stride, first, last);
+  }
+  std::vector<uintptr_t> got;
+  for (const void *address : log)
+    got.push_back(reinterpret_cast<uintptr_t>(address));
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  const auto repeated = std::adjacent_find(got.begin(), got.end());
+  CHECK(repeated == got.end(),
+        "G %d, %zu-byte values, %d slots in ranges of %d: address %#llx "
+        "asked for twice",
+        G, sizeof(T), numSlots, slotsPerBlock,
+        static_cast<unsigned long long>(
+            repeated == got.end() ? 0 : *repeated));
+  CHECK(got == want,
+        "G %d, %zu-byte values, %d slots in ranges of %d: %zu lines asked "
+        "for, %zu expected",
+        G, sizeof(T), numSlots, slotsPerBlock, got.size(), want.size());
+  for (void *d : {static_cast<void *>(positions), static_cast<void *>(values),
+                  static_cast<void *>(logits)})
+    cudaFree(d);
+}
+#endif
 
 /// planFold's plan for `heads` heads of `maxSlots` slots on `sms` SMs: the
 /// properties every plan has, and `want` (blocks, slots per block) where
@@ -512,11 +602,26 @@ int main() {
   for (const auto &[first, last] :
        {std::pair{0, 3001}, std::pair{513, 1026}, std::pair{7, 7},
         std::pair{100, 356}}) {
-    checkFirstPass<1>(first, last);
-    checkFirstPass<4>(first, last);
-    checkFirstPass<8>(first, last);
+    checkFirstPasses<1>(first, last);
+    checkFirstPasses<4>(first, last);
+    checkFirstPasses<8>(first, last);
     cases += 3;
   }
+#if defined(KVC_CUDA_EMULATED)
+  // One block of 9,001 slots (several passes past the first ones at every
+  // G), ranges of 4,128 (planFold's at batch 8 and 32k) and 513 slots, and
+  // a head shorter than one pass.
+  for (const auto &[numSlots, slotsPerBlock] :
+       {std::pair{9001, 9001}, std::pair{9001, 4128}, std::pair{3001, 513},
+        std::pair{100, 4128}}) {
+    checkRequests<1, float>(numSlots, slotsPerBlock);
+    checkRequests<4, float>(numSlots, slotsPerBlock);
+    checkRequests<8, float>(numSlots, slotsPerBlock);
+    checkRequests<4, uint64_t>(numSlots, slotsPerBlock);
+    checkRequests<8, uint64_t>(numSlots, slotsPerBlock);
+    cases += 5;
+  }
+#endif
   for (const auto &[numSplits, parts] :
        {std::pair{1, 1}, std::pair{7, 1}, std::pair{7, 3}, std::pair{7, 7},
         std::pair{64, 1}, std::pair{64, 2}, std::pair{64, 5},

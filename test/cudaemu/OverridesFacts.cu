@@ -30,7 +30,8 @@ KernelFacts defaultFacts() {
           planFold<4>(planSplits(32769, 64, 256, 64, 0), 64, 32769, 132)
               .blocks,
           planSplits(4096, 64, 256, 64, 924).splits, kIssueAhead,
-          kDependentLaunch};
+          kDependentLaunch, kFoldAhead,
+          firstPasses<4, kFoldThreads>(SlotRange{0, 32769}).last};
 }
 
 } // namespace kvc::test

@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the eight build-time overrides, and OverridesTest.cu links the
+// and with the nine build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -41,6 +41,9 @@ struct KernelFacts {
   /// kDependentLaunch: whether a decode step's attention and fold kernels
   /// may be launched as programmatic dependents (launchDependent).
   bool dependentLaunch;
+  /// kFoldAhead: the passes of slots the fold asks L2 for ahead of its
+  /// loads; the end of firstPasses at G = 4 over slots [0, 32769).
+  int foldAhead, firstPassesEnd;
 };
 
 KernelFacts defaultFacts();

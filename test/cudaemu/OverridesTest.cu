@@ -2,16 +2,17 @@
 //
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
 // KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN,
-// KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD and KVC_CUDA_DEPENDENT_LAUNCH
-// (docs/codegen-cuda.md, "Build-time overrides"): a
+// KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH and
+// KVC_CUDA_FOLD_AHEAD (docs/codegen-cuda.md, "Build-time overrides"): a
 // translation unit built with them selects the CUDA-core decodes, no KIVI
 // launch bounds, the CUDA-core prefill attention (16-query tiles), the
 // default L2 policy for the cache's reads, a fold block per attention split,
-// splits by length, a staged tile's copies after the wait and ordinary
-// launches, one built without them the tensor-core decodes, four blocks per
-// SM, the tensor-core prefill attention (64-query tiles), the evict-first
-// policy, planFold's fold blocks, splits by waves, copies issued ahead and
-// dependent launches, and
+// splits by length, a staged tile's copies after the wait, ordinary
+// launches and a fold that asks L2 for its first pass only, one built
+// without them the tensor-core decodes, four blocks per SM, the
+// tensor-core prefill attention (64-query tiles), the evict-first policy,
+// planFold's fold blocks, splits by waves, copies issued ahead, dependent
+// launches and a fold that asks for its passes two ahead, and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -69,6 +70,12 @@ int main() {
          "programmatic dependents");
   expect(!overridden.dependentLaunch,
          "KVC_CUDA_DEPENDENT_LAUNCH=0 launches them as ordinary kernels");
+  expect(shipped.foldAhead == 2 && shipped.firstPassesEnd == 1024,
+         "the defaults' fold asks L2 for its passes two ahead, and first "
+         "for two passes (1,024 slots at G = 4)");
+  expect(overridden.foldAhead == 0 && overridden.firstPassesEnd == 512,
+         "KVC_CUDA_FOLD_AHEAD=0's fold asks L2 for its first pass only "
+         "(512 slots at G = 4)");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
