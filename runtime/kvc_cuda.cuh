@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of nine kernel choices, for side-by-side
+// Build-time overrides of ten kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -106,6 +106,12 @@
 //    asks L2 for ahead of its loads (kFoldAhead: the fold kernel asks for
 //    its first passes, foldSlots for the pass that many later while it
 //    loads one), 1 to 4; 0 asks for the first pass only, as before.
+//  - KVC_CUDA_MMA_SHARED_QUERY (default 1): the 16-bit tensor-core decode
+//    (decodeMmaRows) at head dim 128 and above reads its query fragments
+//    from shared memory, which every warp of the block shares, so that
+//    four blocks of 128 threads fit an SM at head dim 128 (128
+//    registers, launch bounds); 0 keeps them in each thread's registers
+//    (158 to 162 at head dim 128: three blocks).
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -132,6 +138,9 @@
 #endif
 #ifndef KVC_CUDA_FOLD_AHEAD
 #define KVC_CUDA_FOLD_AHEAD 2
+#endif
+#ifndef KVC_CUDA_MMA_SHARED_QUERY
+#define KVC_CUDA_MMA_SHARED_QUERY 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -160,6 +169,9 @@
 #if KVC_CUDA_FOLD_AHEAD < 0 || KVC_CUDA_FOLD_AHEAD > 4
 #error "KVC_CUDA_FOLD_AHEAD must be 0 to 4"
 #endif
+#if KVC_CUDA_MMA_SHARED_QUERY != 0 && KVC_CUDA_MMA_SHARED_QUERY != 1
+#error "KVC_CUDA_MMA_SHARED_QUERY must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -169,20 +181,22 @@
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
     KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
-    KVC_CUDA_FOLD_AHEAD != 2
+    KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead, pdl, foldahead)                        \
+                                 ahead, pdl, foldahead, sq)                    \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
-      fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead
+      fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead##   \
+      _sq##sq
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead, pdl, foldahead)                         \
+                                ahead, pdl, foldahead, sq)                     \
   KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
-                           pdl, foldahead)
+                           pdl, foldahead, sq)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
-      KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD) {
+      KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD,    \
+      KVC_CUDA_MMA_SHARED_QUERY) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -205,6 +219,10 @@ constexpr bool kIssueAhead = KVC_CUDA_ISSUE_AHEAD != 0;
 /// Whether a decode step's attention and fold kernels may start before the
 /// kernel ahead of them ends (KVC_CUDA_DEPENDENT_LAUNCH, launchDependent).
 constexpr bool kDependentLaunch = KVC_CUDA_DEPENDENT_LAUNCH != 0;
+/// Whether the 16-bit tensor-core decode at head dim 128 and above reads
+/// its query fragments from shared memory (KVC_CUDA_MMA_SHARED_QUERY,
+/// MmaDecode::kSharedQuery).
+constexpr bool kMmaSharedQuery = KVC_CUDA_MMA_SHARED_QUERY != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -2251,6 +2269,22 @@ template <int G, int D, Storage S, int kThreads> struct MmaDecode {
   /// Steps of 16 channels (the logits) and blocks of 8 (the value sums).
   static constexpr int kKSteps = D / 16;
   static constexpr int kNBlocks = D / 8;
+  /// Whether the query's A fragments (4 words per lane and step, the same
+  /// in every warp) live in shared memory rather than in each thread's
+  /// registers: at head dim 128 and above, where the 32 registers (and
+  /// more) that they take decide how many blocks fit an SM. ptxas
+  /// (sm_90a, G = 2 to 8): 158 to 162 registers at head dim 128 in
+  /// registers (three blocks of 128 threads), 126 to 128 from shared
+  /// memory (four), for 6 to 16 more instructions in a tile of about 550
+  /// (one 16-byte shared load per step). At head dim 64 the fragments
+  /// take 16 registers and the block count would rise from 5 to 7 for
+  /// about 10% more instructions a tile: they stay in registers there.
+  static constexpr bool kSharedQuery = kMmaSharedQuery && D >= 128;
+  /// Blocks of 128 threads per SM that the launch bounds ask for
+  /// (DecodeMinBlocks): four at head dim 128 with the query in shared
+  /// memory (128 registers, no spill), none otherwise (ptxas's choice).
+  static constexpr int kMinBlocks =
+      kSharedQuery && D == 128 ? 4 * 128 / kThreads : 0;
 };
 
 /// decodeSplitRows on tensor cores, for 16-bit storage and 2 <= G <= 8
@@ -2292,10 +2326,12 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
       end > begin ? (end - begin + kTileRows - 1) / kTileRows : 0;
 
   // A of the logits: per 16 channels, {round(q), q - round(q)} of head g at
-  // channels 2t, 2t+1, then at 2t+8, 2t+9 (zero past the group).
-  uint32_t qa[P::kKSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < P::kKSteps; ++ks)
+  // channels 2t, 2t+1, then at 2t+8, 2t+9 (zero past the group). Every
+  // warp multiplies the same fragments: where P::kSharedQuery, warp 0
+  // writes them to shared memory (read after the barrier that the loop's
+  // first nextStagedTile begins with) and each step loads its own;
+  // otherwise each thread keeps all of them in registers.
+  auto queryFragment = [&](int ks, uint32_t(&f)[4]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int c = ks * 16 + half * 8 + 2 * tq;
@@ -2306,9 +2342,27 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
         x1 = row[c + 1] * a.scale;
       }
       const float r0 = E::round(x0), r1 = E::round(x1);
-      qa[ks][2 * half] = E::pack(r0, r1);
-      qa[ks][2 * half + 1] = E::pack(x0 - r0, x1 - r1);
+      f[2 * half] = E::pack(r0, r1);
+      f[2 * half + 1] = E::pack(x0 - r0, x1 - r1);
     }
+  };
+  constexpr int kHeldSteps = P::kSharedQuery ? 1 : P::kKSteps;
+  __shared__ __align__(16) uint4
+      sharedQuery[P::kSharedQuery ? P::kKSteps : 1][kWarpSize];
+  uint32_t qa[kHeldSteps][4];
+  if constexpr (P::kSharedQuery) {
+    if (warp == 0)
+#pragma unroll
+      for (int ks = 0; ks < P::kKSteps; ++ks) {
+        queryFragment(ks, qa[0]);
+        sharedQuery[ks][lane] = make_uint4(qa[0][0], qa[0][1], qa[0][2],
+                                           qa[0][3]);
+      }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < P::kKSteps; ++ks)
+      queryFragment(ks, qa[ks]);
+  }
   // Head g's online softmax over the warp's rows: m and z (the lane's rows'
   // share of z), and the value sums of rounded (o[j][0..1]) and remainder
   // (o[j][2..3]) weights, times E::kWeightScale.
@@ -2369,9 +2423,18 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint8_t *keyRow = &tiles[st][0][row0 + g][4 * tq];
 #pragma unroll
-    for (int ks = 0; ks < P::kKSteps; ++ks)
-      mmaK16<S>(s, qa[ks], *reinterpret_cast<const uint32_t *>(keyRow + 32 * ks),
+    for (int ks = 0; ks < P::kKSteps; ++ks) {
+      if constexpr (P::kSharedQuery) {
+        const uint4 f = sharedQuery[ks][lane];
+        qa[0][0] = f.x;
+        qa[0][1] = f.y;
+        qa[0][2] = f.z;
+        qa[0][3] = f.w;
+      }
+      mmaK16<S>(s, qa[P::kSharedQuery ? 0 : ks],
+                *reinterpret_cast<const uint32_t *>(keyRow + 32 * ks),
                 *reinterpret_cast<const uint32_t *>(keyRow + 32 * ks + 16));
+    }
     // Head g's logits of rows 2t and 2t+1: the two halves of S added.
     float l[2];
 #pragma unroll
@@ -2475,12 +2538,15 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
 /// one that reaches the copy bandwidth, holds its rows in 72 registers (7
 /// blocks of 128 threads per SM) when asked to, with no spills (ptxas,
 /// sm_90a, head dim 64 and 128), and takes 80 (6 blocks) when not. The
-/// other paths keep ptxas's own choice (0: no minimum; a minimum of 1 would
-/// let ptxas spend more registers than it does unasked).
-template <int G, Storage S, int kThreads, int kLowBits>
+/// tensor-core path asks for MmaDecode::kMinBlocks. The other paths keep
+/// ptxas's own choice (0: no minimum; a minimum of 1 would let ptxas spend
+/// more registers than it does unasked).
+template <int G, int D, Storage S, int kThreads, int kLowBits>
 constexpr int DecodeMinBlocks =
     G == 1 && kLowBits == 0 && (S == Storage::F16 || S == Storage::BF16)
         ? 65536 / (72 * kThreads)
+    : kLowBits == 0 && MmaDecode<G, D, S, kThreads>::kApplies
+        ? MmaDecode<G, D, S, kThreads>::kMinBlocks
         : 0;
 
 /// One block per (split, kv-head): the G query heads of the group read each
@@ -2501,7 +2567,7 @@ constexpr int DecodeMinBlocks =
 template <int G, int D, Storage S, int kThreads, int kLowBits = 0,
           int kLowGroup = 0>
 __global__ void __launch_bounds__(kThreads,
-                                  DecodeMinBlocks<G, S, kThreads, kLowBits>)
+                                  DecodeMinBlocks<G, D, S, kThreads, kLowBits>)
     decodeAttentionSplit(DecodeSplitArgs a) {
   using Shape = RowShape<D, S>;
   constexpr bool kMixed = kLowBits != 0;

@@ -52,8 +52,12 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   fused_first fused's decode with a fold that asks L2 for its first pass
 #               of slots only (KVC_CUDA_FOLD_AHEAD=0), against the passes
 #               two ahead of its loads
+#   plain_regq  plain's decode with the tensor-core query fragments in each
+#               thread's registers (KVC_CUDA_MMA_SHARED_QUERY=0: three
+#               blocks per SM at head dim 128), against shared memory (four)
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
-    fused_lru fused_split plain_len plain_late fused_serial fused_first)
+    fused_lru fused_split plain_len plain_late fused_serial fused_first
+    plain_regq)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -76,3 +80,5 @@ set(gpu_bench_alternative_policy_fused_serial ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_serial KVC_CUDA_DEPENDENT_LAUNCH=0)
 set(gpu_bench_alternative_policy_fused_first ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_first KVC_CUDA_FOLD_AHEAD=0)
+set(gpu_bench_alternative_policy_plain_regq ${gpu_bench_policy_plain})
+set(gpu_bench_alternative_defines_plain_regq KVC_CUDA_MMA_SHARED_QUERY=0)

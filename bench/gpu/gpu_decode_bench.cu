@@ -108,7 +108,8 @@ struct BenchGeometry {
   /// split (fused_split); plain's decode split by length only (plain_len)
   /// and issuing a tile's copies after the wait for the tile before
   /// (plain_late); fused's decode with ordinary launches (fused_serial)
-  /// and with a fold that asks L2 for its first pass only (fused_first).
+  /// and with a fold that asks L2 for its first pass only (fused_first);
+  /// plain's decode with the query fragments in registers (plain_regq).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[2] = {};
@@ -130,6 +131,8 @@ struct BenchGeometry {
   DecodeFn fusedSerialDecode = nullptr;
   BatchBytesFn fusedFirstBytes = nullptr;
   DecodeFn fusedFirstDecode = nullptr;
+  BatchBytesFn plainRegqBytes = nullptr;
+  DecodeFn plainRegqDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -162,7 +165,9 @@ struct BenchGeometry {
         KVC_GB(fused_serial, d, g, decode_batch_workspace_bytes),              \
         KVC_GB(fused_serial, d, g, decode_batch),                              \
         KVC_GB(fused_first, d, g, decode_batch_workspace_bytes),               \
-        KVC_GB(fused_first, d, g, decode_batch)                                \
+        KVC_GB(fused_first, d, g, decode_batch),                               \
+        KVC_GB(plain_regq, d, g, decode_batch_workspace_bytes),                \
+        KVC_GB(plain_regq, d, g, decode_batch)                                 \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1164,8 +1169,8 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
-/// fused_split's, plain_len's, plain_late's, fused_serial's and
-/// fused_first's (GpuBenchPolicies.cmake).
+/// fused_split's, plain_len's, plain_late's, fused_serial's, fused_first's
+/// and plain_regq's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1179,12 +1184,14 @@ enum Alternative {
   kAltPlainLate = 9,
   kAltFusedSerial = 10,
   kAltFusedFirst = 11,
-  kNumAlternatives = 12
+  kAltPlainRegq = 12,
+  kNumAlternatives = 13
 };
 const char *kAlternativeNames[] = {
     "plain",       "plain_cc",   "int2",         "int2_cc",
     "int2_free",   "fused",      "fused_lru",    "fused_split",
-    "plain_len",   "plain_late", "fused_serial", "fused_first"};
+    "plain_len",   "plain_late", "fused_serial", "fused_first",
+    "plain_regq"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1192,7 +1199,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the twelve decodes at one (geometry, batch, context), one after
+/// Times the thirteen decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1216,17 +1223,18 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
          g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
          g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride),
          g.plainLateBytes(batch, stride), g.fusedSerialBytes(batch, stride),
-         g.fusedFirstBytes(batch, stride)}));
+         g.fusedFirstBytes(batch, stride), g.plainRegqBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
     for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltPlainLate,
-                    kAltFused, kAltFusedLru, kAltFusedSplit, kAltFusedSerial,
-                    kAltFusedFirst}) {
+                    kAltPlainRegq, kAltFused, kAltFusedLru, kAltFusedSplit,
+                    kAltFusedSerial, kAltFusedFirst}) {
       const DecodeFn decode = alt == kAltPlain         ? g.plainDecode
                               : alt == kAltPlainCc     ? g.plainCcDecode
                               : alt == kAltPlainLen    ? g.plainLenDecode
                               : alt == kAltPlainLate   ? g.plainLateDecode
+                              : alt == kAltPlainRegq   ? g.plainRegqDecode
                               : alt == kAltFused       ? g.fusedDecode
                               : alt == kAltFusedLru    ? g.fusedLruDecode
                               : alt == kAltFusedSplit  ? g.fusedSplitDecode
@@ -1519,7 +1527,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_SPLIT_PLAN=0), plain_late (plain, "
                 "KVC_CUDA_ISSUE_AHEAD=0), fused_serial (fused, "
                 "KVC_CUDA_DEPENDENT_LAUNCH=0), fused_first (fused, "
-                "KVC_CUDA_FOLD_AHEAD=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_FOLD_AHEAD=0), plain_regq (plain, "
+                "KVC_CUDA_MMA_SHARED_QUERY=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1861,8 +1870,10 @@ int main(int argc, char **argv) {
           "plain_len (KVC_CUDA_SPLIT_PLAN=0: the attention's splits by "
           "length, not by whole waves of resident blocks); late us = "
           "plain_late (KVC_CUDA_ISSUE_AHEAD=0: a tile's copies issued after "
-          "the wait for the tile before, one stage fewer in flight); int2 "
-          "tc = "
+          "the wait for the tile before, one stage fewer in flight); regq "
+          "us = plain_regq (KVC_CUDA_MMA_SHARED_QUERY=0: the query "
+          "fragments in registers, three blocks per SM at head dim 128, "
+          "not four); int2 tc = "
           "kivi2 (tensor cores, launch bounds for 4 blocks of 128 threads "
           "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
@@ -1876,15 +1887,17 @@ int main(int argc, char **argv) {
           "dependents); first us = fused_first (KVC_CUDA_FOLD_AHEAD=0: the "
           "fold asks L2 for its first pass of slots only, not for each pass "
           "two ahead of its loads).\n"
-          "cc/tc, len/tc, lt/tc, cc/i2, fr/i2, lru/fu, sp/fu, se/fu, fi/fu = "
-          "the "
+          "cc/tc, len/tc, lt/tc, rq/tc, cc/i2, fr/i2, lru/fu, sp/fu, se/fu, "
+          "fi/fu = the "
           "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
-      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s | %9s "
-                  "%9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+      std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
+                  "| %9s %9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s "
+                  "%6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
-                  "cc/tc", "len us", "len/tc", "late us", "lt/tc", "int2 us",
+                  "cc/tc", "len us", "len/tc", "late us", "lt/tc", "regq us",
+                  "rq/tc", "int2 us",
                   "int2cc us",
                   "cc/i2", "free us", "fr/i2", "fused us", "lru us", "lru/fu",
                   "split us", "sp/fu", "ser us", "se/fu", "first us", "fi/fu");
@@ -1914,14 +1927,16 @@ int main(int argc, char **argv) {
                               : 0.0);
             };
             std::printf(
-                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s | %9s %9s "
-                "%6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s | "
+                "%9s %9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
                 ratio(kAltPlainLen, kAltPlain).c_str(),
                 us(kAltPlainLate).c_str(),
-                ratio(kAltPlainLate, kAltPlain).c_str(), us(kAltInt2).c_str(),
+                ratio(kAltPlainLate, kAltPlain).c_str(),
+                us(kAltPlainRegq).c_str(),
+                ratio(kAltPlainRegq, kAltPlain).c_str(), us(kAltInt2).c_str(),
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),

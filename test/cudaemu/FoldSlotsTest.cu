@@ -39,8 +39,9 @@
 //    split per 256 slots, 1 to 64), and with one the most splits, at most
 //    the length's, whose modelled time (waves x slots a split) lies within
 //    1/16 of the least over every count: exact plans of 4k cells (924
-//    blocks at once: 7 blocks of the G = 1 decode on 132 SMs; 396: 3 of
-//    the tensor-core decode), of the benchmark's cells that
+//    blocks at once: 7 blocks of the G = 1 decode on 132 SMs; 528: 4 of
+//    the tensor-core decode at head dim 128, 396: 3 of it with the query
+//    in registers), of the benchmark's cells that
 //    docs/codegen-cuda.md lists, and the properties over a grid of shapes;
 //    residentBlocks: the emulated SM's blocks (2,048 threads, at most 32).
 // Float results within a relative 1e-6 of the reference (the device code
@@ -652,8 +653,8 @@ int main() {
         cases += 3;
       }
   // Batch 8 at 4k (64 heads): 1,024 blocks by length, 2 waves of 924
-  // (G = 1) or 3 of 396 (the tensor cores); batch 32 at 4k and batch 1
-  // at 32k keep the length's splits; no wave: by length.
+  // (G = 1) or 3 of 396 (the tensor cores, query in registers); batch 32
+  // at 4k and batch 1 at 32k keep the length's splits; no wave: by length.
   checkSplits(64, 4096, 924, {14, 293});
   checkSplits(64, 4096, 396, {12, 342});
   checkSplits(256, 4096, 396, {16, 256});
@@ -665,11 +666,12 @@ int main() {
   checkSplits(64, 4160, 924, {14, 298});
   checkSplits(64, 32832, 924, {57, 576});
   checkSplits(8, 32832, 396, {49, 671});
+  checkSplits(8, 32832, 528, {64, 513});
   checkSplits(64, 4160, 660, {10, 416});
   checkSplits(64, 32832, 660, {61, 539});
   checkSplits(64, 4160, 528, {16, 260});
   checkSplits(64, 4160, 396, {17, 245});
-  cases += 13;
+  cases += 14;
   for (int32_t heads : {1, 3, 8, 64, 256, 1000})
     for (int32_t slots : {1, 255, 257, 1000, 4096, 4097, 16384, 32769})
       for (int64_t wave : {0, 132, 396, 528, 924, 4224}) {

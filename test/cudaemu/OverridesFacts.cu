@@ -31,7 +31,9 @@ KernelFacts defaultFacts() {
               .blocks,
           planSplits(4096, 64, 256, 64, 924).splits, kIssueAhead,
           kDependentLaunch, kFoldAhead,
-          firstPasses<4, kFoldThreads>(SlotRange{0, 32769}).last};
+          firstPasses<4, kFoldThreads>(SlotRange{0, 32769}).last,
+          MmaDecode<4, 128, Storage::F16, kThreads>::kSharedQuery,
+          DecodeMinBlocks<4, 128, Storage::F16, kThreads, 0>};
 }
 
 } // namespace kvc::test

@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the nine build-time overrides, and OverridesTest.cu links the
+// and with the ten build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -44,6 +44,10 @@ struct KernelFacts {
   /// kFoldAhead: the passes of slots the fold asks L2 for ahead of its
   /// loads; the end of firstPasses at G = 4 over slots [0, 32769).
   int foldAhead, firstPassesEnd;
+  /// MmaDecode::kSharedQuery at G = 4, head dim 128 (f16), and the blocks
+  /// per SM that decodeAttentionSplit's launch bounds ask for there.
+  bool sharedQuery;
+  int mmaMinBlocks;
 };
 
 KernelFacts defaultFacts();

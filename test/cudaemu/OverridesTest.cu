@@ -2,17 +2,20 @@
 //
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
 // KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN,
-// KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH and
-// KVC_CUDA_FOLD_AHEAD (docs/codegen-cuda.md, "Build-time overrides"): a
+// KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH,
+// KVC_CUDA_FOLD_AHEAD and KVC_CUDA_MMA_SHARED_QUERY (docs/codegen-cuda.md,
+// "Build-time overrides"): a
 // translation unit built with them selects the CUDA-core decodes, no KIVI
 // launch bounds, the CUDA-core prefill attention (16-query tiles), the
 // default L2 policy for the cache's reads, a fold block per attention split,
 // splits by length, a staged tile's copies after the wait, ordinary
-// launches and a fold that asks L2 for its first pass only, one built
-// without them the tensor-core decodes, four blocks per SM, the
-// tensor-core prefill attention (64-query tiles), the evict-first policy,
-// planFold's fold blocks, splits by waves, copies issued ahead, dependent
-// launches and a fold that asks for its passes two ahead, and
+// launches, a fold that asks L2 for its first pass only and the query
+// fragments in registers, one built without them the tensor-core decodes,
+// four KIVI blocks per SM, the tensor-core prefill attention (64-query
+// tiles), the evict-first policy, planFold's fold blocks, splits by waves,
+// copies issued ahead, dependent launches, a fold that asks for its passes
+// two ahead and the query fragments in shared memory (launch bounds for
+// four blocks at head dim 128), and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -76,6 +79,12 @@ int main() {
   expect(overridden.foldAhead == 0 && overridden.firstPassesEnd == 512,
          "KVC_CUDA_FOLD_AHEAD=0's fold asks L2 for its first pass only "
          "(512 slots at G = 4)");
+  expect(shipped.sharedQuery && shipped.mmaMinBlocks == 4,
+         "the defaults' tensor-core decode at head dim 128 reads its query "
+         "fragments from shared memory and asks for four blocks per SM");
+  expect(!overridden.sharedQuery && overridden.mmaMinBlocks == 0,
+         "KVC_CUDA_MMA_SHARED_QUERY=0 keeps the query fragments in "
+         "registers, with no launch bounds");
   expect(shipped.prefillKernel != overridden.prefillKernel,
          "prefillAttention of the overridden build is its own function");
   expect(shipped.splitKernel != overridden.splitKernel,
