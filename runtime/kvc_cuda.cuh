@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of ten kernel choices, for side-by-side
+// Build-time overrides of eleven kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -112,6 +112,13 @@
 //    four blocks of 128 threads fit an SM at head dim 128 (128
 //    registers, launch bounds); 0 keeps them in each thread's registers
 //    (158 to 162 at head dim 128: three blocks).
+//  - KVC_CUDA_MMA_TRANSPOSED_VALUES (default 1): the tensor-core decodes
+//    at G <= 4 (decodeMmaRows; decodeKiviMma at head dim 128 and above)
+//    sum their values as O^T += V^T P^T, the value rows (or the KIVI
+//    codes' units) as A and the weights as B, 16 channels an mma and half
+//    the accumulators, so that decodeMmaRows fits five blocks of 128
+//    threads an SM at head dim 128 (92 registers, launch bounds); 0 keeps
+//    the weights as A (8 channels an mma; four blocks).
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -141,6 +148,9 @@
 #endif
 #ifndef KVC_CUDA_MMA_SHARED_QUERY
 #define KVC_CUDA_MMA_SHARED_QUERY 1
+#endif
+#ifndef KVC_CUDA_MMA_TRANSPOSED_VALUES
+#define KVC_CUDA_MMA_TRANSPOSED_VALUES 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -172,6 +182,9 @@
 #if KVC_CUDA_MMA_SHARED_QUERY != 0 && KVC_CUDA_MMA_SHARED_QUERY != 1
 #error "KVC_CUDA_MMA_SHARED_QUERY must be 0 or 1"
 #endif
+#if KVC_CUDA_MMA_TRANSPOSED_VALUES != 0 && KVC_CUDA_MMA_TRANSPOSED_VALUES != 1
+#error "KVC_CUDA_MMA_TRANSPOSED_VALUES must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -181,22 +194,23 @@
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
     KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
-    KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1
+    KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1 ||              \
+    KVC_CUDA_MMA_TRANSPOSED_VALUES != 1
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead, pdl, foldahead, sq)                    \
+                                 ahead, pdl, foldahead, sq, tv)                \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
       fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead##   \
-      _sq##sq
+      _sq##sq##_tv##tv
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead, pdl, foldahead, sq)                     \
+                                ahead, pdl, foldahead, sq, tv)                 \
   KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
-                           pdl, foldahead, sq)
+                           pdl, foldahead, sq, tv)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
       KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD,    \
-      KVC_CUDA_MMA_SHARED_QUERY) {
+      KVC_CUDA_MMA_SHARED_QUERY, KVC_CUDA_MMA_TRANSPOSED_VALUES) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -223,6 +237,10 @@ constexpr bool kDependentLaunch = KVC_CUDA_DEPENDENT_LAUNCH != 0;
 /// its query fragments from shared memory (KVC_CUDA_MMA_SHARED_QUERY,
 /// MmaDecode::kSharedQuery).
 constexpr bool kMmaSharedQuery = KVC_CUDA_MMA_SHARED_QUERY != 0;
+/// Whether the tensor-core decodes at G <= 4 sum their values as O^T +=
+/// V^T P^T (KVC_CUDA_MMA_TRANSPOSED_VALUES, MmaDecode::kTransposedValues,
+/// KiviMma::kTransposedValues).
+constexpr bool kMmaTransposedValues = KVC_CUDA_MMA_TRANSPOSED_VALUES != 0;
 
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
@@ -1465,15 +1483,17 @@ __device__ void combineRowGroups(const DecodeSplitArgs &a, int32_t h,
                                                 groupSum, blockAcc);
 }
 
-/// combineRowGroups for row groups whose threads each hold the state of one
-/// query head (`head`; -1: none), as the fragments of decodeKiviMma: the
-/// head's `leader` thread of each group writes its m and z, and
-/// `addAcc(factor, sum)` adds the thread's value sums, times factor, into
-/// the head's sum[channel]. Row-group order, as combineRowGroups.
+/// combineRowGroups for row groups whose threads hold value sums of query
+/// heads in fragments, as decodeKiviMma's: the `leader` thread of a head
+/// (`head`) in each group writes the head's m and z, and each thread that
+/// `adds` calls `addAcc(factorOf, acc)`, which adds its value sums of head
+/// x, times factorOf(x, m_x) (e^(m_x - M) for the head's maximum m_x in
+/// the thread's group and M over the groups; 0 where m_x = -inf), into
+/// acc[x][channel]. Row-group order, as combineRowGroups.
 template <int G, int D, int kThreads, int kRowGroups, typename AddAcc>
 __device__ void combineHeadLanes(const DecodeSplitArgs &a, int32_t h,
                                  int32_t split, int rowGroup, int head,
-                                 bool leader, float m, float z,
+                                 bool leader, float m, float z, bool adds,
                                  AddAcc addAcc) {
   __shared__ float groupMax[kRowGroups][G], groupSum[kRowGroups][G];
   __shared__ float blockAcc[G][D];
@@ -1484,16 +1504,17 @@ __device__ void combineHeadLanes(const DecodeSplitArgs &a, int32_t h,
   for (int i = threadIdx.x; i < G * D; i += kThreads)
     (&blockAcc[0][0])[i] = 0.0f;
   __syncthreads();
-  float factor = 0.0f;
-  if (head >= 0 && m != kNegInf) {
+  const auto factorOf = [&](int x, float mx) {
+    if (mx == kNegInf)
+      return 0.0f;
     float bm = kNegInf;
     for (int r = 0; r < kRowGroups; ++r)
-      bm = fmaxf(bm, groupMax[r][head]);
-    factor = expf(m - bm);
-  }
+      bm = fmaxf(bm, groupMax[r][x]);
+    return expf(mx - bm);
+  };
   for (int r = 0; r < kRowGroups; ++r) {
-    if (rowGroup == r && head >= 0)
-      addAcc(factor, blockAcc[head]);
+    if (rowGroup == r && adds)
+      addAcc(factorOf, blockAcc);
     __syncthreads();
   }
   writeSplitRecords<G, D, kThreads, kRowGroups>(a, h, split, groupMax,
@@ -2214,6 +2235,28 @@ __device__ __forceinline__ void mmaK32U8(int32_t (&c)[4],
 #endif
 }
 
+/// The rescale of value sums held as columns (C fragments of O^T += V^T
+/// P^T, the tensor-core decodes at G <= 4): lane (g, t) holds columns 2t
+/// and 2t + 1, whose heads (2t % 4 and (2t + 1) % 4: rounded weights in
+/// columns 0-3, their remainders in 4-7) have their running maxima in
+/// lanes 4 head, each with its `rescale` (1 where the maximum stayed).
+/// The whole warp calls it, converged.
+template <int kBlocks>
+__device__ __forceinline__ void rescaleColumns(float (&o)[kBlocks][4],
+                                               float rescale) {
+  const int t = threadIdx.x % 4;
+  const float r0 = __shfl_sync(kFullMask, rescale, 8 * t % 16);
+  const float r1 = __shfl_sync(kFullMask, rescale, (8 * t + 4) % 16);
+  if (r0 != 1.0f || r1 != 1.0f)
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      o[j][0] *= r0;
+      o[j][1] *= r1;
+      o[j][2] *= r0;
+      o[j][3] *= r1;
+    }
+}
+
 /// The B operands (mmaK8) of four 8x8 blocks of a row-major tile of 16-bit
 /// elements in shared memory: `rows` points at element (0, 0) of eight rows
 /// `pitch` bytes apart, and block i is columns column0 + 8i .. +7. Lane (g,
@@ -2281,10 +2324,35 @@ template <int G, int D, Storage S, int kThreads> struct MmaDecode {
   /// about 10% more instructions a tile: they stay in registers there.
   static constexpr bool kSharedQuery = kMmaSharedQuery && D >= 128;
   /// Blocks of 128 threads per SM that the launch bounds ask for
-  /// (DecodeMinBlocks): four at head dim 128 with the query in shared
-  /// memory (128 registers, no spill), none otherwise (ptxas's choice).
+  /// (DecodeMinBlocks): at head dim 128 with the query in shared memory,
+  /// five where the value sums are transposed (G <= 4: 91 to 92
+  /// registers, no spill, against 102 and four blocks left free, for about
+  /// 7% more instructions a tile) and four otherwise (126 to 128
+  /// registers); at head dim 64 with the value sums transposed, six (72
+  /// registers: seven blocks fit, as many as shared memory allows, and a
+  /// tile loop of 327 instructions, where ptxas left free takes 64 and
+  /// 341); none elsewhere (ptxas's choice).
   static constexpr int kMinBlocks =
-      kSharedQuery && D == 128 ? 4 * 128 / kThreads : 0;
+      kSharedQuery && D == 128
+          ? (kMmaTransposedValues && G <= 4 ? 5 : 4) * 128 / kThreads
+      : D == 64 && kMmaTransposedValues && G <= 4 ? 6 * 128 / kThreads
+                                                  : 0;
+  /// Whether the value sums go as O^T += V^T P^T (G <= 4): the value rows
+  /// as A (16 channels a block, the same ldmatrix .trans fragments), the
+  /// weights as B (columns 0-3 the heads' rounded weights, 4-7 their
+  /// remainders), so that one mma takes 16 channels instead of 8 and the
+  /// accumulators of a lane are D / 4 floats instead of D / 2. Needs
+  /// lanes g and g + 4 to hold the same head's weights: rows 4-7 of the
+  /// logits' A repeat the heads of rows 0-3 (KVC_CUDA_MMA_TRANSPOSED_VALUES
+  /// = 0 keeps the weights as A for every G).
+  static constexpr bool kTransposedValues = kMmaTransposedValues && G <= 4;
+  /// Accumulator blocks of 4 floats a lane: 16 channels each when
+  /// transposed, else 8.
+  static constexpr int kAccBlocks = kTransposedValues ? D / 16 : D / 8;
+  /// Query head of fragment row g (and g + 8) of the logits' A.
+  __device__ static int queryHead(int g) {
+    return kTransposedValues ? g % 4 : g;
+  }
 };
 
 /// decodeSplitRows on tensor cores, for 16-bit storage and 2 <= G <= 8
@@ -2336,8 +2404,9 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     for (int half = 0; half < 2; ++half) {
       const int c = ks * 16 + half * 8 + 2 * tq;
       float x0 = 0.0f, x1 = 0.0f;
-      if (g < G) {
-        const float *row = a.q + (static_cast<int64_t>(h) * G + g) * D;
+      const int head = P::queryHead(g);
+      if (head < G) {
+        const float *row = a.q + (static_cast<int64_t>(h) * G + head) * D;
         x0 = row[c] * a.scale;
         x1 = row[c + 1] * a.scale;
       }
@@ -2363,13 +2432,17 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     for (int ks = 0; ks < P::kKSteps; ++ks)
       queryFragment(ks, qa[ks]);
   }
-  // Head g's online softmax over the warp's rows: m and z (the lane's rows'
-  // share of z), and the value sums of rounded (o[j][0..1]) and remainder
-  // (o[j][2..3]) weights, times E::kWeightScale.
+  // Head g's online softmax over the warp's rows (lanes g and g + 4 the
+  // same head's where P::kTransposedValues): m and z (the lane's rows'
+  // share of z), and the value sums, times E::kWeightScale: of head g's
+  // rounded (o[j][0..1]) and remainder (o[j][2..3]) weights, channels 8j +
+  // 2t, 8j + 2t + 1; transposed, of channels 16j + g (o[j][0..1]) and
+  // 16j + 8 + g (o[j][2..3]) for columns 2t, 2t + 1 (heads 2t, 2t + 1
+  // rounded at t < 2, heads 2t - 4, 2t - 3 remainders at t >= 2).
   float m = kNegInf, z = 0.0f;
-  float o[P::kNBlocks][4];
+  float o[P::kAccBlocks][4];
 #pragma unroll
-  for (int j = 0; j < P::kNBlocks; ++j)
+  for (int j = 0; j < P::kAccBlocks; ++j)
 #pragma unroll
     for (int x = 0; x < 4; ++x)
       o[j][x] = 0.0f;
@@ -2451,16 +2524,18 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, 1));
     mNew = fmaxf(mNew, __shfl_xor_sync(kFullMask, mNew, 2));
     float p[2] = {0.0f, 0.0f};
+    float rescale = 1.0f;
     if (mNew != kNegInf) { // else no live row yet: nothing to add
       if (mNew != m) { // else a rescale by e^0 = 1 (moveMaximum)
-        const float rescale = expf(m - mNew);
+        rescale = expf(m - mNew);
         m = mNew;
         z *= rescale;
+        if constexpr (!P::kTransposedValues)
 #pragma unroll
-        for (int j = 0; j < P::kNBlocks; ++j)
+          for (int j = 0; j < P::kAccBlocks; ++j)
 #pragma unroll
-          for (int x = 0; x < 4; ++x)
-            o[j][x] *= rescale;
+            for (int x = 0; x < 4; ++x)
+              o[j][x] *= rescale;
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -2468,8 +2543,13 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
         z += p[e];
       }
     }
-    // O += P V, the weights scaled by E::kWeightScale and split into their
-    // rounding and its remainder (rows g and g + 8 of A).
+    if constexpr (P::kTransposedValues)
+      rescaleColumns(o, rescale);
+    // The weights scaled by E::kWeightScale and split into their rounding
+    // and its remainder. O += P V: rows g and g + 8 of A, the value rows
+    // as B; transposed, O^T += V^T P^T: the value rows as A (ldmatrix's
+    // blocks 2x and 2x + 1 as rows 0-7 and 8-15, 16 channels), the
+    // rounding (g < 4) or the remainder (g >= 4) as column g of B.
     const float w0 = p[0] * E::kWeightScale, w1 = p[1] * E::kWeightScale;
     const float r0 = E::round(w0), r1 = E::round(w1);
     const uint32_t pa = E::pack(r0, r1), pr = E::pack(w0 - r0, w1 - r1);
@@ -2478,9 +2558,15 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     for (int j = 0; j < P::kNBlocks; j += 4) {
       uint32_t b[4];
       loadTransposed(valueRows, kPitch, 8 * j, b);
+      if constexpr (P::kTransposedValues) {
+        const uint32_t column = g < 4 ? pa : pr;
+        mmaK8<S>(o[j / 2], b[0], b[1], column);
+        mmaK8<S>(o[j / 2 + 1], b[2], b[3], column);
+      } else {
 #pragma unroll
-      for (int x = 0; x < 4; ++x)
-        mmaK8<S>(o[j + x], pa, pr, b[x]);
+        for (int x = 0; x < 4; ++x)
+          mmaK8<S>(o[j + x], pa, pr, b[x]);
+      }
     }
   }
 
@@ -2498,14 +2584,29 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   waitCopies<0>();
   __syncthreads();
   float(*warpAcc)[G][D] = reinterpret_cast<float(*)[G][D]>(&tiles[0][0][0][0]);
-  if (g < G) {
+  if constexpr (P::kTransposedValues) {
+    // Column 2t + e (t < 2) and its remainder in column 2t + e + 4, lane
+    // (g, t + 2)'s: head 2t + e's sums of channels 16j + g, 16j + 8 + g.
 #pragma unroll
-    for (int j = 0; j < P::kNBlocks; ++j) {
-      warpAcc[warp][g][8 * j + 2 * tq] =
-          (o[j][0] + o[j][2]) / E::kWeightScale;
-      warpAcc[warp][g][8 * j + 2 * tq + 1] =
-          (o[j][1] + o[j][3]) / E::kWeightScale;
-    }
+    for (int j = 0; j < P::kAccBlocks; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float sum = o[j][x] + __shfl_xor_sync(kFullMask, o[j][x], 2);
+        const int head = 2 * tq + x % 2;
+        if (tq < 2 && head < G)
+          warpAcc[warp][head][16 * j + 8 * (x / 2) + g] =
+              sum / E::kWeightScale;
+      }
+  }
+  if (g < G) {
+    if constexpr (!P::kTransposedValues)
+#pragma unroll
+      for (int j = 0; j < P::kNBlocks; ++j) {
+        warpAcc[warp][g][8 * j + 2 * tq] =
+            (o[j][0] + o[j][2]) / E::kWeightScale;
+        warpAcc[warp][g][8 * j + 2 * tq + 1] =
+            (o[j][1] + o[j][3]) / E::kWeightScale;
+      }
     if (tq == 0) {
       warpMax[warp][g] = m;
       warpSum[warp][g] = z;
@@ -4164,7 +4265,8 @@ struct KiviMma {
       kSharedBytes <= 48 * 1024;
   /// Blocks per SM that the kernel's registers must allow (launch bounds):
   /// four blocks of 128 threads, 128 registers a thread. Left free, ptxas
-  /// takes 168 at G = 4, head dim 128 (three blocks); at 128 it keeps
+  /// takes 168 at G = 4, head dim 128 (148 with the value sums
+  /// transposed; three blocks either way); at 128 it keeps
   /// head g's sum and group offsets (z, corr) in local memory, about five
   /// to a dozen 4-byte loads and stores per lane and tile, against about
   /// 1,900 instructions a tile, for a third more warps to hide the latency
@@ -4176,6 +4278,20 @@ struct KiviMma {
   __device__ static int valueChannel(int q, int n, int r) {
     return 8 * kCpb * q + kCpb * n + r;
   }
+  /// Whether the value sums go as O^T += U^T W^T (G <= 4, the paired
+  /// lanes): the units of n-blocks kCpb q + 2i and kCpb q + 2i + 1 as rows
+  /// 0-7 and 8-15 of A, the weights as B (columns 0-3 the heads' rounded
+  /// weights, 4-7 their remainders, lanes g >= 4 taking head g - 4's
+  /// weights from lane g - 4), so that one mma takes 16 channels instead of
+  /// 8 and a lane's accumulators are D / 4 floats instead of D / 2
+  /// (KVC_CUDA_MMA_TRANSPOSED_VALUES = 0 keeps the weights as A).
+  /// At head dim 64 the tile gains about 3% instructions (the weights'
+  /// exchange) and no block per SM (128 registers either way): it keeps
+  /// the weights as A there.
+  static constexpr bool kTransposedValues =
+      kMmaTransposedValues && G <= 4 && D >= 128;
+  static constexpr int kAccBlocks =
+      kTransposedValues ? kQBlocks * kCpb / 2 : kValueBlocks;
 };
 
 /// decodeAttentionKivi on tensor cores for 2 <= G <= 8 and key blocks of
@@ -4270,12 +4386,16 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     parts[kParts - 1] = Bf16Parts::pack(x0, x1);
   };
   // Head g's online softmax: m, z (the lane's slots' share), the value
-  // sums of rounded (o[j][0..1]) and remainder (o[j][2..3]) weights, and
-  // the lane's share of each group's offset.
+  // sums, and the lane's share of each group's offset. The sums: of
+  // rounded (o[j][0..1]) and remainder (o[j][2..3]) weights of head g,
+  // channels valueChannel(q, 2t + e, r) of n-block j = kCpb q + r;
+  // transposed, of columns 2t + e (heads 2t, 2t + 1 rounded at t < 2, heads
+  // 2t - 4, 2t - 3 remainders at t >= 2), channels valueChannel(q, g, 2i +
+  // x / 2) of block j = kCpb q / 2 + i.
   float m = kNegInf, z = 0.0f;
-  float o[P::kValueBlocks][4], corr[Tiles::kGroups];
+  float o[P::kAccBlocks][4], corr[Tiles::kGroups];
 #pragma unroll
-  for (int j = 0; j < P::kValueBlocks; ++j)
+  for (int j = 0; j < P::kAccBlocks; ++j)
 #pragma unroll
     for (int x = 0; x < 4; ++x)
       o[j][x] = 0.0f;
@@ -4521,19 +4641,23 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     tileMax = fmaxf(tileMax, __shfl_xor_sync(kFullMask, tileMax, 1));
     tileMax = fmaxf(tileMax, __shfl_xor_sync(kFullMask, tileMax, 2));
     const float mNew = fmaxf(m, tileMax);
+    float rescale = 1.0f;
     if (mNew != m) {
-      const float rescale = expf(m - mNew);
+      rescale = expf(m - mNew);
       m = mNew;
       z *= rescale;
 #pragma unroll
       for (int x = 0; x < Tiles::kGroups; ++x)
         corr[x] *= rescale;
+      if constexpr (!P::kTransposedValues)
 #pragma unroll
-      for (int j = 0; j < P::kValueBlocks; ++j)
+        for (int j = 0; j < P::kAccBlocks; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x)
-          o[j][x] *= rescale;
+          for (int x = 0; x < 4; ++x)
+            o[j][x] *= rescale;
     }
+    if constexpr (P::kTransposedValues)
+      rescaleColumns(o, rescale);
     // e^(l - m) as 2^((l - m) log2 e) (exp2Approx).
 #pragma unroll
     for (int n = 0; n < P::kKeyBlocks; ++n)
@@ -4542,10 +4666,23 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         p[n][e] = exp2Approx((p[n][e] - m) * 1.44269504088896341f);
         z += p[n][e];
       }
+    if constexpr (P::kTransposedValues) {
+      // Lanes g >= 4 form the remainders of head g - 4's weights (their own
+      // m, z and offsets are no head's).
+#pragma unroll
+      for (int n = 0; n < P::kKeyBlocks; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float other = __shfl_xor_sync(kFullMask, p[n][e], 16);
+          if (g >= 4)
+            p[n][e] = other;
+        }
+    }
 
     // O += W U, 16 slots per step: per value group, the weights times the
     // slots' scales (and the offsets into corr), then the group's channel
-    // blocks.
+    // blocks; transposed, O^T += U^T W^T: two n-blocks' units as A, the
+    // rounded weights (g < 4) or their remainders (g >= 4) as B.
 #pragma unroll
     for (int ks = 0; ks < kWarpSize / 16; ++ks)
 #pragma unroll
@@ -4577,15 +4714,29 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
           const uint32_t cd = bytePerm(valueWords[warp][r0 + 8][wi],
                                        valueWords[warp][r0 + 9][wi],
                                        valueBytes);
+          if constexpr (P::kTransposedValues) {
+            const uint32_t b0 = g < 4 ? wa[0] : wa[1];
+            const uint32_t b1 = g < 4 ? wa[2] : wa[3];
 #pragma unroll
-          for (int r = 0; r < kCpb; ++r)
-            mmaK16<Storage::BF16>(o[kCpb * q + r], wa, U::spread(ab, r),
-                                  U::spread(cd, r));
+            for (int i = 0; i < kCpb / 2; ++i) {
+              const uint32_t units[4] = {
+                  U::spread(ab, 2 * i), U::spread(ab, 2 * i + 1),
+                  U::spread(cd, 2 * i), U::spread(cd, 2 * i + 1)};
+              mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, b0, b1);
+            }
+          } else {
+#pragma unroll
+            for (int r = 0; r < kCpb; ++r)
+              mmaK16<Storage::BF16>(o[kCpb * q + r], wa, U::spread(ab, r),
+                                    U::spread(cd, r));
+          }
         }
       }
 
-    // Window values: each lane adds the row's channels it sums (2 kCpb
-    // from channel 8 kCpb q + 2 kCpb t), times head g's weight.
+    // Window values: each lane adds the row's channels it sums, times the
+    // weight of their head: 2 kCpb from channel valueChannel(q, 2t, 0),
+    // head g's; transposed, kCpb from valueChannel(q, g, 0), heads 2t and
+    // 2t + 1 (the rounded columns, t < 2).
     if (windowValues) {
 #pragma unroll
       for (int n = 0; n < P::kKeyBlocks; ++n)
@@ -4594,48 +4745,72 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
           if (g < G)
             slotHeads[warp][8 * n + 2 * tq + e][g] = p[n][e];
       __syncwarp();
+      constexpr int kRun = P::kTransposedValues ? kCpb : 2 * kCpb;
+      constexpr int kPerVec = Full::kElemsPerVec;
+      // Channels c .. c + kRun - 1 of a full-precision row.
+      const auto loadRun = [](const uint8_t *full, int c, float(&x)[kRun]) {
+        if constexpr (kRun >= kPerVec) {
+#pragma unroll
+          for (int v = 0; v < kRun / kPerVec; ++v)
+            Codec<S>::decode(
+                __ldg(reinterpret_cast<const uint4 *>(
+                          full + c * Codec<S>::kBytes) +
+                      v),
+                1.0f, x + v * kPerVec);
+        } else {
+          // A part of one vector: decode it, keep the run.
+          float y[kPerVec];
+          Codec<S>::decode(
+              __ldg(reinterpret_cast<const uint4 *>(full + c / kPerVec * 16)),
+              1.0f, y);
+          const int at = c % kPerVec;
+#pragma unroll
+          for (int i = 0; i < kRun; ++i) {
+            x[i] = y[i];
+#pragma unroll
+            for (int k = 1; k < kPerVec / kRun; ++k)
+              if (at == k * kRun)
+                x[i] = y[k * kRun + i];
+          }
+        }
+      };
       for (uint32_t bits = windowValues; bits; bits &= bits - 1) {
         const int r = __ffs(static_cast<int>(bits)) - 1;
         const int32_t fullRow = __shfl_sync(kFullMask, row, r);
-        const float pr = g < G ? slotHeads[warp][r][g] : 0.0f;
         const uint8_t *full =
             t.kiviResidual +
             (static_cast<uint64_t>(residualLength) + fullRow) * Full::kRowBytes;
-        constexpr int kRun = 2 * kCpb, kPerVec = Full::kElemsPerVec;
-#pragma unroll
-        for (int q = 0; q < P::kQBlocks; ++q) {
-          const int c = P::valueChannel(q, 2 * tq, 0);
-          float x[kRun];
-          if constexpr (kRun >= kPerVec) {
-#pragma unroll
-            for (int v = 0; v < kRun / kPerVec; ++v)
-              Codec<S>::decode(
-                  __ldg(reinterpret_cast<const uint4 *>(
-                            full + c * Codec<S>::kBytes) +
-                        v),
-                  1.0f, x + v * kPerVec);
-          } else {
-            // A part of one vector: decode it, keep the run.
-            float y[kPerVec];
-            Codec<S>::decode(__ldg(reinterpret_cast<const uint4 *>(
-                                 full + c / kPerVec * 16)),
-                             1.0f, y);
-            const int at = c % kPerVec;
-#pragma unroll
-            for (int i = 0; i < kRun; ++i) {
-              x[i] = y[i];
-#pragma unroll
-              for (int k = 1; k < kPerVec / kRun; ++k)
-                if (at == k * kRun)
-                  x[i] = y[k * kRun + i];
-            }
-          }
+        if constexpr (P::kTransposedValues) {
+          if (tq >= 2)
+            continue;
+          float pr[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e)
+            pr[e] = 2 * tq + e < G ? slotHeads[warp][r][2 * tq + e] : 0.0f;
 #pragma unroll
-            for (int r2 = 0; r2 < kCpb; ++r2)
-              o[kCpb * q + r2][e] =
-                  fmaf(pr, x[kCpb * e + r2], o[kCpb * q + r2][e]);
+          for (int q = 0; q < P::kQBlocks; ++q) {
+            float x[kRun];
+            loadRun(full, P::valueChannel(q, g, 0), x);
+#pragma unroll
+            for (int i = 0; i < kCpb / 2; ++i)
+#pragma unroll
+              for (int y = 0; y < 4; ++y)
+                o[kCpb / 2 * q + i][y] = fmaf(pr[y % 2], x[2 * i + y / 2],
+                                              o[kCpb / 2 * q + i][y]);
+          }
+        } else {
+          const float pr = g < G ? slotHeads[warp][r][g] : 0.0f;
+#pragma unroll
+          for (int q = 0; q < P::kQBlocks; ++q) {
+            float x[kRun];
+            loadRun(full, P::valueChannel(q, 2 * tq, 0), x);
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+#pragma unroll
+              for (int r2 = 0; r2 < kCpb; ++r2)
+                o[kCpb * q + r2][e] =
+                    fmaf(pr, x[kCpb * e + r2], o[kCpb * q + r2][e]);
+          }
         }
       }
     }
@@ -4650,21 +4825,63 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
     corr[x] += __shfl_xor_sync(kFullMask, corr[x], 1);
     corr[x] += __shfl_xor_sync(kFullMask, corr[x], 2);
   }
-  combineHeadLanes<G, D, kThreads, kWarps>(
-      a, h, split, warp, g < G ? g : -1, g < G && tq == 0, m, z,
-      [&](float factor, float *sum) {
+  if constexpr (P::kTransposedValues) {
+    // Lane (g, t < 2) adds heads 2t and 2t + 1: the rounded column and its
+    // remainder (lane (g, t + 2)'s), and the heads' m and offsets from
+    // lanes 4 head.
+    float mh[2], corrh[2][Tiles::kGroups];
 #pragma unroll
-        for (int q = 0; q < P::kQBlocks; ++q)
+    for (int e = 0; e < 2; ++e) {
+      const int from = (8 * tq + 4 * e) % 16;
+      mh[e] = __shfl_sync(kFullMask, m, from);
 #pragma unroll
-          for (int r = 0; r < kCpb; ++r)
+      for (int x = 0; x < Tiles::kGroups; ++x)
+        corrh[e][x] = __shfl_sync(kFullMask, corr[x], from);
+    }
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = P::valueChannel(q, 2 * tq + e, r);
-              sum[c] += (o[kCpb * q + r][e] + o[kCpb * q + r][2 + e] +
-                         corr[c / KG]) *
-                        factor;
-            }
-      });
+    for (int j = 0; j < P::kAccBlocks; ++j)
+#pragma unroll
+      for (int y = 0; y < 4; ++y)
+        o[j][y] += __shfl_xor_sync(kFullMask, o[j][y], 2);
+    combineHeadLanes<G, D, kThreads, kWarps>(
+        a, h, split, warp, g, g < G && tq == 0, m, z, tq < 2 && 2 * tq < G,
+        [&](auto factorOf, float(*sum)[D]) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int head = 2 * tq + e;
+            if (head >= G)
+              continue;
+            const float factor = factorOf(head, mh[e]);
+#pragma unroll
+            for (int q = 0; q < P::kQBlocks; ++q)
+#pragma unroll
+              for (int i = 0; i < kCpb / 2; ++i)
+#pragma unroll
+                for (int y = e; y < 4; y += 2) {
+                  const int c = P::valueChannel(q, g, 2 * i + y / 2);
+                  sum[head][c] +=
+                      (o[kCpb / 2 * q + i][y] + corrh[e][c / KG]) * factor;
+                }
+          }
+        });
+  } else {
+    combineHeadLanes<G, D, kThreads, kWarps>(
+        a, h, split, warp, g, g < G && tq == 0, m, z, g < G,
+        [&](auto factorOf, float(*sum)[D]) {
+          const float factor = factorOf(g, m);
+#pragma unroll
+          for (int q = 0; q < P::kQBlocks; ++q)
+#pragma unroll
+            for (int r = 0; r < kCpb; ++r)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int c = P::valueChannel(q, 2 * tq + e, r);
+                sum[g][c] += (o[kCpb * q + r][e] + o[kCpb * q + r][2 + e] +
+                              corr[c / KG]) *
+                             factor;
+              }
+        });
+  }
 }
 
 /// Decode attention over KIVI pages: one block per (split, kv-head), the

@@ -55,9 +55,14 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   plain_regq  plain's decode with the tensor-core query fragments in each
 #               thread's registers (KVC_CUDA_MMA_SHARED_QUERY=0: three
 #               blocks per SM at head dim 128), against shared memory (four)
+#   plain_rowv  plain's decode with the weights as A of its tensor-core
+#               value sums at every group (KVC_CUDA_MMA_TRANSPOSED_VALUES=0:
+#               8 channels an mma), against the values as A at G <= 4 (16)
+#   kivi2_rowv  kivi2's decode likewise (KVC_CUDA_MMA_TRANSPOSED_VALUES=0),
+#               against the codes' units as A at G <= 4, head dim 128
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
     fused_lru fused_split plain_len plain_late fused_serial fused_first
-    plain_regq)
+    plain_regq plain_rowv kivi2_rowv)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -82,3 +87,7 @@ set(gpu_bench_alternative_policy_fused_first ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_first KVC_CUDA_FOLD_AHEAD=0)
 set(gpu_bench_alternative_policy_plain_regq ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_regq KVC_CUDA_MMA_SHARED_QUERY=0)
+set(gpu_bench_alternative_policy_plain_rowv ${gpu_bench_policy_plain})
+set(gpu_bench_alternative_defines_plain_rowv KVC_CUDA_MMA_TRANSPOSED_VALUES=0)
+set(gpu_bench_alternative_policy_kivi2_rowv ${gpu_bench_policy_kivi2})
+set(gpu_bench_alternative_defines_kivi2_rowv KVC_CUDA_MMA_TRANSPOSED_VALUES=0)

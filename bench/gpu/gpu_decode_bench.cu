@@ -100,8 +100,9 @@ struct BenchGeometry {
   DecodeFn kiviDecode[2];
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
-  /// on CUDA cores (kivi2_cc) and on tensor cores without launch bounds
-  /// (kivi2_free); the plain prefill with CUDA-core attention
+  /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
+  /// (kivi2_free) and with the weights as A of its value sums
+  /// (kivi2_rowv); the plain prefill with CUDA-core attention
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
   /// statistics (h2o_cc); fused's decode reading the cache under the
   /// default L2 policy (fused_lru) and with one fold block per attention
@@ -109,12 +110,13 @@ struct BenchGeometry {
   /// and issuing a tile's copies after the wait for the tile before
   /// (plain_late); fused's decode with ordinary launches (fused_serial)
   /// and with a fold that asks L2 for its first pass only (fused_first);
-  /// plain's decode with the query fragments in registers (plain_regq).
+  /// plain's decode with the query fragments in registers (plain_regq)
+  /// and with the weights as A of its value sums (plain_rowv).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
-  ConfigureFn kivi2AltConfigure[2] = {};
-  BatchBytesFn kivi2AltBytes[2] = {};
-  DecodeFn kivi2AltDecode[2] = {};
+  ConfigureFn kivi2AltConfigure[3] = {};
+  BatchBytesFn kivi2AltBytes[3] = {};
+  DecodeFn kivi2AltDecode[3] = {};
   BytesFn prefillCcBytes = nullptr;
   PrefillFn prefillCc = nullptr;
   BytesFn h2oCcBytes = nullptr;
@@ -133,6 +135,8 @@ struct BenchGeometry {
   DecodeFn fusedFirstDecode = nullptr;
   BatchBytesFn plainRegqBytes = nullptr;
   DecodeFn plainRegqDecode = nullptr;
+  BatchBytesFn plainRowvBytes = nullptr;
+  DecodeFn plainRowvDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -145,11 +149,14 @@ struct BenchGeometry {
         KVC_GB(plain_cc, d, g, decode_batch_workspace_bytes),                  \
         KVC_GB(plain_cc, d, g, decode_batch),                                  \
         {KVC_GB(kivi2_cc, d, g, configure),                                    \
-         KVC_GB(kivi2_free, d, g, configure)},                                 \
+         KVC_GB(kivi2_free, d, g, configure),                                  \
+         KVC_GB(kivi2_rowv, d, g, configure)},                                 \
         {KVC_GB(kivi2_cc, d, g, decode_batch_workspace_bytes),                 \
-         KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes)},              \
+         KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes),               \
+         KVC_GB(kivi2_rowv, d, g, decode_batch_workspace_bytes)},              \
         {KVC_GB(kivi2_cc, d, g, decode_batch),                                 \
-         KVC_GB(kivi2_free, d, g, decode_batch)},                              \
+         KVC_GB(kivi2_free, d, g, decode_batch),                               \
+         KVC_GB(kivi2_rowv, d, g, decode_batch)},                              \
         KVC_GB(prefill_cc, d, g, prefill_workspace_bytes),                     \
         KVC_GB(prefill_cc, d, g, prefill),                                     \
         KVC_GB(h2o_cc, d, g, prefill_workspace_bytes),                         \
@@ -167,7 +174,9 @@ struct BenchGeometry {
         KVC_GB(fused_first, d, g, decode_batch_workspace_bytes),               \
         KVC_GB(fused_first, d, g, decode_batch),                               \
         KVC_GB(plain_regq, d, g, decode_batch_workspace_bytes),                \
-        KVC_GB(plain_regq, d, g, decode_batch)                                 \
+        KVC_GB(plain_regq, d, g, decode_batch),                                \
+        KVC_GB(plain_rowv, d, g, decode_batch_workspace_bytes),                \
+        KVC_GB(plain_rowv, d, g, decode_batch)                                 \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1169,8 +1178,8 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// groups) and plain_cc's, kivi2's (tensor cores, launch bounds for four
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
-/// fused_split's, plain_len's, plain_late's, fused_serial's, fused_first's
-/// and plain_regq's (GpuBenchPolicies.cmake).
+/// fused_split's, plain_len's, plain_late's, fused_serial's, fused_first's,
+/// plain_regq's, plain_rowv's and kivi2_rowv's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1185,13 +1194,15 @@ enum Alternative {
   kAltFusedSerial = 10,
   kAltFusedFirst = 11,
   kAltPlainRegq = 12,
-  kNumAlternatives = 13
+  kAltPlainRowv = 13,
+  kAltInt2Rowv = 14,
+  kNumAlternatives = 15
 };
 const char *kAlternativeNames[] = {
     "plain",       "plain_cc",   "int2",         "int2_cc",
     "int2_free",   "fused",      "fused_lru",    "fused_split",
     "plain_len",   "plain_late", "fused_serial", "fused_first",
-    "plain_regq"};
+    "plain_regq",  "plain_rowv", "int2_rowv"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1199,7 +1210,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the thirteen decodes at one (geometry, batch, context), one after
+/// Times the fifteen decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1223,18 +1234,20 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
          g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
          g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride),
          g.plainLateBytes(batch, stride), g.fusedSerialBytes(batch, stride),
-         g.fusedFirstBytes(batch, stride), g.plainRegqBytes(batch, stride)}));
+         g.fusedFirstBytes(batch, stride), g.plainRegqBytes(batch, stride),
+         g.plainRowvBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
     for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltPlainLate,
-                    kAltPlainRegq, kAltFused, kAltFusedLru, kAltFusedSplit,
-                    kAltFusedSerial, kAltFusedFirst}) {
+                    kAltPlainRegq, kAltPlainRowv, kAltFused, kAltFusedLru,
+                    kAltFusedSplit, kAltFusedSerial, kAltFusedFirst}) {
       const DecodeFn decode = alt == kAltPlain         ? g.plainDecode
                               : alt == kAltPlainCc     ? g.plainCcDecode
                               : alt == kAltPlainLen    ? g.plainLenDecode
                               : alt == kAltPlainLate   ? g.plainLateDecode
                               : alt == kAltPlainRegq   ? g.plainRegqDecode
+                              : alt == kAltPlainRowv   ? g.plainRowvDecode
                               : alt == kAltFused       ? g.fusedDecode
                               : alt == kAltFusedLru    ? g.fusedLruDecode
                               : alt == kAltFusedSplit  ? g.fusedSplitDecode
@@ -1254,9 +1267,10 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
       }
     }
   }
-  for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free}) {
-    // kivi2 itself, or alternative i of kivi2 (0: _cc, 1: _free).
-    const int i = alt - kAltInt2Cc;
+  for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free, kAltInt2Rowv}) {
+    // kivi2 itself, or alternative i of kivi2 (0: _cc, 1: _free, 2:
+    // _rowv).
+    const int i = alt == kAltInt2Rowv ? 2 : alt - kAltInt2Cc;
     const bool shipped = alt == kAltInt2;
     try {
       r.usPerStep[alt] =
@@ -1528,7 +1542,9 @@ void printList(const Options &o) {
                 "KVC_CUDA_ISSUE_AHEAD=0), fused_serial (fused, "
                 "KVC_CUDA_DEPENDENT_LAUNCH=0), fused_first (fused, "
                 "KVC_CUDA_FOLD_AHEAD=0), plain_regq (plain, "
-                "KVC_CUDA_MMA_SHARED_QUERY=0), contexts %s; prefill_cc and "
+                "KVC_CUDA_MMA_SHARED_QUERY=0), plain_rowv (plain, "
+                "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_rowv (kivi2, "
+                "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), contexts %s; prefill_cc and "
                 "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
                 "in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -1873,11 +1889,15 @@ int main(int argc, char **argv) {
           "the wait for the tile before, one stage fewer in flight); regq "
           "us = plain_regq (KVC_CUDA_MMA_SHARED_QUERY=0: the query "
           "fragments in registers, three blocks per SM at head dim 128, "
-          "not four); int2 tc = "
+          "not four); rowv us = plain_rowv "
+          "(KVC_CUDA_MMA_TRANSPOSED_VALUES=0: the weights as A of the value "
+          "sums at G <= 4, 8 channels an mma, not 16); int2 tc = "
           "kivi2 (tensor cores, launch bounds for 4 blocks of 128 threads "
           "per SM); int2 cc = kivi2_cc (decodeKiviTiles); int2 free = "
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
-          "left to ptxas); fused us = fused's decode (its cache read under "
+          "left to ptxas); i2 rowv us = kivi2_rowv "
+          "(KVC_CUDA_MMA_TRANSPOSED_VALUES=0, as rowv at head dim 128); "
+          "fused us = fused's decode (its cache read under "
           "an L2 evict-first policy, its fold in planFold's blocks); lru us "
           "= fused_lru (KVC_CUDA_EVICT_FIRST=0: the default policy); split "
           "us = fused_split (KVC_CUDA_FOLD_PLAN=0: one fold block per "
@@ -1887,20 +1907,20 @@ int main(int argc, char **argv) {
           "dependents); first us = fused_first (KVC_CUDA_FOLD_AHEAD=0: the "
           "fold asks L2 for its first pass of slots only, not for each pass "
           "two ahead of its loads).\n"
-          "cc/tc, len/tc, lt/tc, rq/tc, cc/i2, fr/i2, lru/fu, sp/fu, se/fu, "
-          "fi/fu = the "
+          "cc/tc, len/tc, lt/tc, rq/tc, rv/tc, cc/i2, fr/i2, rv/i2, lru/fu, "
+          "sp/fu, se/fu, fi/fu = the "
           "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
       std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
-                  "| %9s %9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s "
-                  "%6s\n",
+                  "%9s %6s | %9s %9s %6s %9s %6s %10s %6s | %9s %9s %6s %9s "
+                  "%6s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "len us", "len/tc", "late us", "lt/tc", "regq us",
-                  "rq/tc", "int2 us",
-                  "int2cc us",
-                  "cc/i2", "free us", "fr/i2", "fused us", "lru us", "lru/fu",
-                  "split us", "sp/fu", "ser us", "se/fu", "first us", "fi/fu");
+                  "rq/tc", "rowv us", "rv/tc", "int2 us", "int2cc us",
+                  "cc/i2", "free us", "fr/i2", "i2 rowv us", "rv/i2",
+                  "fused us", "lru us", "lru/fu", "split us", "sp/fu",
+                  "ser us", "se/fu", "first us", "fi/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
@@ -1927,8 +1947,9 @@ int main(int argc, char **argv) {
                               : 0.0);
             };
             std::printf(
-                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s | "
-                "%9s %9s %6s %9s %6s | %9s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
+                "%9s %6s | %9s %9s %6s %9s %6s %10s %6s | %9s %9s %6s %9s "
+                "%6s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
@@ -1936,9 +1957,12 @@ int main(int argc, char **argv) {
                 us(kAltPlainLate).c_str(),
                 ratio(kAltPlainLate, kAltPlain).c_str(),
                 us(kAltPlainRegq).c_str(),
-                ratio(kAltPlainRegq, kAltPlain).c_str(), us(kAltInt2).c_str(),
+                ratio(kAltPlainRegq, kAltPlain).c_str(),
+                us(kAltPlainRowv).c_str(),
+                ratio(kAltPlainRowv, kAltPlain).c_str(), us(kAltInt2).c_str(),
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
+                us(kAltInt2Rowv).c_str(), ratio(kAltInt2Rowv, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),
                 ratio(kAltFusedLru, kAltFused).c_str(),
                 us(kAltFusedSplit).c_str(),

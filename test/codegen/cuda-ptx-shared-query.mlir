@@ -1,15 +1,17 @@
 // The 16-bit tensor-core decode at head dim 128 reads its query fragments
-// from shared memory and asks for four blocks per SM (runtime/kvc_cuda.cuh,
-// MmaDecode::kSharedQuery and kMinBlocks; KVC_CUDA_MMA_SHARED_QUERY): in the
+// from shared memory and asks for five blocks per SM at G <= 4 (four with
+// KVC_CUDA_MMA_TRANSPOSED_VALUES=0, cuda-ptx-transposed-values.mlir)
+// (runtime/kvc_cuda.cuh, MmaDecode::kSharedQuery and kMinBlocks;
+// KVC_CUDA_MMA_SHARED_QUERY): in the
 // sm_90a PTX of a generated library (G = 4, head dim 128), the attention
-// kernel carries the launch bound `.minnctapersm 4` and a 4 KiB shared
+// kernel carries the launch bound `.minnctapersm 5` and a 4 KiB shared
 // array of the query's fragments (8 steps x 32 lanes x 16 bytes, a step
 // 512 bytes on), which its logits loop loads 16 bytes a lane and step
 // ahead of the mma.sync. Built
 // with KVC_CUDA_MMA_SHARED_QUERY=0 (kvc-bench-gpu's plain_regq
 // alternative) the kernel has neither. At head dim 64 the fragments stay
-// in registers and ptxas keeps its own register count. No GPU is needed
-// (nvcc -ptx).
+// in registers, under the launch bound of the transposed value sums
+// (`.minnctapersm 6`). No GPU is needed (nvcc -ptx).
 //
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t/d128 %t/d64
@@ -26,14 +28,14 @@
 // SHARED-NEXT: .param
 // SHARED-NEXT: )
 // SHARED-NEXT: .maxntid 128, 1, 1
-// SHARED-NEXT: .minnctapersm 4
+// SHARED-NEXT: .minnctapersm 5
 // SHARED: .shared .align 16 .b8 _ZZN3kvc4cuda13decodeMmaRowsILi4ELi128E{{.*}}sharedQuery[4096];
 // SHARED: ld.shared.v4.u32 {{.*}}+512];
 // SHARED: ld.shared.v4.u32 {{.*}}+3584];
 // SHARED: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 // SHARED-LABEL: .entry
 
-// OFF-LABEL: .entry _ZN3kvc4cuda77overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq020decodeAttentionSplitILi4ELi128E
+// OFF-LABEL: .entry _ZN3kvc4cuda81overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq0_tv120decodeAttentionSplitILi4ELi128E
 // OFF-NEXT: .param
 // OFF-NEXT: )
 // OFF-NEXT: .maxntid 128, 1, 1
@@ -47,7 +49,7 @@
 // D64-NEXT: .param
 // D64-NEXT: )
 // D64-NEXT: .maxntid 128, 1, 1
-// D64-NOT: .minnctapersm
+// D64-NEXT: .minnctapersm 6
 // D64-NOT: sharedQuery
 // D64: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 // D64-NOT: sharedQuery

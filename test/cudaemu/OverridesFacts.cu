@@ -33,7 +33,9 @@ KernelFacts defaultFacts() {
           kDependentLaunch, kFoldAhead,
           firstPasses<4, kFoldThreads>(SlotRange{0, 32769}).last,
           MmaDecode<4, 128, Storage::F16, kThreads>::kSharedQuery,
-          DecodeMinBlocks<4, 128, Storage::F16, kThreads, 0>};
+          DecodeMinBlocks<4, 128, Storage::F16, kThreads, 0>,
+          MmaDecode<4, 128, Storage::F16, kThreads>::kTransposedValues,
+          Kivi::kTransposedValues};
 }
 
 } // namespace kvc::test

@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the ten build-time overrides, and OverridesTest.cu links the
+// and with the eleven build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -48,6 +48,9 @@ struct KernelFacts {
   /// per SM that decodeAttentionSplit's launch bounds ask for there.
   bool sharedQuery;
   int mmaMinBlocks;
+  /// MmaDecode::kTransposedValues and KiviMma::kTransposedValues there:
+  /// whether the value sums take the values (the codes' units) as A.
+  bool transposedValues, kiviTransposedValues;
 };
 
 KernelFacts defaultFacts();

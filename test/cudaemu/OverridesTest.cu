@@ -3,19 +3,20 @@
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
 // KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN,
 // KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH,
-// KVC_CUDA_FOLD_AHEAD and KVC_CUDA_MMA_SHARED_QUERY (docs/codegen-cuda.md,
-// "Build-time overrides"): a
-// translation unit built with them selects the CUDA-core decodes, no KIVI
-// launch bounds, the CUDA-core prefill attention (16-query tiles), the
-// default L2 policy for the cache's reads, a fold block per attention split,
-// splits by length, a staged tile's copies after the wait, ordinary
-// launches, a fold that asks L2 for its first pass only and the query
-// fragments in registers, one built without them the tensor-core decodes,
-// four KIVI blocks per SM, the tensor-core prefill attention (64-query
-// tiles), the evict-first policy, planFold's fold blocks, splits by waves,
-// copies issued ahead, dependent launches, a fold that asks for its passes
-// two ahead and the query fragments in shared memory (launch bounds for
-// four blocks at head dim 128), and
+// KVC_CUDA_FOLD_AHEAD, KVC_CUDA_MMA_SHARED_QUERY and
+// KVC_CUDA_MMA_TRANSPOSED_VALUES (docs/codegen-cuda.md, "Build-time
+// overrides"): a translation unit built with them selects the CUDA-core
+// decodes, no KIVI launch bounds, the CUDA-core prefill attention (16-query
+// tiles), the default L2 policy for the cache's reads, a fold block per
+// attention split, splits by length, a staged tile's copies after the wait,
+// ordinary launches, a fold that asks L2 for its first pass only, the query
+// fragments in registers and the weights as A of the value sums, one built
+// without them the tensor-core decodes, four KIVI blocks per SM, the
+// tensor-core prefill attention (64-query tiles), the evict-first policy,
+// planFold's fold blocks, splits by waves, copies issued ahead, dependent
+// launches, a fold that asks for its passes two ahead, the query fragments
+// in shared memory and the values as A at G <= 4 (launch bounds for five
+// blocks at head dim 128), and
 // when both link into one program (as kvc-bench-gpu's kernel alternatives
 // do) each keeps its own kernels: the same instantiation in the two is two
 // functions, not one that the linker picked. Exits 1 on a difference.
@@ -79,9 +80,14 @@ int main() {
   expect(overridden.foldAhead == 0 && overridden.firstPassesEnd == 512,
          "KVC_CUDA_FOLD_AHEAD=0's fold asks L2 for its first pass only "
          "(512 slots at G = 4)");
-  expect(shipped.sharedQuery && shipped.mmaMinBlocks == 4,
+  expect(shipped.sharedQuery && shipped.mmaMinBlocks == 5,
          "the defaults' tensor-core decode at head dim 128 reads its query "
-         "fragments from shared memory and asks for four blocks per SM");
+         "fragments from shared memory and asks for five blocks per SM");
+  expect(shipped.transposedValues && shipped.kiviTransposedValues,
+         "the defaults' tensor-core decodes at G = 4, head dim 128 take the "
+         "values (the codes' units) as A of the value sums");
+  expect(!overridden.transposedValues && !overridden.kiviTransposedValues,
+         "KVC_CUDA_MMA_TRANSPOSED_VALUES=0 keeps the weights as A");
   expect(!overridden.sharedQuery && overridden.mmaMinBlocks == 0,
          "KVC_CUDA_MMA_SHARED_QUERY=0 keeps the query fragments in "
          "registers, with no launch bounds");
