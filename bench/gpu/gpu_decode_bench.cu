@@ -1544,9 +1544,9 @@ void printList(const Options &o) {
                 "KVC_CUDA_FOLD_AHEAD=0), plain_regq (plain, "
                 "KVC_CUDA_MMA_SHARED_QUERY=0), plain_rowv (plain, "
                 "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_rowv (kivi2, "
-                "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), contexts %s; prefill_cc and "
-                "h2o_cc (the plain and H2O prefills, KVC_CUDA_PREFILL_MMA=0) "
-                "in the prefill table\n",
+                "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), contexts %s; "
+                "prefill_cc and h2o_cc (the plain and H2O prefills, "
+                "KVC_CUDA_PREFILL_MMA=0) in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
   else
     std::printf("kernel alternatives: none compiled in (kvc-bench-gpu has "
