@@ -19,7 +19,7 @@
 #        longest to compile), KVC_GPU_PACK_ARCHIVE=FILE also writes DIR as
 #        a gzip tar archive (its members named as DIR is under the
 #        repository root, or by its own name elsewhere): the folder is
-#        about 80 MB, its archive about 35 MB (115 MB and 49 MB with the
+#        about 80 MB, its archive about 35 MB (120 MB and 51 MiB with the
 #        suite for "80;90a", below), for a transfer that limits the bytes;
 #        unpack it with `tar -xzf FILE` in the repository root.
 #        KVC_GPU_TEST_ARCHITECTURES=LIST sets the build's cache variable of
