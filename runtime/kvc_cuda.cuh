@@ -2326,8 +2326,9 @@ template <int G, int D, Storage S, int kThreads> struct MmaDecode {
   /// Blocks of 128 threads per SM that the launch bounds ask for
   /// (DecodeMinBlocks): at head dim 128 with the query in shared memory,
   /// five where the value sums are transposed (G <= 4: 91 to 92
-  /// registers, no spill, against 102 and four blocks left free, for about
-  /// 7% more instructions a tile) and four otherwise (126 to 128
+  /// registers, no spill; under a four-block bound ptxas takes 96 to 102,
+  /// and the five blocks cost 5 to 44 instructions a tile of about 530,
+  /// by the translation unit) and four otherwise (126 to 128
   /// registers); at head dim 64 with the value sums transposed, six (72
   /// registers: seven blocks fit, as many as shared memory allows, and a
   /// tile loop of 327 instructions, where ptxas left free takes 64 and
