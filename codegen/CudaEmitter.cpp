@@ -97,6 +97,43 @@ public:
     return kvc::batchWorkspaceDeclaration(name);
   }
 
+  /// Decode: the step split for CUDA graphs (planDeclaration,
+  /// runDeclaration, finishDeclaration): a decode kernel of one storage
+  /// class whose launches depend on the batch alone, with no phase that
+  /// runs at some positions only (every_n) and no cross-head op (whose
+  /// kernels a period's end gates on the host).
+  bool graphable() {
+    return decode && kernel.getKind() == KernelKind::decode && !kivi &&
+           !mixed && !periodic && !crossOp;
+  }
+  /// The host part of a step: check-out, appends, the tables' upload.
+  std::string planDeclaration() {
+    return "kvc_status_t " + name +
+           "_plan_batch(kvc_context_t *context, int32_t batch, const "
+           "uint64_t *sequences, int32_t layer, const int32_t *positions, "
+           "int32_t capacity, void *workspace, uint64_t workspace_bytes, "
+           "void *stream)";
+  }
+  /// The device part: launches only, the same at every step of a batch
+  /// and capacity (capturable in a CUDA graph).
+  std::string runDeclaration() {
+    return "kvc_status_t " + name +
+           "_run_batch(kvc_context_t *context, int32_t batch, int32_t "
+           "layer, const float *q, const float *k, const float *v, " +
+           (writesOutput(kernel) ? std::string("float *out, ") : "") +
+           "int32_t capacity, void *workspace, uint64_t workspace_bytes, "
+           "void *stream)";
+  }
+  /// The step's event, after the run.
+  std::string finishDeclaration() {
+    return "kvc_status_t " + name +
+           "_finish_batch(kvc_context_t *context, int32_t layer, void "
+           "*stream)";
+  }
+  std::string planDocumentation();
+  std::string runDocumentation();
+  std::string finishDocumentation();
+
   std::string documentation();
   std::string batchDocumentation();
 
@@ -176,8 +213,11 @@ private:
   void emitPrefillEntry(raw_ostream &os);
   /// Emits the launches of the merge kernels (prefill, after the stages).
   void emitMergeLaunch(raw_ostream &os);
-  void emitDecodeEntry(raw_ostream &os);
-  void emitValidation(raw_ostream &os);
+  /// The parts of a decode step an entry point performs: all of it
+  /// (decode_batch), or its host part (plan) or its launches (run).
+  enum class DecodePart { Whole, Plan, Run };
+  void emitDecodeEntry(raw_ostream &os, DecodePart part = DecodePart::Whole);
+  void emitValidation(raw_ostream &os, DecodePart part = DecodePart::Whole);
 
   PolicyOp policy;
   KernelOp kernel;
@@ -314,6 +354,36 @@ std::string CudaKernelEmitter::batchDocumentation() {
          ". sequences and positions are host arrays of `batch` entries; q, " +
          (hasKv ? "k, v, " : "") + (writesOutput(kernel) ? "out, " : "") +
          "workspace are device pointers.";
+}
+
+std::string CudaKernelEmitter::planDocumentation() {
+  return "The host part of " + name +
+         "_batch's step, for a run captured in a CUDA graph: takes the "
+         "device tables of the `batch` sequences off the context, appends "
+         "each sequence's entry at positions[b] (host arrays) and queues "
+         "the tables' upload into `workspace` on `stream`, for the run of "
+         "`capacity` slots per kv-head that follows (every head must hold "
+         "at most capacity - page_size slots before the step). Then " +
+         name + "_run_batch, then " + name + "_finish_batch.";
+}
+
+std::string CudaKernelEmitter::runDocumentation() {
+  return "The launches of a step that " + name +
+         "_plan_batch planned, on `stream`: new rows from k, v (batch x "
+         "kv_heads x head_dim), attention of q (batch x q_heads x head_dim) "
+         "into out, the policy's statistics and selection. They depend on "
+         "batch, layer, capacity and the pointers only, and make no host "
+         "call that waits or allocates: captured once in a CUDA graph, "
+         "they replay for every later plan of the same batch size, "
+         "capacity and workspace.";
+}
+
+std::string CudaKernelEmitter::finishDocumentation() {
+  return "Ends the steps planned on `layer`: records their event on "
+         "`stream` after the run (queued or launched as a graph). The "
+         "layer's next step waits for that event, and so does a host access "
+         "to a layer with device score state or victims; before the finish "
+         "both are refused.";
 }
 
 void CudaKernelEmitter::forRows(raw_ostream &os, bool perQuery,
@@ -1428,6 +1498,37 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   name = single;
   host << "  return KVC_STATUS_OK;\n}\n\n";
 
+  if (graphable()) {
+    // The same step in three calls, so that an engine can capture the
+    // launches in a CUDA graph: each entry's messages name it.
+    auto entry = [&](const std::string &documentation,
+                     const std::string &declaration, const char *suffix,
+                     DecodePart part) {
+      host << "/// " << documentation << "\n" << declaration << " {\n";
+      name = single + suffix;
+      emitValidation(host, part);
+      emitDecodeEntry(host, part);
+      name = single;
+      host << "  return KVC_STATUS_OK;\n}\n\n";
+    };
+    entry(planDocumentation(), planDeclaration(), "_plan_batch",
+          DecodePart::Plan);
+    entry(runDocumentation(), runDeclaration(), "_run_batch",
+          DecodePart::Run);
+    host << "/// " << finishDocumentation() << "\n" << finishDeclaration()
+         << " {\n"
+         << "  if (!context)\n"
+         << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << single
+         << "_finish_batch: null argument\");\n"
+         << "  if (layer < 0 || layer >= kLayers)\n"
+         << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << single
+         << "_finish_batch: layer out of range\");\n"
+         << "  return kvc::cuda::finishPlannedSteps(context, layer, "
+            "static_cast<cudaStream_t>(stream),\n"
+         << "                                       \"" << single
+         << "_finish_batch\");\n}\n\n";
+  }
+
   host << "/// Device workspace bytes of " << name << ".\n";
   host << workspaceDeclaration() << " {\n"
        << "  return " << name << "_batch_workspace_bytes(1, num_slots);\n}\n\n";
@@ -1442,18 +1543,29 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   return success();
 }
 
-void CudaKernelEmitter::emitValidation(raw_ostream &out) {
+void CudaKernelEmitter::emitValidation(raw_ostream &out, DecodePart part) {
   const bool hasKv = kernel.getKind() != KernelKind::decode_scoring;
-  out << "  if (!context" << (decode ? " || !sequences" : "") << " || !q"
-      << (hasKv ? " || !k || !v" : "") << " || !positions"
-      << (writesOutput(kernel) ? " || !out" : "") << " || !workspace)\n"
+  const bool plan = part == DecodePart::Plan, run = part == DecodePart::Run;
+  out << "  if (!context" << (decode && !run ? " || !sequences" : "")
+      << (plan ? "" : " || !q") << (hasKv && !plan ? " || !k || !v" : "")
+      << (run ? "" : " || !positions")
+      << (writesOutput(kernel) && !plan ? " || !out" : "")
+      << " || !workspace)\n"
       << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
       << ": null argument\");\n";
   out << "  if (layer < 0 || layer >= kLayers)\n"
       << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
       << ": layer out of range\");\n";
-  if (decode)
+  if (decode && !run)
     out << batchSequenceChecks(name);
+  if (run)
+    out << "  if (batch < 1)\n"
+        << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
+        << name << ": a batch needs at least one sequence\");\n";
+  if (plan || run)
+    out << "  if (capacity < 1)\n"
+        << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
+        << name << ": capacity must be at least one slot\");\n";
   if (!decode) {
     out << "  if (n <= 0)\n"
         << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
@@ -1827,9 +1939,32 @@ void CudaKernelEmitter::emitMergeLaunch(raw_ostream &out) {
       << kind << ", scratch,\n      w.mergedKeys, w.mergedValues);\n";
 }
 
-void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
+void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
   const std::string fn = deviceName("Stages");
   const std::string outArg = attention.getOutput() ? "out" : "w.scratchOut";
+  const bool plan = part == DecodePart::Plan, run = part == DecodePart::Run;
+  if (run) {
+    // The launches alone: everything they read comes from the arguments
+    // and the tables the plan uploaded into the workspace.
+    out << "  // Head i of the batch is kv-head i % kKvHeads of sequence i / "
+           "kKvHeads; each head's\n  // logits and scores take `capacity` "
+           "slots of the workspace, as in the plan.\n"
+           "  const int32_t heads = batch * kKvHeads;\n"
+           "  const int64_t stride = capacity;\n";
+    out << "  if (workspace_bytes < " << name.substr(0, name.size() - 10)
+        << "_batch_workspace_bytes(batch, capacity))\n"
+        << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+        << name << ": workspace smaller than "
+        << name.substr(0, name.size() - 10)
+        << "_batch_workspace_bytes(batch, capacity)\");\n";
+    out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
+        << "Workspace w;\n  carve" << camel
+        << "Workspace(carver, heads, stride, w);\n"
+        << "  // The plan's upload put the batch's HeadTables first.\n"
+        << "  w.heads = reinterpret_cast<const kvc::cuda::HeadTable "
+           "*>(w.tables);\n";
+    out << "  try {\n";
+  } else {
   out << "  // The slot tables of the batch's sequences stay on the device "
            "between steps\n  // (DeviceTables). Checked out first: the "
            "runtime then evicts the victims of\n  // the step before the "
@@ -1850,6 +1985,21 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
          "  const int32_t heads = batch * kKvHeads;\n"
          "  int32_t maxSlots = 0;\n"
          "  KVC_CUDA_TRY(tables.slotsBeforeStep(&maxSlots));\n";
+  if (plan) {
+    const std::string batchName = name.substr(0, name.size() - 11);
+    out << "  // The run is planned for `capacity` slots per head: every head "
+           "must fit it\n  // after the append (at most one more page).\n"
+           "  if (static_cast<int64_t>(maxSlots) + config.page_size > "
+           "capacity)\n"
+        << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
+        << ": a head holds more than capacity - page_size slots\");\n"
+        << "  const int64_t stride = capacity;\n";
+    out << "  if (workspace_bytes < " << batchName
+        << "_batch_workspace_bytes(batch, capacity))\n"
+        << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
+        << name << ": workspace smaller than " << batchName
+        << "_batch_workspace_bytes(batch, capacity)\");\n";
+  } else {
   out << "  // Slots after the append: at most one more page per head.\n"
          "  const int64_t stride = static_cast<int64_t>(maxSlots) + "
          "config.page_size;\n";
@@ -1858,11 +2008,13 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
       << ": workspace smaller than " << name
       << "_workspace_bytes(batch, slots + page_size)\");\n";
+  }
   out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
       << "Workspace w;\n  carve" << camel
       << "Workspace(carver, heads, stride, w);\n";
   out << "  try {\n";
-  if (append) {
+  }
+  if (append && !run) {
     out << "    " << opComment(append) << "\n";
     if (kivi)
       out << "    // The runtime takes the lowest free slot of each head and "
@@ -1893,6 +2045,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
              "                                                   "
              "config.page_size, kKiviGroup, k, v, kKvStride)));\n";
   }
+  if (!run)
   out << "    KVC_CUDA_TRY(tables.upload(positions, "
       << (append ? "newSlots.data(), numPages.data()" : "nullptr, nullptr")
       << ", /*sameEntries=*/"
@@ -1904,7 +2057,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << (kivi && append ? ",\n                               kivi.records(), "
                            "/*storesWriteWords=*/true"
                          : "")
-      << (append && !kivi
+      << (append && !kivi && !plan
               ? ",\n                               /*kiviWork=*/nullptr, "
                 "/*storesWriteWords=*/true"
               : "")
@@ -1917,7 +2070,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
            "kResidual, kKiviGroup), s, \""
         << name << "\", &tables)));\n";
-  if (append && !kivi)
+  if (append && !kivi && !plan && !run)
     out << "    // The new rows, at the slots the uploaded tables name, and "
            "the tables' words\n    // in the same launch.\n"
            "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "
@@ -1926,6 +2079,21 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
            "config, layout), k, v,\n"
            "        kKvStride, s, \""
         << name << "\")));\n";
+  if (append && run)
+    out << "    // The new rows, at the slots the uploaded tables name (the "
+           "plan's upload wrote\n    // the tables' words).\n"
+           "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "
+           "kStorage>(\n"
+           "        w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout("
+           "config, layout), k, v, kKvStride,\n"
+           "        s, \""
+        << name << "\")));\n";
+  // The plan queues no kernel of the step: its keepVictims and checkIn
+  // below.
+  if (!plan) {
+  // The slots the splits and fold blocks are planned for: the longest
+  // head's, or the run's capacity.
+  const char *planned = run ? "capacity" : "tables.maxSlots()";
   // The attention kernel's instantiation, indented to follow `at` columns.
   auto attentionKernel = [&](int at) {
     std::string pad(at, ' ');
@@ -1953,7 +2121,9 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       << ",\n        kvc::cuda::kDecodeThreads>(\"" << name
       << "\", &resident)));\n"
          "    const kvc::cuda::SplitPlan plan = kvc::cuda::planSplits(\n"
-         "        tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit, heads,\n"
+         "        "
+      << planned
+      << ", kMaxSplits, kMinSlotsPerSplit, heads,\n"
          "        static_cast<int64_t>(multiprocessors) * resident);\n"
          "    kvc::cuda::DecodeSplitArgs args{w.heads, "
          "kvc::cuda::devicePageLayout(config, layout"
@@ -1993,7 +2163,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
                            "policy's stages for it.\n"
                          : ".\n")
         << "    const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(\n"
-           "        plan, heads, tables.maxSlots(), multiprocessors);\n"
+           "        plan, heads, "
+        << planned << ", multiprocessors);\n"
         << "    // Its blocks may start while the attention ends, and wait "
            "for it.\n"
         << "    KVC_CUDA_TRY(kvc::cuda::launchDependent<&" << deviceName("Fold")
@@ -2055,11 +2226,12 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
       out << launches;
   }
   out << "    KVC_CUDA_CHECK(\"" << name << "\", cudaGetLastError());\n";
+  }
   // The score state, the importance bits and the victims stay on the
   // device; the victim lists' download is queued, and the runtime evicts
   // them at the check-out of the step after next or when the tables are
   // settled.
-  if (selects) {
+  if (selects && !run) {
     out << "    // The victims stay in the device tables; their download is "
            "queued, and the\n    // runtime evicts them at this layer's "
            "step after next (the next one on a\n    // KIVI pool) or host "
@@ -2070,8 +2242,13 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out) {
     out << "      KVC_CUDA_TRY(tables.keepVictims(b));\n";
   }
   // The stages that list a head's victims write its host row too.
-  out << "    KVC_CUDA_TRY(tables.checkIn("
-      << (selects ? "/*victimsPublished=*/true" : "") << "));\n";
+  if (plan)
+    out << "    // The step's event waits for its finish, after the run.\n"
+        << "    KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/"
+        << (selects ? "true" : "false") << ", /*recordLater=*/true));\n";
+  else if (!run)
+    out << "    KVC_CUDA_TRY(tables.checkIn("
+        << (selects ? "/*victimsPublished=*/true" : "") << "));\n";
   out << "  } catch (const std::bad_alloc &) {\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
       << name << ": host allocation failed\");\n  }\n";
@@ -2316,6 +2493,13 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
           << emitter.batchWorkspaceDeclaration() << ";\n"
           << "/// " << emitter.batchDocumentation() << "\n"
           << emitter.batchDeclaration() << ";\n\n";
+    if (emitter.graphable())
+      hdr << "/// " << emitter.planDocumentation() << "\n"
+          << emitter.planDeclaration() << ";\n"
+          << "/// " << emitter.runDocumentation() << "\n"
+          << emitter.runDeclaration() << ";\n"
+          << "/// " << emitter.finishDocumentation() << "\n"
+          << emitter.finishDeclaration() << ";\n\n";
   }
   if (usesWord(withoutStageTemplates(device), "kStageThreads") ||
       usesWord(entries, "kStageThreads"))

@@ -7259,6 +7259,12 @@ struct StepEvent {
   /// The recorded work is known to be done (a wait returned), so the
   /// batch's other mirrors do not wait again.
   bool complete = false;
+  /// The event of a planned step (a policy's decode_plan_batch) whose
+  /// kernels are queued by its run, possibly from a CUDA graph, after the
+  /// plan returns: the step's finish records it (finishPlannedSteps). Until
+  /// then it stands for work not yet queued: nothing may wait for it, and
+  /// what it guards is not free.
+  bool unrecorded = false;
   StepEvent() = default;
   StepEvent(const StepEvent &) = delete;
   StepEvent &operator=(const StepEvent &) = delete;
@@ -7523,6 +7529,10 @@ private:
     for (const std::shared_ptr<StepEvent> &guard : r.guards) {
       if (!guard)
         continue;
+      if (guard->unrecorded) {
+        *done = false;
+        return KVC_STATUS_OK;
+      }
       const cudaError_t status = cudaEventQuery(guard->event);
       if (status == cudaErrorNotReady) {
         // A status, not a failure: leave no error behind for the step's
@@ -7820,6 +7830,8 @@ public:
       if (b.bytes < bytes || b.inStep)
         continue;
       const bool asked = b.guard ? !b.guard->complete : b.recorded;
+      if (b.guard && b.guard->unrecorded)
+        continue;
       if (asked) {
         const cudaError_t status =
             cudaEventQuery(b.guard ? b.guard->event : b.event);
@@ -7957,6 +7969,13 @@ inline PinnedStaging &pinnedStaging() {
 inline kvc_status_t waitFor(StepEvent *event, const char *name) {
   if (!event || event->complete)
     return KVC_STATUS_OK;
+  if (event->unrecorded)
+    return kvc_report_error(
+        KVC_STATUS_INVALID_ARGUMENT,
+        (std::string(name) +
+         ": the layer's planned decode step was not finished (its "
+         "decode_finish_batch records the step after its run)")
+            .c_str());
   KVC_CUDA_CHECK(name, cudaEventSynchronize(event->event));
   event->complete = true;
   return KVC_STATUS_OK;
@@ -8255,6 +8274,59 @@ inline UploadScratch &uploadScratch() {
   return scratch;
 }
 
+/// The events of planned decode steps (DeviceTables::checkIn with
+/// `recordLater`: a policy's decode_plan_batch) that no finish has recorded
+/// yet, with their context and layer. Per thread, as the pinned staging:
+/// a step is planned and finished on one thread.
+struct PlannedStep {
+  const kvc_context_t *context;
+  int32_t layer;
+  std::shared_ptr<StepEvent> event;
+};
+inline std::vector<PlannedStep> &plannedSteps() {
+  static thread_local std::vector<PlannedStep> steps;
+  return steps;
+}
+
+/// A policy's decode_finish_batch: records on `stream`, after the run's
+/// kernels that the caller queued there (directly or as a CUDA graph), the
+/// event of every step planned on (context, layer) and not finished yet.
+/// From then on the runtime may wait for those steps as for any decode
+/// step's. A finish with no such step is refused.
+inline kvc_status_t finishPlannedSteps(const kvc_context_t *context,
+                                       int32_t layer, cudaStream_t stream,
+                                       const char *name) {
+  std::vector<PlannedStep> &steps = plannedSteps();
+  bool found = false;
+  for (size_t i = 0; i < steps.size();) {
+    if (steps[i].context != context || steps[i].layer != layer) {
+      ++i;
+      continue;
+    }
+    StepEvent &event = *steps[i].event;
+    KVC_CUDA_CHECK(name, cudaEventRecord(event.event, stream));
+    event.unrecorded = false;
+    event.complete = false;
+    steps.erase(steps.begin() + static_cast<std::ptrdiff_t>(i));
+    found = true;
+  }
+  if (!found)
+    return kvc_report_error(
+        KVC_STATUS_INVALID_ARGUMENT,
+        (std::string(name) + ": no planned decode step of layer " +
+         std::to_string(layer) + " to finish (decode_plan_batch first)")
+            .c_str());
+  return KVC_STATUS_OK;
+}
+
+/// Whether a step that used `m` was planned and not finished yet.
+inline bool awaitsFinish(const TableMirror &m) {
+  for (const std::shared_ptr<StepEvent> &event : m.done)
+    if (event && event->unrecorded)
+      return true;
+  return false;
+}
+
 /// The slot tables of a decode step's batch, kept on the device between
 /// steps (one TableMirror per sequence of the batch, attached to the
 /// context). A step checks the mirrors out (kvc_detach; the runtime then
@@ -8368,6 +8440,20 @@ public:
       kvc_attachment_t a{};
       KVC_CUDA_TRY(kvc_detach(context, sequences[b], layer, &a));
       TableMirror *m = static_cast<TableMirror *>(a.data);
+      if (a.release == &releaseMirror && m && m->magic == TableMirror::kMagic &&
+          awaitsFinish(*m)) {
+        // Put back as it was: its last step was planned and not finished,
+        // so its kernels may not even be queued yet.
+        KVC_CUDA_TRY(kvc_attach(context, sequences[b], layer, &a));
+        return kvc_report_error(
+            KVC_STATUS_INVALID_ARGUMENT,
+            (std::string(name) + ": sequence " +
+             std::to_string(sequences[b]) + " layer " +
+             std::to_string(layer) +
+             " has a planned decode step that was not finished "
+             "(decode_finish_batch)")
+                .c_str());
+      }
       if (a.release == &releaseMirror && m && m->magic == TableMirror::kMagic &&
           m->heads == heads && m->pageSize == pageSize_ &&
           (m->withState || !withState) && (m->withHistory || !withHistory) &&
@@ -8584,8 +8670,18 @@ public:
   /// victims also writes its pinned host row, publishVictims), one
   /// copyVictimRows launch first downloads the victim rows of every head
   /// of the batch (those of the sequences that did not keep theirs are
-  /// never read).
-  kvc_status_t checkIn(bool victimsPublished = false) {
+  /// never read). `recordLater`: a planned step (decode_plan_batch), whose
+  /// run queues its kernels after this returns; the step's event is left
+  /// to its finish (finishPlannedSteps), and such a step must queue
+  /// nothing here.
+  kvc_status_t checkIn(bool victimsPublished = false,
+                       bool recordLater = false) {
+    if (recordLater && downloadVictims_ && !victimsPublished)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              (std::string(name_) +
+                               ": a planned step cannot download victims "
+                               "before its run")
+                                  .c_str());
     if (wordsDeferred_)
       return kvc_report_error(KVC_STATUS_INTERNAL,
                               (std::string(name_) +
@@ -8630,7 +8726,19 @@ public:
       KVC_CUDA_TRY(MirrorMemory::instance().takeEvent(name_, &event->event,
                                                       &event->device));
     }
-    KVC_CUDA_CHECK(name_, cudaEventRecord(event->event, stream_));
+    if (recordLater) {
+      // A planned step: its run queues the kernels after this returns, and
+      // its finish records the event behind them.
+      event->unrecorded = true;
+      try {
+        plannedSteps().push_back({context_, layer_, event});
+      } catch (const std::bad_alloc &) {
+        return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
+                                "kvc cuda: host step list allocation failed");
+      }
+    } else {
+      KVC_CUDA_CHECK(name_, cudaEventRecord(event->event, stream_));
+    }
     event->complete = false;
     // The step's copies from pinned staging are behind it too.
     PinnedStaging &staging = pinnedStaging();
@@ -9387,9 +9495,31 @@ inline kvc_status_t uploadStores(const std::vector<StoreEntry> &entries,
 }
 
 /// Launches storeAppended on `stream` for the `heads` heads of a decode
-/// batch (kvHeads per sequence) whose HeadTables `tables` holds, after the
-/// upload (with storesWriteWords) that set their appendSlot and appendPage
-/// and left the step's table words to this launch.
+/// batch (kvHeads per sequence) whose uploaded HeadTables `tables` holds
+/// (their appendSlot and appendPage), and the `numWords` table words
+/// `words` in its further blocks. Without words (a planned step, whose
+/// upload wrote them) the launch depends on the batch alone, the same at
+/// every step: a decode run captured in a CUDA graph replays it.
+template <int D, Storage S>
+kvc_status_t launchAppendStores(const HeadTable *tables, int32_t heads,
+                                int32_t kvHeads, const PageLayout &layout,
+                                const float *k, const float *v,
+                                int64_t kvStride, cudaStream_t stream,
+                                const char *name,
+                                const TableWord *words = nullptr,
+                                int32_t numWords = 0) {
+  constexpr int32_t kWarps = kStoreThreads / kWarpSize;
+  const int32_t blocks = (heads + kWarps - 1) / kWarps +
+                         (numWords + kStoreThreads - 1) / kStoreThreads;
+  storeAppended<D, S><<<static_cast<unsigned>(blocks), kStoreThreads, 0,
+                        stream>>>(tables, heads, kvHeads, layout, k, v,
+                                  kvStride, words, numWords);
+  KVC_CUDA_CHECK(name, cudaGetLastError());
+  return KVC_STATUS_OK;
+}
+
+/// launchAppendStores after the upload (with storesWriteWords) that left
+/// the step's table words to this launch.
 template <int D, Storage S>
 kvc_status_t launchAppendStores(DeviceTables &deviceTables,
                                 const HeadTable *tables, int32_t heads,
@@ -9400,14 +9530,8 @@ kvc_status_t launchAppendStores(DeviceTables &deviceTables,
   const TableWord *words = nullptr;
   int32_t numWords = 0;
   KVC_CUDA_TRY(deviceTables.takeDeferredWords(&words, &numWords));
-  constexpr int32_t kWarps = kStoreThreads / kWarpSize;
-  const int32_t blocks = (heads + kWarps - 1) / kWarps +
-                         (numWords + kStoreThreads - 1) / kStoreThreads;
-  storeAppended<D, S><<<static_cast<unsigned>(blocks), kStoreThreads, 0,
-                        stream>>>(tables, heads, kvHeads, layout, k, v,
-                                  kvStride, words, numWords);
-  KVC_CUDA_CHECK(name, cudaGetLastError());
-  return KVC_STATUS_OK;
+  return launchAppendStores<D, S>(tables, heads, kvHeads, layout, k, v,
+                                  kvStride, stream, name, words, numWords);
 }
 
 /// Uploads `entries` to `region` and launches storeEntries on `stream`.

@@ -21,7 +21,8 @@
 //    at context >= 16k);
 //  - a model step: the fused decode of every layer per token as an engine
 //    calls it (no host synchronization inside a call) against the same
-//    calls each followed by a stream synchronization;
+//    calls each followed by a stream synchronization, and against the step
+//    in three calls whose launches replay from a CUDA graph per layer;
 //  - prefill compression (SnapKV, H2O) as a fraction of a plain prefill
 //    (attention, every entry stored) over the same prompt, batch 1;
 //  - the host side of a decode call: the CPU time of one _decode_batch
@@ -69,6 +70,15 @@ using DecodeFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
 using ScoringFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
                                    int32_t, const float *, const int32_t *,
                                    void *, uint64_t, void *);
+/// kvc_<p>_cuda_decode_plan_batch, _run_batch and _finish_batch: the
+/// step in three calls, its run capturable in a CUDA graph.
+using PlanFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
+                                int32_t, const int32_t *, int32_t, void *,
+                                uint64_t, void *);
+using RunFn = kvc_status_t (*)(kvc_context_t *, int32_t, int32_t,
+                               const float *, const float *, const float *,
+                               float *, int32_t, void *, uint64_t, void *);
+using FinishFn = kvc_status_t (*)(kvc_context_t *, int32_t, void *);
 using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
                                    const float *, const float *, const float *,
                                    const int32_t *, float *, void *, uint64_t,
@@ -98,6 +108,10 @@ struct BenchGeometry {
   ConfigureFn kiviConfigure[2];
   BatchBytesFn kiviBytes[2];
   DecodeFn kiviDecode[2];
+  /// The fused step in three calls (the model step's graph variant).
+  PlanFn fusedPlan;
+  RunFn fusedRun;
+  FinishFn fusedFinish;
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
@@ -198,7 +212,11 @@ struct BenchGeometry {
         {KVC_GB(kivi2, d, g, configure), KVC_GB(kivi4, d, g, configure)},      \
         {KVC_GB(kivi2, d, g, decode_batch_workspace_bytes),                    \
          KVC_GB(kivi4, d, g, decode_batch_workspace_bytes)},                   \
-        {KVC_GB(kivi2, d, g, decode_batch), KVC_GB(kivi4, d, g, decode_batch)}
+        {KVC_GB(kivi2, d, g, decode_batch),                                    \
+         KVC_GB(kivi4, d, g, decode_batch)},                                   \
+        KVC_GB(fused, d, g, decode_plan_batch),                                \
+        KVC_GB(fused, d, g, decode_run_batch),                                 \
+        KVC_GB(fused, d, g, decode_finish_batch)
 
 } // namespace
 
@@ -870,12 +888,16 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
 /// (what a step that waits for its own kernels, to hand its victims to the
 /// host, costs); and every layer of the plain decode (attention only),
 /// pipelined, so that the policy's cost is measured where a layer's host
-/// work overlaps the kernels of the layers before it.
+/// work overlaps the kernels of the layers before it; and "graph", the
+/// fused step of every layer in three calls: the plan, a replay of the
+/// layer's run captured in a CUDA graph at its first step, the finish (a
+/// graph launch per layer instead of the step's three kernel launches).
 enum ModelVariant {
   kPipelined = 0,
   kSynchronized = 1,
   kPlainPipelined = 2,
-  kNumModel = 3
+  kGraphPipelined = 3,
+  kNumModel = 4
 };
 
 struct ModelResult {
@@ -912,10 +934,47 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
         CUDA_CHECK(cudaStreamSynchronize(stream));
     }
   };
+  // The graph variant: the runs are planned for `stride` slots (the
+  // workspace's), each layer's captured at its first step.
+  struct Graphs {
+    std::vector<cudaGraphExec_t> exec;
+    ~Graphs() {
+      for (cudaGraphExec_t e : exec)
+        if (e)
+          cudaGraphExecDestroy(e);
+    }
+  } graphs;
+  graphs.exec.assign(r.layers, nullptr);
+  auto graphToken = [&](int32_t position) {
+    const int32_t *positions = in.at(position);
+    void *ws = buffers.workspace.ptr;
+    const uint64_t wsBytes = buffers.workspace.bytes;
+    for (int layer = 0; layer < r.layers; ++layer) {
+      KVC_CHECK(g.fusedPlan(ctx.context, batch, in.sequences.data(), layer,
+                            positions, stride, ws, wsBytes, stream));
+      if (!graphs.exec[layer]) {
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        const kvc_status_t status =
+            g.fusedRun(ctx.context, batch, layer, in.q, in.k, in.v, in.out,
+                       stride, ws, wsBytes, stream);
+        cudaGraph_t captured = nullptr;
+        const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+        KVC_CHECK(status);
+        CUDA_CHECK(ended);
+        const cudaError_t made =
+            cudaGraphInstantiate(&graphs.exec[layer], captured, 0);
+        cudaGraphDestroy(captured);
+        CUDA_CHECK(made);
+      }
+      CUDA_CHECK(cudaGraphLaunch(graphs.exec[layer], stream));
+      KVC_CHECK(g.fusedFinish(ctx.context, layer, stream));
+    }
+  };
   EventTimer timer;
   for (int variant = 0; variant < kNumModel; ++variant) {
     const bool synchronize = variant == kSynchronized;
     const bool plain = variant == kPlainPipelined;
+    const bool graph = variant == kGraphPipelined;
     if (plain && !o.variants[kPlain]) {
       r.error[variant] = "not selected (--variants)";
       continue;
@@ -923,7 +982,10 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
     try {
       r.usPerToken[variant] = timeSteps(
           timer, ctx, batch, n, o, stream, [&](int32_t position, bool timed) {
-            token(position, synchronize && timed, plain);
+            if (graph)
+              graphToken(position);
+            else
+              token(position, synchronize && timed, plain);
           });
       r.ok[variant] = true;
     } catch (const BenchError &e) {
@@ -1615,7 +1677,8 @@ int main(int argc, char **argv) {
     // (plain) time, that format's time, its GB/s; prefill rows:
     // milliseconds per call of plain, snapkv, h2o; model rows:
     // microseconds per token (every layer) of the fused policy pipelined,
-    // then synchronized, then of the plain decode pipelined; alt_<name>
+    // then synchronized, then of the plain decode pipelined, then of the
+    // fused policy through CUDA graphs (fused_GBs column); alt_<name>
     // rows (kernel alternatives): that decode's microseconds per step;
     // alt_prefill_cc rows: milliseconds per call of the plain and the H2O
     // prefill on CUDA cores; host rows: CPU microseconds per call of the
@@ -1738,13 +1801,17 @@ int main(int argc, char **argv) {
           "pipelined. cudaEvent time per token over %d tokens per round, >= "
           "%g ms per cell. sync/pipe = synchronized / pipelined; ovh = "
           "pipelined / plain - 1, the policy's cost where each layer's host "
-          "work overlaps the kernels before it (target <= %.0f%%).\n\n",
+          "work overlaps the kernels before it (target <= %.0f%%); graph = "
+          "the fused step of every layer as _decode_plan_batch, a replay of "
+          "the layer's _decode_run_batch captured in a CUDA graph, "
+          "_decode_finish_batch; pipe/gr = pipelined / graph (above 1, the "
+          "graphs are faster).\n\n",
           config.num_layers, o.steps, o.minMs, 100 * kTargetStatsOverhead);
       std::printf("%4s %3s %4s %3s %7s %6s | %11s %11s %9s | %12s %8s %4s | "
-                  "%8s\n",
+                  "%8s | %12s %7s\n",
                   "dim", "G", "qh", "B", "context", "layers", "pipe us/tok",
                   "sync us/tok", "sync/pipe", "plain us/tok", "ovh", "tgt",
-                  "us/layer");
+                  "us/layer", "graph us/tok", "pipe/gr");
       sweepCells(
           o, o.modelContexts,
           [&](const BenchGeometry &g, int batch, int n) {
@@ -1758,9 +1825,10 @@ int main(int argc, char **argv) {
                     ? r.usPerToken[kPipelined] / r.usPerToken[kPlainPipelined] -
                           1.0
                     : 0.0;
+            const bool graph = r.ok[kGraphPipelined];
             std::printf(
                 "%4d %3d %4d %3d %7d %6d | %11s %11s %9s | %12s %8s %4s | "
-                "%8s\n",
+                "%8s | %12s %7s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n, r.layers,
                 cell(pipe, "%.1f", r.usPerToken[kPipelined]).c_str(),
                 cell(sync, "%.1f", r.usPerToken[kSynchronized]).c_str(),
@@ -1773,17 +1841,25 @@ int main(int argc, char **argv) {
                 cell(pipe && plain, "%+.1f%%", 100 * overhead).c_str(),
                 mark(pipe && plain, overhead <= kTargetStatsOverhead),
                 cell(pipe, "%.1f", r.usPerToken[kPipelined] / r.layers)
+                    .c_str(),
+                cell(graph, "%.1f", r.usPerToken[kGraphPipelined]).c_str(),
+                cell(pipe && graph, "%.2fx",
+                     pipe && graph ? r.usPerToken[kPipelined] /
+                                         r.usPerToken[kGraphPipelined]
+                                   : 0)
                     .c_str());
-            const char *kModelNames[] = {"pipelined", "synchronized", "plain"};
+            const char *kModelNames[] = {"pipelined", "synchronized", "plain",
+                                         "graph"};
             for (int v = 0; v < kNumModel; ++v)
               if (!r.ok[v])
                 std::printf("     %s: %s\n", kModelNames[v],
                             r.error[v].c_str());
-            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,%.3f,,\n", g.dim,
-                g.group, kKvHeads * g.group, batch, n,
+            csv("model,%d,%d,%d,%d,%d,,us_per_token,%.3f,%.3f,%.3f,%.3f,\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n,
                 pipe ? r.usPerToken[kPipelined] : NAN,
                 sync ? r.usPerToken[kSynchronized] : NAN,
-                plain ? r.usPerToken[kPlainPipelined] : NAN);
+                plain ? r.usPerToken[kPlainPipelined] : NAN,
+                graph ? r.usPerToken[kGraphPipelined] : NAN);
             std::fflush(stdout);
           });
     }

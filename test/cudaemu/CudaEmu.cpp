@@ -898,6 +898,13 @@ struct CUevent_st {
 struct CUmemPoolHandle_st {
   int device;
 };
+/// A captured graph and its instance: the captured work, in order.
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
 
 namespace kvc::emu {
 namespace {
@@ -1017,11 +1024,51 @@ uint64_t queueRecord(cudaStream_t stream) {
   return queuedCount;
 }
 
+/// A stream capture (cudaStreamBeginCapture): the work given to its
+/// stream goes into `work` instead of running or waiting in the queue.
+struct Capture {
+  uintptr_t stream;
+  cudaStreamCaptureMode mode;
+  std::vector<std::function<void()>> work;
+  /// A call that a device refuses during a capture was made: the capture
+  /// ends with cudaErrorStreamCaptureInvalidated.
+  bool invalidated = false;
+};
+std::vector<Capture> captures;
+
+Capture *captureOf(cudaStream_t stream) {
+  for (Capture &c : captures)
+    if (c.stream == keyOf(stream).id)
+      return &c;
+  return nullptr;
+}
+
 } // namespace
 
 void runQueuedWork() { finishAll(); }
 
+/// A call that a device refuses while a stream captures in the global or
+/// thread-local mode (it may wait for or change what a capture records: a
+/// synchronization, a synchronous copy, an allocation, an event's query):
+/// cudaErrorStreamCaptureUnsupported, and the captures end invalidated.
+/// None in relaxed mode, or without a capture.
+bool refusedInCapture() {
+  bool refused = false;
+  for (Capture &c : captures)
+    if (c.mode != cudaStreamCaptureModeRelaxed) {
+      c.invalidated = true;
+      refused = true;
+    }
+  if (refused)
+    lastError = cudaErrorStreamCaptureUnsupported;
+  return refused;
+}
+
 void deviceWork(cudaStream_t stream, std::function<void()> work) {
+  if (Capture *c = captureOf(stream)) {
+    c->work.push_back(std::move(work));
+    return;
+  }
   if (deferred()) {
     queue.push_back({++queuedCount, keyOf(stream), std::move(work)});
     return;
@@ -1188,10 +1235,14 @@ cudaError_t allocateDevice(void **pointer, size_t bytes) {
 } // namespace
 
 cudaError_t cudaMalloc(void **pointer, size_t bytes) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.allocations;
   return allocateDevice(pointer, bytes);
 }
 cudaError_t cudaFree(void *pointer) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.allocations;
   finishAll(); // a free waits for the device
   std::free(pointer);
@@ -1252,6 +1303,8 @@ cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
   return error;
 }
 cudaError_t cudaFreeHost(void *pointer) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   const char *begin = static_cast<const char *>(pointer);
   auto range = pinnedRanges.find(begin);
   if (range != pinnedRanges.end())
@@ -1313,6 +1366,8 @@ cudaError_t copyBytes(void *dst, const void *src, size_t bytes) {
 // returns when it has run; the others run with their stream's work.
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
                        cudaMemcpyKind) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.syncCopies;
   finishStream(nullptr);
   return copyBytes(dst, src, bytes);
@@ -1356,9 +1411,25 @@ void queueCopy(void *dst, size_t dpitch, const void *src, size_t spitch,
     deviceWork(stream, [copyRows, from, spitch] { copyRows(from, spitch); });
   }
 }
+/// An asynchronous copy on a capturing stream with pageable host memory on
+/// one side: a copy whose source the runtime would stage at the call, or
+/// that would return only once it ran, has no place in a graph that
+/// replays later; the emulator refuses it.
+bool capturedPageable(cudaMemcpyKind kind, const void *dst, const void *src,
+                      size_t span, cudaStream_t stream) {
+  if (!kvc::emu::captureOf(stream) || !span)
+    return false;
+  if (kind == cudaMemcpyHostToDevice)
+    return !isPinned(src, span);
+  if (kind == cudaMemcpyDeviceToHost)
+    return !isPinned(dst, span);
+  return false;
+}
 } // namespace
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
                             cudaMemcpyKind kind, cudaStream_t stream) {
+  if (capturedPageable(kind, dst, src, bytes, stream))
+    return fail(cudaErrorStreamCaptureUnsupported);
   ++counterValues.asyncCopies;
   countPageable(kind, dst, src, bytes);
   if (kind == cudaMemcpyHostToDevice)
@@ -1372,6 +1443,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
                               size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind kind, cudaStream_t stream) {
+  if (height && capturedPageable(kind, dst, src,
+                                 hostSpan(kind, dpitch, spitch, width, height),
+                                 stream))
+    return fail(cudaErrorStreamCaptureUnsupported);
   ++counterValues.asyncCopies;
   if (height)
     countPageable(kind, dst, src,
@@ -1382,6 +1457,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *pointer, int value, size_t bytes) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.memsets;
   finishStream(nullptr);
   std::memset(pointer, value, bytes);
@@ -1421,6 +1498,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.waits;
   finishStream(stream);
   // The special handles (0, cudaStreamLegacy, cudaStreamPerThread) are not
@@ -1434,6 +1513,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.waits;
   finishAll();
   finishedRecords = lastRecord;
@@ -1457,6 +1538,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  // The emulator captures kernels, copies and memsets, not event records
+  // (nodes that order a capture's streams or time its replays).
+  if (kvc::emu::captureOf(stream))
+    return fail(cudaErrorStreamCaptureUnsupported);
   ++counterValues.eventRecords;
   event->recorded = std::chrono::steady_clock::now();
   event->record = eventsHeld ? ++lastRecord : 0;
@@ -1465,6 +1550,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   ++counterValues.waits;
   finishEvent(*event);
   if (event->record > finishedRecords)
@@ -1473,6 +1560,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 // Not ready is a status, not an error: the last error stays as it was.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
   return event->record > finishedRecords || eventQueued(*event)
              ? cudaErrorNotReady
              : cudaSuccess;
@@ -1482,6 +1571,72 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
   *ms = std::chrono::duration<float, std::milli>(end->recorded -
                                                  start->recorded)
             .count();
+  return cudaSuccess;
+}
+
+// Stream capture and graphs: a capture records the work its stream is
+// given (kernels, copies, memsets) in order; an instantiated graph gives a
+// stream that work again at every launch, with the arguments it was
+// captured with, as a device replays a graph.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                   cudaStreamCaptureMode mode) {
+  if (reinterpret_cast<uintptr_t>(stream) <= 2)
+    return fail(cudaErrorStreamCaptureUnsupported); // a legacy or default
+  if (kvc::emu::captureOf(stream))
+    return fail(cudaErrorIllegalState);
+  kvc::emu::captures.push_back({kvc::emu::keyOf(stream).id, mode, {}});
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+  if (!graph)
+    return fail(cudaErrorInvalidValue);
+  *graph = nullptr;
+  auto &captures = kvc::emu::captures;
+  for (size_t i = 0; i < captures.size(); ++i) {
+    if (captures[i].stream != kvc::emu::keyOf(stream).id)
+      continue;
+    kvc::emu::Capture c = std::move(captures[i]);
+    captures.erase(captures.begin() + static_cast<std::ptrdiff_t>(i));
+    if (c.invalidated)
+      return fail(cudaErrorStreamCaptureInvalidated);
+    *graph = new CUgraph_st{std::move(c.work)};
+    return cudaSuccess;
+  }
+  return fail(cudaErrorIllegalState);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  cudaStreamCaptureStatus *status) {
+  if (!status)
+    return fail(cudaErrorInvalidValue);
+  const kvc::emu::Capture *c = kvc::emu::captureOf(stream);
+  *status = !c              ? cudaStreamCaptureStatusNone
+            : c->invalidated ? cudaStreamCaptureStatusInvalidated
+                             : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long) {
+  if (!exec || !graph)
+    return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec)
+    return fail(cudaErrorInvalidValue);
+  if (kvc::emu::captureOf(stream))
+    return fail(cudaErrorStreamCaptureUnsupported);
+  ++counterValues.graphLaunches;
+  for (const std::function<void()> &work : exec->work)
+    deviceWork(stream, work);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 

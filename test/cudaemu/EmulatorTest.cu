@@ -675,6 +675,75 @@ void checkDeferredWork() {
   cudaFreeHost(pinned);
 }
 
+__global__ void addWord(int *word, int value) { *word += value; }
+
+/// Stream capture: the captured work does not run at the capture, and
+/// runs in order, with its captured arguments, at every launch of the
+/// graph; a call a device refuses during a global-mode capture fails and
+/// invalidates it; immediate and deferred work alike.
+void checkCapture() {
+  for (const char *work : {static_cast<const char *>(nullptr), "deferred"})
+    withSetting("KVC_EMU_DEVICE_WORK", work, [&] {
+      int *pinned = nullptr, *device = nullptr;
+      cudaMallocHost(reinterpret_cast<void **>(&pinned), 2 * sizeof(int));
+      cudaMalloc(&device, sizeof(int));
+      cudaStream_t s = nullptr;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      pinned[0] = 1;
+      pinned[1] = 0;
+      expect(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) ==
+                 cudaSuccess,
+             "capture: begins on a stream of the program's own");
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(s, &status);
+      expect(status == cudaStreamCaptureStatusActive,
+             "capture: the stream reports it");
+      cudaMemcpyAsync(device, pinned, sizeof(int), cudaMemcpyHostToDevice, s);
+      addWord<<<1, 1, 0, s>>>(device, 10);
+      cudaMemcpyAsync(pinned + 1, device, sizeof(int),
+                      cudaMemcpyDeviceToHost, s);
+      cudaGraph_t graph = nullptr;
+      expect(cudaStreamEndCapture(s, &graph) == cudaSuccess && graph,
+             "capture: ends with a graph");
+      cudaStreamSynchronize(s);
+      expect(pinned[1] == 0, "capture: the captured work does not run");
+      cudaGraphExec_t exec = nullptr;
+      cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      pinned[0] = 2;
+      cudaGraphLaunch(exec, s);
+      cudaStreamSynchronize(s);
+      expect(pinned[1] == 12, "graph: a launch runs the work in order, "
+                              "reading pinned memory when it runs");
+      pinned[0] = 5;
+      cudaGraphLaunch(exec, s);
+      cudaStreamSynchronize(s);
+      expect(pinned[1] == 15, "graph: every launch runs it again");
+      cudaGraphExecDestroy(exec);
+
+      // A wait during the capture: refused, the capture invalidated.
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+      addWord<<<1, 1, 0, s>>>(device, 1);
+      expect(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported,
+             "capture: a stream's wait is refused");
+      cudaGetLastError();
+      int *more = nullptr;
+      expect(cudaMalloc(&more, 4) == cudaErrorStreamCaptureUnsupported,
+             "capture: an allocation is refused");
+      cudaGetLastError();
+      graph = nullptr;
+      expect(cudaStreamEndCapture(s, &graph) ==
+                     cudaErrorStreamCaptureInvalidated &&
+                 !graph,
+             "capture: a refused call invalidates it");
+      cudaGetLastError();
+      cudaStreamDestroy(s);
+      cudaFree(device);
+      cudaFreeHost(pinned);
+      return 0;
+    });
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -707,6 +776,7 @@ int main(int argc, char **argv) {
   checkFreshMemory();
   checkConcurrentBlocks();
   checkDeferredWork();
+  checkCapture();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

@@ -46,7 +46,17 @@
 //    memory before it waits for the kernel, or rewrites a pinned buffer
 //    that a queued copy has not read yet, or two streams that use each
 //    other's data without a wait between them, get other bytes than a
-//    device would give in some runs, and a suite run so fails.
+//    device would give in some runs, and a suite run so fails;
+//  - a stream capture (cudaStreamBeginCapture) records the kernels, copies
+//    and memsets its stream is given, in order, and a graph launch gives a
+//    stream that work again with the arguments it was captured with; while
+//    a stream captures in the global or thread-local mode, the calls a
+//    device refuses then (stream, event and device synchronizations,
+//    synchronous copies and memsets, cudaMalloc, cudaFree and their host
+//    forms, event queries) fail with cudaErrorStreamCaptureUnsupported and
+//    invalidate the capture, and so do an event record on the capturing
+//    stream and a copy there from or to pageable memory (the emulator
+//    captures neither).
 // A barrier that some live thread of the block (or warp) never reaches, a
 // warp collective with a partial mask, or a launch configuration outside the
 // device limits (block > 1024 threads, grid y or z > 65535) is reported:
@@ -193,6 +203,9 @@ struct Counters {
   /// Stream-ordered allocations from a memory pool (cudaMallocFromPoolAsync)
   /// and their frees (cudaFreeAsync), which do not synchronize.
   uint64_t poolAllocations = 0, poolFrees = 0;
+  /// cudaGraphLaunch: the replays of captured work (whose kernels count in
+  /// `launches` once, when captured).
+  uint64_t graphLaunches = 0;
 };
 const Counters &counters();
 

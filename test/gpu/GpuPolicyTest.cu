@@ -941,6 +941,18 @@ using CudaBatchFn = kvc_status_t (*)(kvc_context_t *, int32_t,
                                      const int32_t *, float *, void *,
                                      uint64_t, void *);
 
+/// The CUDA backend's decode step in three calls (decode_plan_batch,
+/// decode_run_batch, decode_finish_batch), where the policy has them: the
+/// same signatures for every policy.
+using PlanFn = decltype(&kvc_h2o_cuda_decode_plan_batch);
+using RunFn = decltype(&kvc_h2o_cuda_decode_run_batch);
+using FinishFn = decltype(&kvc_h2o_cuda_decode_finish_batch);
+struct GraphApi {
+  PlanFn plan = nullptr;
+  RunFn run = nullptr;
+  FinishFn finish = nullptr;
+};
+
 /// Both backends' prefill and batch decode of one policy.
 struct BatchApi {
   const char *name;
@@ -955,9 +967,11 @@ struct BatchApi {
   CudaPrefillFn cudaPrefill;
   uint64_t (*cudaBatchBytes)(int32_t, int32_t);
   CudaBatchFn cudaBatch;
+  GraphApi graph;
 };
 
-#define KVC_BATCH_API(p, state)                                                \
+/// Both APIs of policy p; `graph`: its GraphApi.
+#define KVC_BATCH_API_WITH(p, state, graph)                                    \
   BatchApi {                                                                   \
     #p, state, kvc_##p##_cpu_configure,                                        \
         kvc_##p##_cpu_prefill_workspace_bytes, kvc_##p##_cpu_prefill,          \
@@ -965,8 +979,15 @@ struct BatchApi {
         kvc_##p##_cpu_decode_batch, kvc_##p##_cuda_configure,                  \
         kvc_##p##_cuda_prefill_workspace_bytes, kvc_##p##_cuda_prefill,        \
         kvc_##p##_cuda_decode_batch_workspace_bytes,                           \
-        kvc_##p##_cuda_decode_batch                                            \
+        kvc_##p##_cuda_decode_batch, graph                                     \
   }
+#define KVC_BATCH_API(p, state) KVC_BATCH_API_WITH(p, state, GraphApi{})
+/// KVC_BATCH_API with the step in three calls.
+#define KVC_BATCH_API_GRAPH(p, state)                                          \
+  KVC_BATCH_API_WITH(p, state,                                                 \
+                     (GraphApi{kvc_##p##_cuda_decode_plan_batch,               \
+                               kvc_##p##_cuda_decode_run_batch,                \
+                               kvc_##p##_cuda_decode_finish_batch}))
 
 /// The sequences of the batch test and their prompt lengths: one above the
 /// budgets of the bundled policies (H2O and TOVA evict at every step), one
@@ -976,6 +997,30 @@ constexpr uint64_t kBatchSequences[] = {4, 0, 9};
 constexpr int32_t kBatchPrompts[] = {kPrompt, 300, 37};
 constexpr int32_t kBatch = 3;
 constexpr int kBatchSteps = 4;
+/// Slots per kv-head that the graph runs of the batch test are planned for:
+/// the longest prompt and its steps, and room for an append's new page.
+constexpr int32_t kGraphCapacity =
+    ((kPrompt + kBatchSteps + 2) / kPageSize + 3) * kPageSize;
+
+/// A status and kvc_last_error() that must be `want` and contain `text`.
+void expectRefusal(const std::string &where, kvc_status_t got,
+                   kvc_status_t want, const std::string &text) {
+  const std::string message = kvc_last_error();
+  if (got != want || message.find(text) == std::string::npos)
+    fail(where + ": got " + kvc_status_string(got) + " \"" + message +
+         "\", expected " + kvc_status_string(want) + " with \"" + text + "\"");
+}
+
+/// Per layer, the CUDA graph of a batch's decode run, captured once.
+struct LayerGraphs {
+  cudaGraphExec_t exec[kLayers] = {};
+  DeviceBuffer workspace[kLayers];
+  ~LayerGraphs() {
+    for (cudaGraphExec_t e : exec)
+      if (e)
+        cudaGraphExecDestroy(e);
+  }
+};
 
 /// Live positions (and their score state) of one head of `sequence`.
 std::map<int, float> liveState(kvc_context_t *context, uint64_t sequence,
@@ -998,9 +1043,14 @@ std::map<int, float> liveState(kvc_context_t *context, uint64_t sequence,
 /// steps of the three sequences in one call. Outputs of every sequence
 /// within kOutputTolerance, per head the same live positions up to
 /// kMaxBoundarySwaps and, for stateful policies, the state within
-/// kStateTolerance.
-void runBatch(const BatchApi &api, cudaStream_t stream) {
-  const std::string name = std::string(api.name) + " batch";
+/// kStateTolerance. `graph`: each GPU step is the policy's plan, a replay
+/// of the run that the layer's first step captured in a CUDA graph (global
+/// capture mode: a call in the run that waits, allocates or queries fails
+/// the capture), and the finish; then the misuses of the three calls are
+/// refused with their messages, and the layer stays usable.
+void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
+  const std::string name =
+      std::string(api.name) + (graph ? " batch graph" : " batch");
   std::printf("  %s\n", name.c_str());
   const int before = failures;
   kvc_config_t cpuConfig{}, gpuConfig{};
@@ -1065,6 +1115,39 @@ void runBatch(const BatchApi &api, cudaStream_t stream) {
       CUDA_OK(cudaStreamSynchronize(stream));
     }
 
+  LayerGraphs graphs;
+  if (graph)
+    for (int layer = 0; layer < kLayers; ++layer)
+      CUDA_OK(graphs.workspace[layer].allocate(
+          api.cudaBatchBytes(kBatch, kGraphCapacity)));
+  // One step of the GPU context's layer in three calls; the run is
+  // captured at the layer's first step and replayed after.
+  auto graphStep = [&](int layer, const int32_t *positions) {
+    DeviceBuffer &ws = graphs.workspace[layer];
+    KVC_OK(api.graph.plan(gpu, kBatch, kBatchSequences, layer, positions,
+                          kGraphCapacity, ws.ptr, ws.bytes, stream));
+    if (!graphs.exec[layer]) {
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      const kvc_status_t status = api.graph.run(
+          gpu, kBatch, layer, q.as<float>(), k.as<float>(), v.as<float>(),
+          out.as<float>(), kGraphCapacity, ws.ptr, ws.bytes, stream);
+      const std::string message = kvc_last_error();
+      cudaGraph_t captured = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+      if (status != KVC_STATUS_OK) {
+        fail("run under capture: " + message);
+        return;
+      }
+      CUDA_OK(ended);
+      const cudaError_t made =
+          cudaGraphInstantiate(&graphs.exec[layer], captured, 0);
+      cudaGraphDestroy(captured);
+      CUDA_OK(made);
+    }
+    CUDA_OK(cudaGraphLaunch(graphs.exec[layer], stream));
+    KVC_OK(api.graph.finish(gpu, layer, stream));
+  };
+
   for (int step = 0; step < kBatchSteps; ++step) {
     std::vector<int32_t> positions(kBatch);
     for (int b = 0; b < kBatch; ++b)
@@ -1090,10 +1173,18 @@ void runBatch(const BatchApi &api, cudaStream_t stream) {
       CUDA_OK(decodeWorkspace.allocate(
           api.cudaBatchBytes(kBatch, maxSlots + 2 * kPageSize)));
       CUDA_OK(upload(in, q, k, v));
-      KVC_OK(api.cudaBatch(gpu, kBatch, kBatchSequences, layer, q.as<float>(),
-                           k.as<float>(), v.as<float>(), positions.data(),
-                           out.as<float>(), decodeWorkspace.ptr,
-                           decodeWorkspace.bytes, stream));
+      if (graph) {
+        const int before = failures;
+        graphStep(layer, positions.data());
+        if (failures != before)
+          return;
+      } else {
+        KVC_OK(api.cudaBatch(gpu, kBatch, kBatchSequences, layer,
+                             q.as<float>(), k.as<float>(), v.as<float>(),
+                             positions.data(), out.as<float>(),
+                             decodeWorkspace.ptr, decodeWorkspace.bytes,
+                             stream));
+      }
       CUDA_OK(cudaStreamSynchronize(stream));
       CUDA_OK(cudaMemcpy(gpuOut.data(), out.ptr, gpuOut.size() * 4,
                          cudaMemcpyDeviceToHost));
@@ -1139,6 +1230,43 @@ void runBatch(const BatchApi &api, cudaStream_t stream) {
         }
       }
     }
+  }
+  if (graph) {
+    // The misuses, each refused with its message, the layer usable after.
+    std::vector<int32_t> positions(kBatch);
+    for (int b = 0; b < kBatch; ++b)
+      positions[b] = kBatchPrompts[b] + kBatchSteps;
+    DeviceBuffer &ws = graphs.workspace[0];
+    expectRefusal(name + " finish without a plan",
+                  api.graph.finish(gpu, 0, stream),
+                  KVC_STATUS_INVALID_ARGUMENT, "no planned decode step");
+    expectRefusal(name + " plan over capacity",
+                  api.graph.plan(gpu, kBatch, kBatchSequences, 0,
+                                 positions.data(), kPageSize, ws.ptr, ws.bytes,
+                                 stream),
+                  KVC_STATUS_OUT_OF_RANGE, "more than capacity - page_size");
+    KVC_OK(api.graph.plan(gpu, kBatch, kBatchSequences, 0, positions.data(),
+                          kGraphCapacity, ws.ptr, ws.bytes, stream));
+    for (int b = 0; b < kBatch; ++b)
+      ++positions[b];
+    expectRefusal(name + " second plan before the finish",
+                  api.graph.plan(gpu, kBatch, kBatchSequences, 0,
+                                 positions.data(), kGraphCapacity, ws.ptr,
+                                 ws.bytes, stream),
+                  KVC_STATUS_INVALID_ARGUMENT, "was not finished");
+    // A layer with device score state or victims waits for its steps
+    // before the host reads it: refused until the finish. (Without either,
+    // the runtime's own bookkeeping is the whole truth: no wait, no
+    // refusal.)
+    kvc_metadata_t meta{};
+    if (api.state)
+      expectRefusal(name + " host access before the finish",
+                    kvc_get_metadata(gpu, kBatchSequences[0], 0, 0, &meta),
+                    KVC_STATUS_INVALID_ARGUMENT, "was not finished");
+    CUDA_OK(cudaGraphLaunch(graphs.exec[0], stream));
+    KVC_OK(api.graph.finish(gpu, 0, stream));
+    KVC_OK(kvc_get_metadata(gpu, kBatchSequences[0], 0, 0, &meta));
+    CUDA_OK(cudaStreamSynchronize(stream));
   }
   std::printf("    %s\n", failures == before ? "ok" : "FAILED");
 }
@@ -1256,6 +1384,15 @@ int main() {
   for (const BatchApi &api : batchApis)
     if (selected(api.name))
       runBatch(api, stream);
+  // The step in three calls, its run replayed from a CUDA graph: a decode
+  // with statistics and evictions, and one of attention alone.
+  const BatchApi graphApis[] = {
+    KVC_BATCH_API_GRAPH(h2o, true),
+    KVC_BATCH_API_GRAPH(snapkv, false),
+  };
+  for (const BatchApi &api : graphApis)
+    if (selected(api.name))
+      runBatch(api, stream, /*graph=*/true);
   cudaStreamDestroy(stream);
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;

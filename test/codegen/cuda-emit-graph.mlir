@@ -1,0 +1,86 @@
+// The decode step in three calls for CUDA graphs: decode_plan_batch (the
+// host part: check-out, appends, the tables' upload, the check-in whose
+// event the finish records), decode_run_batch (launches only, planned for
+// `capacity` slots, nothing read from the host's tables) and
+// decode_finish_batch. Generated for the decode kernels of one storage
+// class without a period or a cross-head op; not for KIVI, mixed
+// precision, periodic (RPC) or cross-head (TOVA) policies, whose launches
+// depend on the step. No nvcc needed (cuda-nvcc*.mlir and the GPU test,
+// under the emulator, compile and run them).
+//
+// RUN: rm -rf %t && mkdir -p %t
+// RUN: kvc-opt %kvc_src_root/policies/h2o.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --check-prefix=HDR --input-file=%t/kvc_h2o_cuda.h
+// RUN: FileCheck %s --input-file=%t/kvc_h2o_cuda.cu
+// RUN: kvc-opt %kvc_src_root/policies/snapkv.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --check-prefix=SNAP --input-file=%t/kvc_snapkv_cuda.cu
+// RUN: kvc-opt %kvc_src_root/policies/kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_kivi2_cuda.h
+// RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_rpc_cuda.h
+// RUN: kvc-opt %kvc_src_root/policies/tova.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_tova_cuda.h
+// RUN: kvc-opt %kvc_src_root/policies/mixed_precision.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_mixed_precision_cuda.h
+
+// HDR: kvc_status_t kvc_h2o_cuda_decode_batch(
+// HDR: kvc_status_t kvc_h2o_cuda_decode_plan_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const int32_t *positions, int32_t capacity, void *workspace, uint64_t workspace_bytes, void *stream);
+// HDR: kvc_status_t kvc_h2o_cuda_decode_run_batch(kvc_context_t *context, int32_t batch, int32_t layer, const float *q, const float *k, const float *v, float *out, int32_t capacity, void *workspace, uint64_t workspace_bytes, void *stream);
+// HDR: kvc_status_t kvc_h2o_cuda_decode_finish_batch(kvc_context_t *context, int32_t layer, void *stream);
+
+// The whole step keeps its words in storeAppended and its event at the
+// check-in.
+// CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_batch(
+// CHECK: /*kiviWork=*/nullptr, /*storesWriteWords=*/true));
+// CHECK: tables, w.heads, heads, kKvHeads
+// CHECK: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
+
+// The plan: a capacity checked before any append, the words written by
+// the upload's own launch, no kernel of the step, the event left to the
+// finish.
+// CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_plan_batch(
+// CHECK: tables.checkOut(
+// CHECK: if (static_cast<int64_t>(maxSlots) + config.page_size > capacity)
+// CHECK-NEXT: return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, "kvc_h2o_cuda_decode_plan_batch: a head holds more than capacity - page_size slots");
+// CHECK-NEXT: const int64_t stride = capacity;
+// CHECK: kvc_append_step(
+// CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
+// CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads));
+// CHECK-NOT: launch
+// CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
+// CHECK-NEXT: // The step's event waits for its finish, after the run.
+// CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true, /*recordLater=*/true));
+
+// The run: the splits and fold blocks planned for the capacity, nothing
+// from the host's tables, no append.
+// CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_run_batch(
+// CHECK-NOT: tables.
+// CHECK-NOT: kvc_append
+// CHECK: w.heads = reinterpret_cast<const kvc::cuda::HeadTable *>(w.tables);
+// CHECK-NOT: tables.
+// CHECK: launchAppendStores<kHeadDim, kStorage>(
+// CHECK-NEXT: w.heads, heads, kKvHeads,
+// CHECK-NOT: tables.
+// CHECK: kvc::cuda::planSplits(
+// CHECK-NEXT: capacity, kMaxSplits, kMinSlotsPerSplit, heads,
+// CHECK-NOT: tables.
+// CHECK: kvc::cuda::planFold<kGroup>(
+// CHECK-NEXT: plan, heads, capacity, multiprocessors);
+// CHECK-NOT: tables.
+// CHECK: launchDependent<&decodeFold>(
+// CHECK-NOT: tables.
+// CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_finish_batch(
+// CHECK: return kvc::cuda::finishPlannedSteps(context, layer, static_cast<cudaStream_t>(stream),
+
+// SnapKV: no victims to keep; the run's attention merges its splits.
+// SNAP-LABEL: kvc_status_t kvc_snapkv_cuda_decode_plan_batch(
+// SNAP-NOT: keepVictims
+// SNAP: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/false, /*recordLater=*/true));
+// SNAP-LABEL: kvc_status_t kvc_snapkv_cuda_decode_run_batch(
+// SNAP: /*mergeOut=*/out};
+// SNAP-LABEL: kvc_status_t kvc_snapkv_cuda_decode_finish_batch(
+
+// NONE: _decode_batch(
+// NONE-NOT: _plan_batch
+// NONE-NOT: _run_batch
+// NONE-NOT: _finish_batch
