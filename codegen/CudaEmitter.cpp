@@ -99,12 +99,14 @@ public:
 
   /// Decode: the step split for CUDA graphs (planDeclaration,
   /// runDeclaration, finishDeclaration): a decode kernel of one storage
-  /// class whose launches depend on the batch alone, with no phase that
-  /// runs at some positions only (every_n) and no cross-head op (whose
-  /// kernels a period's end gates on the host).
+  /// class whose launches depend on the batch alone. Not a periodic kernel
+  /// with a cross-head op, whose cross-head kernels launch only at the
+  /// steps where some sequence ends a period (decided on the host); a
+  /// periodic kernel's other kernels launch at every step and their blocks
+  /// check their own sequence's position.
   bool graphable() {
     return decode && kernel.getKind() == KernelKind::decode && !kivi &&
-           !mixed && !periodic && !crossOp;
+           !mixed && !(periodic && crossOp);
   }
   /// The host part of a step: check-out, appends, the tables' upload.
   std::string planDeclaration() {

@@ -1587,8 +1587,8 @@ void printList(const Options &o) {
   std::printf("host side of a decode call: plain and fused, contexts %s\n",
               joinList(o.hostContexts).c_str());
   std::printf("model step: every layer of the fused policy per token, "
-              "pipelined against synchronized after each layer; contexts "
-              "%s\n",
+              "pipelined against synchronized after each layer and against "
+              "the runs replayed from CUDA graphs; contexts %s\n",
               joinList(o.modelContexts).c_str());
   bool alternatives = false;
   for (const BenchGeometry &g : kBenchGeometries)

@@ -3,10 +3,10 @@
 // event the finish records), decode_run_batch (launches only, planned for
 // `capacity` slots, nothing read from the host's tables) and
 // decode_finish_batch. Generated for the decode kernels of one storage
-// class without a period or a cross-head op; not for KIVI, mixed
-// precision, periodic (RPC) or cross-head (TOVA) policies, whose launches
-// depend on the step. No nvcc needed (cuda-nvcc*.mlir and the GPU test,
-// under the emulator, compile and run them).
+// class whose launches depend on the batch alone: periodic (RPC) and
+// cross-head (TOVA) ones included, not KIVI or mixed precision, whose
+// launches depend on the step. No nvcc needed (cuda-nvcc*.mlir and the
+// GPU test, under the emulator, compile and run them).
 //
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: kvc-opt %kvc_src_root/policies/h2o.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
@@ -17,9 +17,9 @@
 // RUN: kvc-opt %kvc_src_root/policies/kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_kivi2_cuda.h
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_rpc_cuda.h
+// RUN: FileCheck %s --check-prefix=RPC --input-file=%t/kvc_rpc_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/tova.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_tova_cuda.h
+// RUN: FileCheck %s --check-prefix=TOVA --input-file=%t/kvc_tova_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/mixed_precision.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_mixed_precision_cuda.h
 
@@ -79,6 +79,26 @@
 // SNAP-LABEL: kvc_status_t kvc_snapkv_cuda_decode_run_batch(
 // SNAP: /*mergeOut=*/out};
 // SNAP-LABEL: kvc_status_t kvc_snapkv_cuda_decode_finish_batch(
+
+// For the periodic RPC, the plan keeps the victims of the sequences that end
+// a period; the run launches the stages at every step (their blocks check the period).
+// RPC-LABEL: kvc_status_t kvc_rpc_cuda_decode_plan_batch(
+// RPC: if ((positions[b] + 1) % kPeriod == 0)
+// RPC-NEXT: KVC_CUDA_TRY(tables.keepVictims(b));
+// RPC-LABEL: kvc_status_t kvc_rpc_cuda_decode_run_batch(
+// RPC-NOT: positions
+// RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
+// RPC-NOT: positions
+// RPC-LABEL: kvc_status_t kvc_rpc_cuda_decode_finish_batch(
+
+// For the cross-head TOVA, the layer-wide entries checked by the plan's
+// upload; the run launches the cross-head kernels.
+// TOVA-LABEL: kvc_status_t kvc_tova_cuda_decode_plan_batch(
+// TOVA: /*sameEntries=*/true
+// TOVA-LABEL: kvc_status_t kvc_tova_cuda_decode_run_batch(
+// TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
+// TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(
+// TOVA-LABEL: kvc_status_t kvc_tova_cuda_decode_finish_batch(
 
 // NONE: _decode_batch(
 // NONE-NOT: _plan_batch

@@ -1384,10 +1384,13 @@ int main() {
   for (const BatchApi &api : batchApis)
     if (selected(api.name))
       runBatch(api, stream);
-  // The step in three calls, its run replayed from a CUDA graph: a decode
-  // with statistics and evictions, and one of attention alone.
+  // The step in three calls, its run replayed from a CUDA graph, for the
+  // same kinds of decode step but KIVI pages and two page classes (which
+  // have no such calls).
   const BatchApi graphApis[] = {
     KVC_BATCH_API_GRAPH(h2o, true),
+    KVC_BATCH_API_GRAPH(tova, false),
+    KVC_BATCH_API_GRAPH(rpc_small, true),
     KVC_BATCH_API_GRAPH(snapkv, false),
   };
   for (const BatchApi &api : graphApis)
