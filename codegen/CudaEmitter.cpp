@@ -135,6 +135,14 @@ public:
   std::string planDocumentation();
   std::string runDocumentation();
   std::string finishDocumentation();
+  /// The single-sequence decode entry's name, while `name` is that of one
+  /// of its parts (_plan_batch, _run_batch).
+  std::string stepName() const {
+    StringRef n(name);
+    if (!n.consume_back("_plan_batch"))
+      n.consume_back("_run_batch");
+    return n.str();
+  }
 
   std::string documentation();
   std::string batchDocumentation();
@@ -1953,11 +1961,10 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
            "slots of the workspace, as in the plan.\n"
            "  const int32_t heads = batch * kKvHeads;\n"
            "  const int64_t stride = capacity;\n";
-    out << "  if (workspace_bytes < " << name.substr(0, name.size() - 10)
+    out << "  if (workspace_bytes < " << stepName()
         << "_batch_workspace_bytes(batch, capacity))\n"
         << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
-        << name << ": workspace smaller than "
-        << name.substr(0, name.size() - 10)
+        << name << ": workspace smaller than " << stepName()
         << "_batch_workspace_bytes(batch, capacity)\");\n";
     out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
         << "Workspace w;\n  carve" << camel
@@ -1988,7 +1995,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
          "  int32_t maxSlots = 0;\n"
          "  KVC_CUDA_TRY(tables.slotsBeforeStep(&maxSlots));\n";
   if (plan) {
-    const std::string batchName = name.substr(0, name.size() - 11);
+    const std::string batchName = stepName();
     out << "  // The run is planned for `capacity` slots per head: every head "
            "must fit it\n  // after the append (at most one more page).\n"
            "  if (static_cast<int64_t>(maxSlots) + config.page_size > "

@@ -50,6 +50,11 @@
 // stored); heads keep different counts, so a boundary swap may move an
 // entry between heads: per-head counts may differ by kMaxBoundarySwaps,
 // the total kept must be equal.
+// The batch test (several sequences of different lengths per call) runs
+// H2O, TOVA, RPC and SnapKV a second time through the decode step in three
+// calls, each layer's run captured once in a CUDA graph and replayed at
+// every later step, then checks that the misuses of the three calls are
+// refused (runBatch with `graph`).
 // Every device buffer (the pools, the workspaces, the inputs) starts with
 // 0x7f in every byte, not zeros, on a device as on the emulator: a policy
 // must not read pool or workspace bytes it did not write.
