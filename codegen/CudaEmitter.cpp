@@ -99,14 +99,17 @@ public:
 
   /// Decode: the step split for CUDA graphs (planDeclaration,
   /// runDeclaration, finishDeclaration): a decode kernel of one storage
-  /// class whose launches depend on the batch alone. Not a periodic kernel
-  /// with a cross-head op, whose cross-head kernels launch only at the
-  /// steps where some sequence ends a period (decided on the host); a
-  /// periodic kernel's other kernels launch at every step and their blocks
-  /// check their own sequence's position.
+  /// class whose launches depend on the batch alone. KIVI's quantization
+  /// and staging launch in grids for the most work of a step
+  /// (launchPlannedKivi). Not a periodic kernel with a cross-head op,
+  /// whose cross-head kernels launch only at the steps where some sequence
+  /// ends a period (decided on the host); a periodic kernel's other
+  /// kernels launch at every step and their blocks check their own
+  /// sequence's position. Not mixed precision, whose stores of the low
+  /// class are sized per step on the host.
   bool graphable() {
-    return decode && kernel.getKind() == KernelKind::decode && !kivi &&
-           !mixed && !(periodic && crossOp);
+    return decode && kernel.getKind() == KernelKind::decode && !mixed &&
+           !(periodic && crossOp);
   }
   /// The host part of a step: check-out, appends, the tables' upload.
   std::string planDeclaration() {
@@ -1827,16 +1830,15 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
     out << "      KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, "
            "layer, h, layout, config.page_size,\n"
            "                                               kKiviGroup, "
-        << (merge || !selects ? "nullptr" : "index") << ", "
-        << (merge ? "w.mergedKeys, w.mergedValues" : "k, v")
-        << ", kKvStride)));\n"
+        << (merge || !selects ? "nullptr" : "index") << ", kKvStride)));\n"
         << "    }\n"
         << (merge ? "    // The merged rows, in kept-list order.\n" : "")
         << "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
            "kDtype>(\n"
-           "        w.kivi, kvc::cuda::kiviWorkBytes(kKvHeads, n, kResidual, "
-           "kKiviGroup), s, \""
-        << name << "\")));\n"
+           "        w.kivi, kvc::cuda::kiviWorkBounds(kKvHeads, n, kResidual, "
+           "kKiviGroup), "
+        << (merge ? "w.mergedKeys, w.mergedValues" : "k, v") << ", s,\n"
+        << "        \"" << name << "\")));\n"
         << "  } catch (const std::bad_alloc &) {\n"
            "    return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY, \""
         << name << ": host allocation failed\");\n  }\n";
@@ -1957,8 +1959,8 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
     // The launches alone: everything they read comes from the arguments
     // and the tables the plan uploaded into the workspace.
     out << "  // Head i of the batch is kv-head i % kKvHeads of sequence i / "
-           "kKvHeads; each head's\n  // logits and scores take `capacity` "
-           "slots of the workspace, as in the plan.\n"
+           "kKvHeads; each head's\n  // rows of the workspace take "
+           "`capacity` slots, as in the plan.\n"
            "  const int32_t heads = batch * kKvHeads;\n"
            "  const int64_t stride = capacity;\n";
     out << "  if (workspace_bytes < " << stepName()
@@ -2052,7 +2054,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
              "    KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, "
              "layer, batch, sequences, kKvHeads, layout,\n"
              "                                                   "
-             "config.page_size, kKiviGroup, k, v, kKvStride)));\n";
+             "config.page_size, kKiviGroup, kKvStride)));\n";
   }
   if (!run)
   out << "    KVC_CUDA_TRY(tables.upload(positions, "
@@ -2064,21 +2066,38 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
          "stride"
       << (kivi ? ", kResidual" : "") << "), s, &w.heads"
       << (kivi && append ? ",\n                               kivi.records(), "
-                           "/*storesWriteWords=*/true"
-                         : "")
+                           "/*storesWriteWords=*/" +
+                               std::string(plan ? "false" : "true")
+                         : std::string())
       << (append && !kivi && !plan
               ? ",\n                               /*kiviWork=*/nullptr, "
                 "/*storesWriteWords=*/true"
               : "")
       << "));\n";
-  if (append && kivi)
+  if (append && kivi && !plan && !run)
     out << "    // The quantization, then the new rows into the residual "
            "windows and, in the\n    // same launch, the tables' words.\n"
            "    KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, "
            "kDtype>(\n"
-           "        w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, "
-           "kResidual, kKiviGroup), s, \""
+           "        w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, "
+           "kResidual, kKiviGroup), k, v, s,\n        \""
         << name << "\", &tables)));\n";
+  if (append && kivi && plan)
+    out << "    // The jobs of the run's quantization and staging, each list "
+           "at a place that\n    // depends on the batch alone "
+           "(carveKiviWork).\n"
+           "    KVC_CUDA_TRY(kivi.upload(w.kivi, "
+           "kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup),\n"
+           "                             s, \""
+        << name << "\"));\n";
+  if (append && kivi && run)
+    out << "    // The quantization and staging of the jobs the plan "
+           "uploaded, in grids for\n    // the most work of a step whose "
+           "blocks past the uploaded counts return.\n"
+           "    KVC_CUDA_TRY((kvc::cuda::launchPlannedKivi<kHeadDim, "
+           "kKiviBits, kKiviGroup, kDtype>(\n"
+           "        w.kivi, heads, kResidual, k, v, s, \""
+        << name << "\")));\n";
   if (append && !kivi && !plan && !run)
     out << "    // The new rows, at the slots the uploaded tables name, and "
            "the tables' words\n    // in the same launch.\n"
@@ -2088,7 +2107,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
            "config, layout), k, v,\n"
            "        kKvStride, s, \""
         << name << "\")));\n";
-  if (append && run)
+  if (append && !kivi && run)
     out << "    // The new rows, at the slots the uploaded tables name (the "
            "plan's upload wrote\n    // the tables' words).\n"
            "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "

@@ -2821,9 +2821,12 @@ template <> struct Element<KVC_DTYPE_BF16> {
 
 /// Where a KIVI job reads a full-precision row: a float32 input row of the
 /// call (rounded to dtype first, as staging would store it) or a residual
-/// row of dtype elements.
+/// row of dtype elements. An input row is named by its offset in floats
+/// from the launch's key or value tensor (the job's kind says which), so
+/// that uploaded jobs do not depend on the tensors' addresses (a decode
+/// run replayed from a CUDA graph); a residual row by its address.
 struct KiviSource {
-  uint64_t address;
+  uint64_t location; ///< Input: offset in floats; residual: address.
   int32_t isInput;
   int32_t pad;
 };
@@ -2846,29 +2849,43 @@ struct KiviJob {
 
 /// One row pair to stage into the residual window.
 struct KiviStage {
-  uint64_t key, value;                 ///< float32 input rows.
+  int64_t input; ///< The input rows: their offset in floats in k and in v.
   uint64_t residualKey, residualValue; ///< Residual rows.
 };
 
+/// The counts at the start of a KIVI work region (KiviWorkPlan::upload):
+/// the blocks of kiviQuantize and kiviStageRows past them return, so that
+/// a launch may size its grid for the most work of a step.
+struct KiviWorkCounts {
+  int32_t jobs, stages;
+};
+
 template <kvc_dtype_t T>
-__device__ float kiviSourceElement(const KiviSource &s, int c) {
+__device__ float kiviSourceElement(const KiviSource &s, const float *input,
+                                   int c) {
   if (s.isInput)
-    return Element<T>::round(reinterpret_cast<const float *>(s.address)[c]);
-  return Element<T>::load(reinterpret_cast<const uint8_t *>(s.address), c);
+    return Element<T>::round(input[static_cast<int64_t>(s.location) + c]);
+  return Element<T>::load(reinterpret_cast<const uint8_t *>(s.location), c);
 }
 
 /// Runs the quantization jobs, one block of D threads each (thread c owns
-/// channel c): a value per token over groups of KG channels, a key block per
-/// channel over its members. Minima and maxima are taken in the host's order
-/// (first element, then strict comparisons), then codes are packed as
-/// kvc_pack_bits does: code j at bit (j * bits) % 8 of byte j * bits / 8.
+/// channel c; the blocks past counts->jobs return): a value per token over
+/// groups of KG channels, a key block per channel over its members, whose
+/// input rows are read from k (keys) or v (values). Minima and maxima are
+/// taken in the host's order (first element, then strict comparisons), then
+/// codes are packed as kvc_pack_bits does: code j at bit (j * bits) % 8 of
+/// byte j * bits / 8.
 template <int D, int kBits, int KG, kvc_dtype_t T>
 __global__ void __launch_bounds__(D)
-    kiviQuantize(const KiviJob *jobs, const KiviMember *members) {
+    kiviQuantize(const KiviJob *jobs, const KiviMember *members,
+                 const KiviWorkCounts *counts, const float *k,
+                 const float *v) {
   static_assert(D % KG == 0 && (D * kBits) % 8 == 0, "KIVI geometry");
   // The attention kernel may follow it (a step without staged rows:
   // launchDependent).
   releaseDependents();
+  if (static_cast<int32_t>(blockIdx.x) >= counts->jobs)
+    return;
   const KiviJob job = jobs[blockIdx.x];
   __shared__ uint8_t codes[KG][D];
   __shared__ float row[D];
@@ -2878,7 +2895,7 @@ __global__ void __launch_bounds__(D)
     float lo = 0.0f, hi = 0.0f;
     for (int32_t t = 0; t < job.count; ++t) {
       const float x =
-          kiviSourceElement<T>(members[job.firstMember + t].source, c);
+          kiviSourceElement<T>(members[job.firstMember + t].source, k, c);
       lo = t == 0 || x < lo ? x : lo;
       hi = t == 0 || hi < x ? x : hi;
     }
@@ -2886,10 +2903,10 @@ __global__ void __launch_bounds__(D)
     records[c] = p.word;
     for (int32_t t = 0; t < job.count; ++t)
       codes[t][c] = static_cast<uint8_t>(kiviCode<kBits>(
-          kiviSourceElement<T>(members[job.firstMember + t].source, c),
+          kiviSourceElement<T>(members[job.firstMember + t].source, k, c),
           p.scale, p.min));
   } else {
-    row[c] = kiviSourceElement<T>(members[job.firstMember].source, c);
+    row[c] = kiviSourceElement<T>(members[job.firstMember].source, v, c);
     __syncthreads();
     const int first = c / KG * KG;
     float lo = row[first], hi = lo;
@@ -2917,29 +2934,34 @@ __global__ void __launch_bounds__(D)
   }
 }
 
-/// Writes the `count` staged rows into the residual window, one block of D
-/// threads per row pair, and in the blocks after them a decode step's
-/// `numWords` table words (writeTableWords; the rows and the words touch
-/// different memory); runs after kiviQuantize, whose jobs may read the rows
-/// these overwrite.
+/// Writes the staged rows (counts->stages of them, rows of k and v) into
+/// the residual window, one block of D threads per row pair among the
+/// first `stageBlocks` blocks, and in the blocks after them a decode
+/// step's `numWords` table words (writeTableWords; the rows and the words
+/// touch different memory); runs after kiviQuantize, whose jobs may read
+/// the rows these overwrite.
 template <int D, kvc_dtype_t T>
 __global__ void __launch_bounds__(D)
-    kiviStageRows(const KiviStage *stages, int32_t count,
-                  const TableWord *words, int32_t numWords) {
+    kiviStageRows(const KiviStage *stages, int32_t stageBlocks,
+                  const KiviWorkCounts *counts, const float *k,
+                  const float *v, const TableWord *words, int32_t numWords) {
   // The attention kernel after it may start its blocks (launchDependent).
   releaseDependents();
-  if (static_cast<int32_t>(blockIdx.x) >= count) {
+  const int32_t block = static_cast<int32_t>(blockIdx.x);
+  if (block >= stageBlocks) {
     writeTableWord(words, numWords,
-                   (static_cast<int32_t>(blockIdx.x) - count) * D +
+                   (block - stageBlocks) * D +
                        static_cast<int32_t>(threadIdx.x));
     return;
   }
-  const KiviStage s = stages[blockIdx.x];
+  if (block >= counts->stages)
+    return;
+  const KiviStage s = stages[block];
   const int c = threadIdx.x;
   Element<T>::store(reinterpret_cast<uint8_t *>(s.residualKey), c,
-                    reinterpret_cast<const float *>(s.key)[c]);
+                    k[s.input + c]);
   Element<T>::store(reinterpret_cast<uint8_t *>(s.residualValue), c,
-                    reinterpret_cast<const float *>(s.value)[c]);
+                    v[s.input + c]);
 }
 
 /// The Storage of a KIVI context's full-precision rows (its dtype).
@@ -9572,25 +9594,104 @@ kvc_status_t launchLowStores(const std::vector<StoreEntry> &entries,
 // Host side of KIVI: the runtime's recorded work, as device jobs
 //===----------------------------------------------------------------------===//
 
-/// Workspace bytes KiviWorkPlan::launch needs for `heads` heads that each
-/// append at most `entries` entries in one call (R residual rows, group
-/// KG): a value per entry, key blocks over at most entries + R keys, and at
-/// most min(entries, R) stages.
+/// The most work KIVI appends of `heads` heads, each of at most `entries`
+/// entries in one call (R residual rows, group KG), record: a value per
+/// entry, key blocks over at most entries + R keys, at most min(entries, R)
+/// stages, and the members of those jobs.
+struct KiviWorkBounds {
+  int64_t jobs = 0, members = 0, stages = 0;
+};
+
+inline KiviWorkBounds kiviWorkBounds(int32_t heads, int64_t entries,
+                                     int32_t residual, int32_t group) {
+  const int64_t n = entries > 0 ? entries : 0;
+  const int64_t h = heads > 0 ? heads : 0;
+  KiviWorkBounds b;
+  b.jobs = h * (n + (n + residual) / group + 1);
+  b.members = h * (2 * n + residual);
+  b.stages = h * (n < residual ? n : residual);
+  return b;
+}
+
+/// A KIVI work region laid out for `bounds`: the counts, then the stages,
+/// the jobs and the members, each at a fixed place, so that the launches
+/// of a decode run name the same addresses at every step.
+struct KiviWorkRegion {
+  KiviWorkCounts *counts;
+  KiviStage *stages;
+  KiviJob *jobs;
+  KiviMember *members;
+};
+
+inline KiviWorkRegion carveKiviWork(Carver &carver,
+                                    const KiviWorkBounds &bounds) {
+  KiviWorkRegion r;
+  r.counts = carver.take<KiviWorkCounts>(1);
+  r.stages = carver.take<KiviStage>(bounds.stages);
+  r.jobs = carver.take<KiviJob>(bounds.jobs);
+  r.members = carver.take<KiviMember>(bounds.members);
+  return r;
+}
+
+/// Workspace bytes of a KIVI work region for kiviWorkBounds(heads, entries,
+/// residual, group) (KiviWorkPlan::upload, launchPlannedKivi).
 inline uint64_t kiviWorkBytes(int32_t heads, int64_t entries, int32_t residual,
                               int32_t group) {
-  const uint64_t n = static_cast<uint64_t>(entries > 0 ? entries : 0);
-  const uint64_t r = static_cast<uint64_t>(residual);
-  const uint64_t jobs = n + (n + r) / static_cast<uint64_t>(group) + 1;
-  const uint64_t members = 2 * n + r;
-  return static_cast<uint64_t>(heads) *
-             (jobs * sizeof(KiviJob) + members * sizeof(KiviMember) +
-              n * sizeof(KiviStage)) +
-         3 * kWorkspaceAlignment;
+  Carver carver(nullptr);
+  carveKiviWork(carver, kiviWorkBounds(heads, entries, residual, group));
+  return carver.bytes();
+}
+
+/// Launches the KIVI work uploaded into `region` (carveKiviWork for
+/// `bounds`) on `stream`: kiviQuantize over `jobBlocks` blocks, then
+/// kiviStageRows over `stageBlocks` blocks and, after them, the blocks of
+/// `numWords` table words. k and v are the tensors the jobs' input rows
+/// are offsets into.
+template <int D, int kBits, int KG, kvc_dtype_t T>
+kvc_status_t launchKiviWork(void *region, const KiviWorkBounds &bounds,
+                            int64_t jobBlocks, int64_t stageBlocks,
+                            const float *k, const float *v,
+                            const TableWord *words, int32_t numWords,
+                            cudaStream_t stream, const char *name) {
+  Carver at(region);
+  const KiviWorkRegion r = carveKiviWork(at, bounds);
+  if (jobBlocks > 0) {
+    kiviQuantize<D, kBits, KG, T><<<static_cast<unsigned>(jobBlocks), D, 0,
+                                    stream>>>(r.jobs, r.members, r.counts, k,
+                                              v);
+    KVC_CUDA_CHECK(name, cudaGetLastError());
+  }
+  const int64_t wordBlocks = (numWords + D - 1) / D;
+  if (stageBlocks + wordBlocks > 0) {
+    kiviStageRows<D, T><<<static_cast<unsigned>(stageBlocks + wordBlocks), D,
+                          0, stream>>>(r.stages,
+                                       static_cast<int32_t>(stageBlocks),
+                                       r.counts, k, v, words, numWords);
+    KVC_CUDA_CHECK(name, cudaGetLastError());
+  }
+  return KVC_STATUS_OK;
+}
+
+/// The launches of the KIVI work of a planned decode step
+/// (KiviWorkPlan::upload into `region` for kiviWorkBounds(heads, 1,
+/// residual, KG)): grids for the most work of a step, whose blocks past the
+/// uploaded counts return, so that the launches are the same at every step
+/// of a batch (a decode run captured in a CUDA graph). The plan's upload
+/// wrote the table words.
+template <int D, int kBits, int KG, kvc_dtype_t T>
+kvc_status_t launchPlannedKivi(void *region, int32_t heads, int32_t residual,
+                               const float *k, const float *v,
+                               cudaStream_t stream, const char *name) {
+  const KiviWorkBounds bounds = kiviWorkBounds(heads, 1, residual, KG);
+  return launchKiviWork<D, kBits, KG, T>(region, bounds, bounds.jobs,
+                                         bounds.stages, k, v, nullptr, 0,
+                                         stream, name);
 }
 
 /// The data work of the latest kvc_append of some heads
 /// (kvc_kivi_pending_work), turned into device jobs: addresses of packed
-/// rows, parameter records, float input rows and residual rows.
+/// rows, parameter records and residual rows, and offsets of float input
+/// rows into the k and v tensors the launch is given.
 class KiviWorkPlan {
 public:
   /// Adds the work of kv-head `head`. Input j of the append is row
@@ -9600,11 +9701,11 @@ public:
   kvc_status_t add(kvc_context_t *context, uint64_t sequence, int32_t layer,
                    int32_t head, const kvc_page_layout_t &layout,
                    int32_t pageSize, int32_t group, const int32_t *inputRows,
-                   const float *k, const float *v, int64_t kvStride) {
+                   int64_t kvStride) {
     kvc_kivi_work_t work;
     KVC_CUDA_TRY(kvc_kivi_pending_work(context, sequence, layer, head, &work));
-    return addRecord<D, T>(work, head, layout, pageSize, group, inputRows, k,
-                           v, kvStride);
+    return addRecord<D, T>(work, head, layout, pageSize, group, inputRows,
+                           kvStride);
   }
 
   /// Adds the work of a decode step's appends (kvc_append_step: one entry
@@ -9615,8 +9716,7 @@ public:
   kvc_status_t addStep(kvc_context_t *context, int32_t layer, int32_t batch,
                        const uint64_t *sequences, int32_t kvHeads,
                        const kvc_page_layout_t &layout, int32_t pageSize,
-                       int32_t group, const float *k, const float *v,
-                       int64_t kvStride) {
+                       int32_t group, int64_t kvStride) {
     // A step's work per head: a stage and at most one value, and every G
     // steps a block of G keys.
     const size_t heads = static_cast<size_t>(batch) * kvHeads;
@@ -9634,7 +9734,7 @@ public:
     for (int32_t i = 0; i < batch * kvHeads; ++i) {
       const int32_t row = i / kvHeads;
       KVC_CUDA_TRY((addRecord<D, T>(records_[i], i % kvHeads, layout, pageSize,
-                                    group, &row, k, v, kvStride)));
+                                    group, &row, kvStride)));
     }
     return KVC_STATUS_OK;
   }
@@ -9653,19 +9753,18 @@ private:
   kvc_status_t addRecord(const kvc_kivi_work_t &work, int32_t head,
                          const kvc_page_layout_t &layout, int32_t pageSize,
                          int32_t group, const int32_t *inputRows,
-                         const float *k, const float *v, int64_t kvStride) {
+                         int64_t kvStride) {
     const uint64_t rowBytes = static_cast<uint64_t>(D) * Element<T>::kBytes;
     const uint64_t residual = reinterpret_cast<uint64_t>(work.residual);
     const uint64_t pool = residual - work.residual_offset;
     const uint64_t valueRows = static_cast<uint64_t>(work.residual_length);
-    auto inputRow = [&](const float *x, int32_t input) {
+    auto inputRow = [&](int32_t input) {
       const int64_t row = inputRows ? inputRows[input] : input;
-      return reinterpret_cast<uint64_t>(x + row * kvStride +
-                                        static_cast<int64_t>(head) * D);
+      return row * kvStride + static_cast<int64_t>(head) * D;
     };
     auto source = [&](const kvc_kivi_row_t &r, bool key) {
       if (r.input >= 0)
-        return KiviSource{inputRow(key ? k : v, r.input), 1, 0};
+        return KiviSource{static_cast<uint64_t>(inputRow(r.input)), 1, 0};
       return KiviSource{residual + (static_cast<uint64_t>(r.residual_row) +
                                     (key ? 0 : valueRows)) *
                                        rowBytes,
@@ -9714,8 +9813,7 @@ private:
       for (int32_t i = 0; i < work.num_stages; ++i) {
         const kvc_kivi_row_t &r = work.stages[i];
         const uint64_t row = static_cast<uint64_t>(r.residual_row);
-        stages_.push_back({inputRow(k, r.input), inputRow(v, r.input),
-                           residual + row * rowBytes,
+        stages_.push_back({inputRow(r.input), residual + row * rowBytes,
                            residual + (valueRows + row) * rowBytes});
       }
     } catch (const std::bad_alloc &) {
@@ -9726,68 +9824,81 @@ private:
   }
 
 public:
-  /// Uploads the jobs into `region` (`bytes` long, kiviWorkBytes) and
-  /// launches the quantization, then the staging, on `stream`. With
+  /// Queues on `stream` the copy of the jobs into `region` (kiviWorkBytes
+  /// long, laid out by carveKiviWork for `bounds`): the counts, then each
+  /// list at its place, in one copy from a pinned image that ends with the
+  /// last member (PinnedStaging).
+  kvc_status_t upload(void *region, const KiviWorkBounds &bounds,
+                      cudaStream_t stream, const char *name) {
+    if (static_cast<int64_t>(jobs_.size()) > bounds.jobs ||
+        static_cast<int64_t>(members_.size()) > bounds.members ||
+        static_cast<int64_t>(stages_.size()) > bounds.stages)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              "kvc cuda: KIVI work exceeds its workspace");
+    if (!region)
+      return kvc_report_error(KVC_STATUS_INTERNAL,
+                              "kvc cuda: KIVI work without a workspace");
+    // Offsets into the region (and the image) of each list.
+    Carver carver(region);
+    const KiviWorkRegion at = carveKiviWork(carver, bounds);
+    auto offset = [region](const void *p) {
+      return static_cast<uint64_t>(static_cast<const char *>(p) -
+                                   static_cast<const char *>(region));
+    };
+    const uint64_t bytes =
+        offset(at.members) + sizeof(KiviMember) * members_.size();
+    PinnedStaging &staging = pinnedStaging();
+    char *image = nullptr;
+    KVC_CUDA_TRY(staging.take(bytes, name, &image));
+    // Each list at its place and zeros between them, so that the copy's
+    // bytes do not depend on what the staging memory held.
+    uint64_t filled = 0;
+    auto put = [&](const void *items, uint64_t size, const void *to) {
+      const uint64_t from = offset(to);
+      std::memset(image + filled, 0, from - filled);
+      if (size)
+        std::memcpy(image + from, items, size);
+      filled = from + size;
+    };
+    const KiviWorkCounts counts{static_cast<int32_t>(jobs_.size()),
+                                static_cast<int32_t>(stages_.size())};
+    put(&counts, sizeof(counts), at.counts);
+    put(stages_.data(), sizeof(KiviStage) * stages_.size(), at.stages);
+    put(jobs_.data(), sizeof(KiviJob) * jobs_.size(), at.jobs);
+    put(members_.data(), sizeof(KiviMember) * members_.size(), at.members);
+    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image, bytes,
+                                         cudaMemcpyHostToDevice, stream));
+    KVC_CUDA_TRY(staging.queued(stream, name));
+    return KVC_STATUS_OK;
+  }
+
+  /// Uploads the jobs into `region` (kiviWorkBytes long, for `bounds`) and
+  /// launches the quantization, then the staging, on `stream`, with grids
+  /// of the work's size; the input rows are those of k and v. With
   /// `tables` (a decode step whose upload left its words to the stores,
   /// storesWriteWords), the staging launch writes the step's table words
   /// too, or a writeTableWords launch where nothing is staged.
   template <int D, int kBits, int KG, kvc_dtype_t T>
-  kvc_status_t launch(void *region, uint64_t bytes, cudaStream_t stream,
+  kvc_status_t launch(void *region, const KiviWorkBounds &bounds,
+                      const float *k, const float *v, cudaStream_t stream,
                       const char *name, DeviceTables *tables = nullptr) {
     const TableWord *words = nullptr;
     int32_t numWords = 0;
     if (tables)
       KVC_CUDA_TRY(tables->takeDeferredWords(&words, &numWords));
-    Carver carver(nullptr);
-    carver.take<KiviJob>(static_cast<int64_t>(jobs_.size()));
-    carver.take<KiviMember>(static_cast<int64_t>(members_.size()));
-    carver.take<KiviStage>(static_cast<int64_t>(stages_.size()));
-    if (carver.bytes() > bytes)
-      return kvc_report_error(KVC_STATUS_INTERNAL,
-                              "kvc cuda: KIVI work exceeds its workspace");
-    Carver at(region);
-    KiviJob *jobs = at.take<KiviJob>(static_cast<int64_t>(jobs_.size()));
-    KiviMember *members =
-        at.take<KiviMember>(static_cast<int64_t>(members_.size()));
-    KiviStage *stages = at.take<KiviStage>(static_cast<int64_t>(stages_.size()));
     if (stages_.empty() && numWords > 0) {
       writeTableWords<256><<<static_cast<unsigned>((numWords + 255) / 256),
                              256, 0, stream>>>(words, numWords);
       KVC_CUDA_CHECK(name, cudaGetLastError());
+      numWords = 0;
     }
     if (jobs_.empty() && stages_.empty())
       return KVC_STATUS_OK;
-    // The three lists in one pinned image laid out as the region, one copy
-    // (PinnedStaging).
-    PinnedStaging &staging = pinnedStaging();
-    char *image = nullptr;
-    KVC_CUDA_TRY(staging.take(carver.bytes(), name, &image));
-    Carver host(image);
-    auto put = [&host](const auto &list) {
-      using Item = typename std::decay_t<decltype(list)>::value_type;
-      Item *to = host.take<Item>(static_cast<int64_t>(list.size()));
-      if (!list.empty())
-        std::memcpy(to, list.data(), sizeof(Item) * list.size());
-    };
-    put(jobs_);
-    put(members_);
-    put(stages_);
-    KVC_CUDA_CHECK(name, cudaMemcpyAsync(region, image, carver.bytes(),
-                                         cudaMemcpyHostToDevice, stream));
-    KVC_CUDA_TRY(staging.queued(stream, name));
-    if (!jobs_.empty()) {
-      kiviQuantize<D, kBits, KG, T>
-          <<<static_cast<unsigned>(jobs_.size()), D, 0, stream>>>(jobs, members);
-      KVC_CUDA_CHECK(name, cudaGetLastError());
-    }
-    if (!stages_.empty()) {
-      const int32_t count = static_cast<int32_t>(stages_.size());
-      kiviStageRows<D, T>
-          <<<static_cast<unsigned>(count + (numWords + D - 1) / D), D, 0,
-             stream>>>(stages, count, words, numWords);
-      KVC_CUDA_CHECK(name, cudaGetLastError());
-    }
-    return KVC_STATUS_OK;
+    KVC_CUDA_TRY(upload(region, bounds, stream, name));
+    return launchKiviWork<D, kBits, KG, T>(
+        region, bounds, static_cast<int64_t>(jobs_.size()),
+        static_cast<int64_t>(stages_.size()), k, v, words, numWords, stream,
+        name);
   }
 
 private:

@@ -112,6 +112,10 @@ struct BenchGeometry {
   PlanFn fusedPlan;
   RunFn fusedRun;
   FinishFn fusedFinish;
+  /// int2's step in three calls (the KIVI table's graph column).
+  PlanFn kivi2Plan;
+  RunFn kivi2Run;
+  FinishFn kivi2Finish;
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
@@ -216,7 +220,10 @@ struct BenchGeometry {
          KVC_GB(kivi4, d, g, decode_batch)},                                   \
         KVC_GB(fused, d, g, decode_plan_batch),                                \
         KVC_GB(fused, d, g, decode_run_batch),                                 \
-        KVC_GB(fused, d, g, decode_finish_batch)
+        KVC_GB(fused, d, g, decode_finish_batch),                              \
+        KVC_GB(kivi2, d, g, decode_plan_batch),                                \
+        KVC_GB(kivi2, d, g, decode_run_batch),                                 \
+        KVC_GB(kivi2, d, g, decode_finish_batch)
 
 } // namespace
 
@@ -388,6 +395,39 @@ struct EventTimer {
     float ms = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     return ms;
+  }
+};
+
+/// CUDA graphs of decode runs (kvc_<p>_cuda_decode_run_batch), one per
+/// layer, each captured at the layer's first step (global capture mode: a
+/// run that waits, allocates or queries fails the capture) and replayed
+/// at every step.
+struct RunGraphs {
+  std::vector<cudaGraphExec_t> exec;
+  explicit RunGraphs(int layers) : exec(layers, nullptr) {}
+  ~RunGraphs() {
+    for (cudaGraphExec_t e : exec)
+      if (e)
+        cudaGraphExecDestroy(e);
+  }
+  RunGraphs(const RunGraphs &) = delete;
+  RunGraphs &operator=(const RunGraphs &) = delete;
+  /// Launches layer's graph on `stream`, captured from `run` (a call of
+  /// the run on `stream`) first if the layer has none. Throws BenchError.
+  template <typename Run>
+  void launch(int layer, cudaStream_t stream, Run &&run) {
+    if (!exec[layer]) {
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      const kvc_status_t status = run();
+      cudaGraph_t captured = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+      KVC_CHECK(status);
+      CUDA_CHECK(ended);
+      const cudaError_t made = cudaGraphInstantiate(&exec[layer], captured, 0);
+      cudaGraphDestroy(captured);
+      CUDA_CHECK(made);
+    }
+    CUDA_CHECK(cudaGraphLaunch(exec[layer], stream));
   }
 };
 
@@ -936,15 +976,7 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
   };
   // The graph variant: the runs are planned for `stride` slots (the
   // workspace's), each layer's captured at its first step.
-  struct Graphs {
-    std::vector<cudaGraphExec_t> exec;
-    ~Graphs() {
-      for (cudaGraphExec_t e : exec)
-        if (e)
-          cudaGraphExecDestroy(e);
-    }
-  } graphs;
-  graphs.exec.assign(r.layers, nullptr);
+  RunGraphs graphs(r.layers);
   auto graphToken = [&](int32_t position) {
     const int32_t *positions = in.at(position);
     void *ws = buffers.workspace.ptr;
@@ -952,21 +984,10 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
     for (int layer = 0; layer < r.layers; ++layer) {
       KVC_CHECK(g.fusedPlan(ctx.context, batch, in.sequences.data(), layer,
                             positions, stride, ws, wsBytes, stream));
-      if (!graphs.exec[layer]) {
-        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        const kvc_status_t status =
-            g.fusedRun(ctx.context, batch, layer, in.q, in.k, in.v, in.out,
-                       stride, ws, wsBytes, stream);
-        cudaGraph_t captured = nullptr;
-        const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
-        KVC_CHECK(status);
-        CUDA_CHECK(ended);
-        const cudaError_t made =
-            cudaGraphInstantiate(&graphs.exec[layer], captured, 0);
-        cudaGraphDestroy(captured);
-        CUDA_CHECK(made);
-      }
-      CUDA_CHECK(cudaGraphLaunch(graphs.exec[layer], stream));
+      graphs.launch(layer, stream, [&] {
+        return g.fusedRun(ctx.context, batch, layer, in.q, in.k, in.v, in.out,
+                          stride, ws, wsBytes, stream);
+      });
       KVC_CHECK(g.fusedFinish(ctx.context, layer, stream));
     }
   };
@@ -1093,6 +1114,10 @@ struct KiviResult {
   /// Mean bytes a step reads (kiviCacheBytes over the timed steps).
   double bytesPerStep[kNumKivi] = {};
   std::string error[kNumKivi];
+  /// int2's step as plan, a replay of its run from a CUDA graph, finish.
+  bool graphOk = false;
+  double graphUsPerStep = 0.0;
+  std::string graphError;
 };
 
 /// Bytes a decode step reads of the KIVI cache `ctx` holds in layer 0,
@@ -1154,9 +1179,19 @@ struct KiviTiming {
   double usPerStep, bytesPerStep;
 };
 
+/// A policy's decode step in three calls (plan, run, finish).
+struct StepCalls {
+  PlanFn plan = nullptr;
+  RunFn run = nullptr;
+  FinishFn finish = nullptr;
+};
+
+/// With `calls`, every step is the plan, a replay of the run captured in a
+/// CUDA graph at the first step, and the finish, instead of `decode`.
 KiviTiming timeKivi(ConfigureFn configure, BatchBytesFn workspaceBytes,
                     DecodeFn decode, int dim, int qHeads, Buffers &buffers,
-                    int batch, int n, const Options &o, cudaStream_t stream) {
+                    int batch, int n, const Options &o, cudaStream_t stream,
+                    const StepCalls *calls = nullptr) {
   const int steps = o.steps;
   EventTimer timer;
   kvc_config_t kivi{};
@@ -1172,18 +1207,30 @@ KiviTiming timeKivi(ConfigureFn configure, BatchBytesFn workspaceBytes,
   Batch in(buffers, batch, qHeads, dim);
   CUDA_CHECK(cudaDeviceSynchronize());
   int32_t position = n;
+  RunGraphs graphs(1);
+  auto step = [&](int32_t at) {
+    void *ws = buffers.workspace.ptr;
+    const uint64_t wsBytes = buffers.workspace.bytes;
+    if (!calls) {
+      KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q, in.k,
+                       in.v, in.at(at), in.out, ws, wsBytes, stream));
+      return;
+    }
+    KVC_CHECK(calls->plan(ctx.context, batch, in.sequences.data(), 0,
+                          in.at(at), stride, ws, wsBytes, stream));
+    graphs.launch(0, stream, [&] {
+      return calls->run(ctx.context, batch, 0, in.q, in.k, in.v, in.out,
+                        stride, ws, wsBytes, stream);
+    });
+    KVC_CHECK(calls->finish(ctx.context, 0, stream));
+  };
   auto prime = [&] {
-    KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q, in.k,
-                     in.v, in.at(position++), in.out, buffers.workspace.ptr,
-                     buffers.workspace.bytes, stream));
+    step(position++);
     CUDA_CHECK(cudaStreamSynchronize(stream));
   };
   auto round = [&] {
     for (int i = 0; i < steps; ++i, ++position)
-      KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0, in.q,
-                       in.k, in.v, in.at(position), in.out,
-                       buffers.workspace.ptr, buffers.workspace.bytes,
-                       stream));
+      step(position);
   };
   // Warm-up round (first launches, host allocations).
   if (o.warmUp) {
@@ -1226,6 +1273,22 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
       r.ok[variant] = true;
     } catch (const BenchError &e) {
       r.error[variant] = e.what();
+      ++gCellErrors;
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+    }
+  }
+  if (o.variants[kNumVariants + kInt2]) {
+    const StepCalls calls{g.kivi2Plan, g.kivi2Run, g.kivi2Finish};
+    try {
+      r.graphUsPerStep =
+          timeKivi(g.kiviConfigure[kInt2], g.kiviBytes[kInt2],
+                   g.kiviDecode[kInt2], g.dim, kKvHeads * g.group, buffers,
+                   batch, n, o, stream, &calls)
+              .usPerStep;
+      r.graphOk = true;
+    } catch (const BenchError &e) {
+      r.graphError = e.what();
       ++gCellErrors;
       cudaStreamSynchronize(stream);
       cudaGetLastError();
@@ -1674,7 +1737,8 @@ int main(int argc, char **argv) {
                   "times below are not measurements\n");
     // decode rows: times in microseconds per step of plain, fused, unfused;
     // int2 and int4 rows (KIVI): bytes per step of that format, the 16-bit
-    // (plain) time, that format's time, its GB/s; prefill rows:
+    // (plain) time, that format's time, its GB/s; int2_graph rows: the
+    // 16-bit time, int2's step through a CUDA graph; prefill rows:
     // milliseconds per call of plain, snapkv, h2o; model rows:
     // microseconds per token (every layer) of the fused policy pipelined,
     // then synchronized, then of the plain decode pipelined, then of the
@@ -1887,13 +1951,18 @@ int main(int argc, char **argv) {
           "head_dim * 2 B in the window; + per key block of 32 slots "
           "head_dim {scale, min} pairs; mean over the timed steps.\n"
           "x16b = 16-bit time / KIVI time. Target: int2 >= %.0fx at "
-          "context >= 16k ('-': does not apply); int4 has none.\n\n",
+          "context >= 16k ('-': does not apply); int4 has none.\n"
+          "graph us = int2's step as kvc_kivi2_cuda_decode_plan_batch, a "
+          "replay of its _decode_run_batch captured in a CUDA graph at the "
+          "first step (quantization and staging in grids for a step's most "
+          "work), _decode_finish_batch; i2/gr = int2 us / graph us (above "
+          "1, the graph is faster).\n\n",
           o.steps, o.minMs, kTargetInt2Speedup);
       std::printf("%4s %3s %4s %3s %7s | %9s %9s | %9s %9s %8s %6s %4s | %9s "
-                  "%9s %8s %6s\n",
+                  "%6s | %9s %9s %8s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b MB", "16b us",
-                  "int2 MB", "int2 us", "GB/s", "x16b", "tgt", "int4 MB",
-                  "int4 us", "GB/s", "x16b");
+                  "int2 MB", "int2 us", "GB/s", "x16b", "tgt", "graph us",
+                  "i2/gr", "int4 MB", "int4 us", "GB/s", "x16b");
       sweepCells(
           o, o.contexts,
           [&](const BenchGeometry &g, int batch, int n) {
@@ -1912,9 +1981,10 @@ int main(int argc, char **argv) {
             };
             auto speedup = [&](int v) { return t16 / r.usPerStep[v]; };
             const bool int2 = r.ok[kInt2], int4 = r.ok[kInt4];
+            const bool graph = r.graphOk;
             std::printf(
                 "%4d %3d %4d %3d %7d | %9.2f %9s | %9s %9s %8s %6s %4s | %9s "
-                "%9s %8s %6s\n",
+                "%6s | %9s %9s %8s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n, bytes16 / 1e6,
                 cell(reference, "%.1f", t16).c_str(),
                 cell(int2, "%.2f", r.bytesPerStep[kInt2] / 1e6).c_str(),
@@ -1925,6 +1995,11 @@ int main(int argc, char **argv) {
                     .c_str(),
                 mark(int2 && reference && n >= 16384,
                      int2 && reference && speedup(kInt2) >= kTargetInt2Speedup),
+                cell(graph, "%.1f", r.graphUsPerStep).c_str(),
+                cell(graph && int2, "%.2f",
+                     graph && int2 ? r.usPerStep[kInt2] / r.graphUsPerStep
+                                   : 0)
+                    .c_str(),
                 cell(int4, "%.2f", r.bytesPerStep[kInt4] / 1e6).c_str(),
                 cell(int4, "%.1f", r.usPerStep[kInt4]).c_str(),
                 cell(int4, "%.0f", int4 ? gbs(kInt4) : 0).c_str(),
@@ -1941,6 +2016,12 @@ int main(int argc, char **argv) {
                     kKvHeads * g.group, batch, n, r.bytesPerStep[v],
                     reference ? t16 : NAN, r.usPerStep[v], gbs(v), copy.best());
             }
+            if (!graph && o.variants[kNumVariants + kInt2])
+              std::printf("     int2 graph: %s\n", r.graphError.c_str());
+            if (graph)
+              csv("int2_graph,%d,%d,%d,%d,%d,,us,%.3f,%.3f,,,%.1f\n", g.dim,
+                  g.group, kKvHeads * g.group, batch, n,
+                  reference ? t16 : NAN, r.graphUsPerStep, copy.best());
             std::fflush(stdout);
           });
     }

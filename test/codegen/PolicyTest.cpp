@@ -75,6 +75,12 @@ constexpr int kPrompt = 1100;
 constexpr int kDecodeSteps = 4;
 constexpr int kPageSize = 32;
 
+/// The larger of two differences, NaN when either is: a NaN output is a
+/// failure that std::max would drop (EXPECT_LT(NaN, x) fails).
+double worseOf(double worst, double d) {
+  return std::isnan(d) || d > worst ? d : worst;
+}
+
 double roundToStored(double x) {
 #if defined(KVC_TEST_DTYPE_f16)
   return ref::roundToF16(x);
@@ -752,7 +758,7 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
       for (int g = 0; g < kGroup; ++g)
         for (int t = 0; t < kPrompt; ++t)
           for (int c = 0; c < kDim; ++c)
-            worst = std::max(
+            worst = worseOf(
                 worst,
                 std::fabs(att.output[g].at(t, c) -
                           out[(static_cast<size_t>(t) * kQHeads + h * kGroup +
@@ -1010,9 +1016,9 @@ TEST_P(GeneratedPolicyTest, PrefillAndDecodeMatchTheOracle) {
         double worst = 0.0;
         for (int g = 0; g < kGroup; ++g)
           for (int c = 0; c < kDim; ++c)
-            worst = std::max(worst,
-                             std::fabs(atts[h].output[g].at(0, c) -
-                                       out[(h * kGroup + g) * kDim + c]));
+            worst = worseOf(worst,
+                            std::fabs(atts[h].output[g].at(0, c) -
+                                      out[(h * kGroup + g) * kDim + c]));
         EXPECT_LT(worst, 2e-4) << where << ": decode output";
       }
 

@@ -3,10 +3,12 @@
 // event the finish records), decode_run_batch (launches only, planned for
 // `capacity` slots, nothing read from the host's tables) and
 // decode_finish_batch. Generated for the decode kernels of one storage
-// class whose launches depend on the batch alone: periodic (RPC) and
-// cross-head (TOVA) ones included, not KIVI or mixed precision, whose
-// launches depend on the step. No nvcc needed (cuda-nvcc*.mlir and the
-// GPU test, under the emulator, compile and run them).
+// class whose launches depend on the batch alone: periodic (RPC),
+// cross-head (TOVA) and KIVI ones included (KIVI's quantization and
+// staging in grids for a step's most work), not mixed precision, whose
+// stores of the low class are sized per step. No nvcc needed
+// (cuda-nvcc*.mlir and the GPU test, under the emulator, compile and run
+// them).
 //
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: kvc-opt %kvc_src_root/policies/h2o.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
@@ -15,7 +17,7 @@
 // RUN: kvc-opt %kvc_src_root/policies/snapkv.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --check-prefix=SNAP --input-file=%t/kvc_snapkv_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/kivi2.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_kivi2_cuda.h
+// RUN: FileCheck %s --check-prefix=KIVI --input-file=%t/kvc_kivi2_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --check-prefix=RPC --input-file=%t/kvc_rpc_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/tova.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
@@ -99,6 +101,36 @@
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
 // TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(
 // TOVA-LABEL: kvc_status_t kvc_tova_cuda_decode_finish_batch(
+
+// For KIVI, the whole step launches its jobs in grids of their size, with
+// the tables' words; the plan uploads them for the run, whose grids are the
+// bounds of a step (launchPlannedKivi); the words go with the tables.
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_batch(
+// KIVI: kivi.records(), /*storesWriteWords=*/true));
+// KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup), k, v, s,
+// KIVI-NEXT: "kvc_kivi2_cuda_decode_batch", &tables)));
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_plan_batch(
+// KIVI: KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, layer, batch, sequences, kKvHeads, layout,
+// KIVI-NEXT: config.page_size, kKiviGroup, kKvStride)));
+// KIVI-NEXT: KVC_CUDA_TRY(tables.upload(
+// KIVI: kivi.records(), /*storesWriteWords=*/false));
+// KIVI-NOT: launch
+// KIVI: KVC_CUDA_TRY(kivi.upload(w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup),
+// KIVI-NEXT: s, "kvc_kivi2_cuda_decode_plan_batch"));
+// KIVI-NEXT: // The step's event waits for its finish, after the run.
+// KIVI-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/false, /*recordLater=*/true));
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_run_batch(
+// KIVI-NOT: tables.
+// KIVI-NOT: kivi.
+// KIVI: KVC_CUDA_TRY((kvc::cuda::launchPlannedKivi<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-NEXT: w.kivi, heads, kResidual, k, v, s, "kvc_kivi2_cuda_decode_run_batch")));
+// KIVI-NOT: tables.
+// KIVI: kvc::cuda::planSplits(
+// KIVI-NEXT: capacity, kMaxSplits, kMinSlotsPerSplit, heads,
+// KIVI-NOT: tables.
+// KIVI: decodeAttentionKivi
+// KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_finish_batch(
 
 // NONE: _decode_batch(
 // NONE-NOT: _plan_batch

@@ -511,7 +511,11 @@ kvc.policy @heavy {
 }
 
 // A decode without attention statistics stores no logits and its workspace
-// has none; the last attention block of each head merges the splits.
+// has none; the last attention block of each head merges the splits, in
+// the whole step and in the run of the step in three calls.
+// NOLOGITS-NOT: logits
+// NOLOGITS: /*logits=*/nullptr, w.partials,
+// NOLOGITS-NEXT: /*mergeOut=*/out};
 // NOLOGITS-NOT: logits
 // NOLOGITS: /*logits=*/nullptr, w.partials,
 // NOLOGITS-NEXT: /*mergeOut=*/out};
@@ -534,8 +538,9 @@ kvc.policy @heavy {
 // KIVI: kvc::cuda::KiviWorkPlan kivi;
 // KIVI: KVC_CUDA_TRY(kvc_append(context, sequence, layer, h, count, kHeadDim, nullptr, nullptr,
 // KIVI: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, layer, h, layout, config.page_size,
-// KIVI-NEXT: kKiviGroup, nullptr, k, v, kKvStride)));
+// KIVI-NEXT: kKiviGroup, nullptr, kKvStride)));
 // KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
+// KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBounds(kKvHeads, n, kResidual, kKiviGroup), k, v, s,
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_batch(
 // KIVI: kvc::cuda::DeviceTables tables;
 // KIVI-NEXT: KVC_CUDA_TRY(tables.checkOut(context, batch, sequences, layer, kKvHeads,
@@ -548,7 +553,7 @@ kvc.policy @heavy {
 // KIVI-NEXT: // The batch's work records in one call; the device tables read them too.
 // KIVI-NEXT: kvc::cuda::KiviWorkPlan kivi;
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, layer, batch, sequences, kKvHeads, layout,
-// KIVI-NEXT: config.page_size, kKiviGroup, k, v, kKvStride)));
+// KIVI-NEXT: config.page_size, kKiviGroup, kKvStride)));
 // KIVI-NOT: storeEntry
 // The tables go up first: the staging launch writes their words.
 // KIVI-NEXT: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
@@ -557,7 +562,8 @@ kvc.policy @heavy {
 // KIVI-NEXT: // The quantization, then the new rows into the residual windows and, in the
 // KIVI-NEXT: // same launch, the tables' words.
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
-// KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBytes(heads, 1, kResidual, kKiviGroup), s, "kvc_kivi2_cuda_decode_batch", &tables)));
+// KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup), k, v, s,
+// KIVI-NEXT: "kvc_kivi2_cuda_decode_batch", &tables)));
 // KIVI: KVC_CUDA_TRY((kvc::cuda::residentBlocks<
 // KIVI-NEXT: &kvc::cuda::decodeAttentionKivi<kGroup, kHeadDim, kKiviBits, kKiviGroup, kDtype,
 // KIVI-NEXT: kvc::cuda::kDecodeThreads>,
@@ -584,7 +590,7 @@ kvc.policy @heavy {
 // SNAPKIVI-LABEL: kvc_status_t kvc_snapkv_kivi2_cuda_prefill(
 // SNAPKIVI: keptPositions[j] = positions[index[j]];
 // SNAPKIVI: KVC_CUDA_TRY((kivi.add<kHeadDim, kDtype>(context, sequence, layer, h, layout, config.page_size,
-// SNAPKIVI-NEXT: kKiviGroup, index, k, v, kKvStride)));
+// SNAPKIVI-NEXT: kKiviGroup, index, kKvStride)));
 
 // A policy whose only stages run in its fold blocks (no prefill stages, no
 // stage kernel): the stages' thread count is their template parameter, and

@@ -988,8 +988,9 @@ void unwrittenWords() {
     if (position == 2) {
       // A KIVI plan with nothing to stage still writes the words it takes.
       kvc::cuda::KiviWorkPlan empty;
-      CHECK((empty.launch<8, 2, 4, KVC_DTYPE_F32>(nullptr, 0, nullptr,
-                                                  "unwritten", &tables)) ==
+      CHECK((empty.launch<8, 2, 4, KVC_DTYPE_F32>(
+                nullptr, kvc::cuda::KiviWorkBounds{}, nullptr, nullptr,
+                nullptr, "unwritten", &tables)) ==
                 KVC_STATUS_OK,
             "an empty KIVI plan");
       CHECK(tables.checkIn() == KVC_STATUS_OK, "check in");

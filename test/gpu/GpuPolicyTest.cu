@@ -694,10 +694,16 @@ void compareHeads(const std::string &where, kvc_context_t *cpu,
                         lowLayout, config, layer, head, a, b, classSwaps);
 }
 
+/// The larger of two differences, NaN when either is: a NaN output on one
+/// side (or both) is a failure that std::max would drop.
+double worseOf(double worst, double d) {
+  return std::isnan(d) || d > worst ? d : worst;
+}
+
 double maxDifference(const std::vector<float> &a, const std::vector<float> &b) {
   double worst = 0.0;
   for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    worst = worseOf(worst, static_cast<double>(std::fabs(a[i] - b[i])));
   return worst;
 }
 
@@ -1000,6 +1006,12 @@ struct BatchApi {
 /// period of 2 ends for some sequences of a step and not for others.
 constexpr uint64_t kBatchSequences[] = {4, 0, 9};
 constexpr int32_t kBatchPrompts[] = {kPrompt, 300, 37};
+/// A KIVI policy's prompts instead: the first two beyond the residual
+/// window of R = 128 (a value to quantize at every step), and 2 and 3
+/// appends short of a multiple of R, where the window flushes its R keys
+/// (four blocks of G = 32): at step 1 for the first sequence and step 2
+/// for the second, after the graph runs' capture at step 0.
+constexpr int32_t kKiviBatchPrompts[] = {1022, 253, 37};
 constexpr int32_t kBatch = 3;
 constexpr int kBatchSteps = 4;
 /// Slots per kv-head that the graph runs of the batch test are planned for:
@@ -1044,11 +1056,12 @@ std::map<int, float> liveState(kvc_context_t *context, uint64_t sequence,
 
 /// The CUDA backend's decode_batch against the CPU backend's (which
 /// test/codegen checks against one decode call per sequence, and those
-/// against the oracle): the prefill of each sequence, then kBatchSteps
-/// steps of the three sequences in one call. Outputs of every sequence
-/// within kOutputTolerance, per head the same live positions up to
-/// kMaxBoundarySwaps and, for stateful policies, the state within
-/// kStateTolerance. `graph`: each GPU step is the policy's plan, a replay
+/// against the oracle): the prefill of each sequence (kBatchPrompts or
+/// kKiviBatchPrompts), then kBatchSteps steps of the three sequences in
+/// one call.
+/// Outputs of every sequence within kOutputTolerance, per head the same
+/// live positions up to kMaxBoundarySwaps and, for stateful policies, the
+/// state within kStateTolerance. `graph`: each GPU step is the policy's plan, a replay
 /// of the run that the layer's first step captured in a CUDA graph (global
 /// capture mode: a call in the run that waits, allocates or queries fails
 /// the capture), and the finish; then the misuses of the three calls are
@@ -1061,9 +1074,14 @@ void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
   kvc_config_t cpuConfig{}, gpuConfig{};
   api.cpuConfigure(&cpuConfig);
   api.cudaConfigure(&gpuConfig);
+  const int32_t *prompts =
+      isKivi(gpuConfig) ? kKiviBatchPrompts : kBatchPrompts;
+  if (isKivi(gpuConfig) &&
+      (gpuConfig.residual_length != 128 || gpuConfig.group_size != 32))
+    fail(name + ": kKiviBatchPrompts are for R = 128 and G = 32");
   int32_t pagesPerHead = 0;
-  for (int32_t n : kBatchPrompts)
-    pagesPerHead += (n + kBatchSteps + 64) / kPageSize + 2;
+  for (int b = 0; b < kBatch; ++b)
+    pagesPerHead += (prompts[b] + kBatchSteps + 64) / kPageSize + 2;
   for (kvc_config_t *c : {&cpuConfig, &gpuConfig}) {
     c->page_size = kPageSize;
     c->num_pages = kLayers * kKvHeads * pagesPerHead;
@@ -1102,7 +1120,7 @@ void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
   std::vector<char> cpuWorkspace(api.cpuPrefillBytes(kPrompt));
   for (int b = 0; b < kBatch; ++b)
     for (int layer = 0; layer < kLayers; ++layer) {
-      const int32_t n = kBatchPrompts[b];
+      const int32_t n = prompts[b];
       Inputs in = makeInputs(rng, n, true, 0);
       std::vector<int32_t> positions(n);
       for (int32_t i = 0; i < n; ++i)
@@ -1156,7 +1174,7 @@ void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
   for (int step = 0; step < kBatchSteps; ++step) {
     std::vector<int32_t> positions(kBatch);
     for (int b = 0; b < kBatch; ++b)
-      positions[b] = kBatchPrompts[b] + step;
+      positions[b] = prompts[b] + step;
     for (int layer = 0; layer < kLayers; ++layer) {
       Inputs in = makeInputs(rng, kBatch, true, positions[0]);
       // From the CPU context only: a query of the GPU context would settle
@@ -1200,8 +1218,8 @@ void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
             std::to_string(kBatchSequences[b]);
         double worst = 0.0;
         for (size_t i = b * qRow; i < (b + 1) * qRow; ++i)
-          worst = std::max(worst,
-                           static_cast<double>(std::fabs(cpuOut[i] - gpuOut[i])));
+          worst = worseOf(
+              worst, static_cast<double>(std::fabs(cpuOut[i] - gpuOut[i])));
         if (!(worst < kOutputTolerance))
           fail(where + ": output differs by " + std::to_string(worst));
         // As in the single-sequence steps: the state is read (and the
@@ -1240,7 +1258,7 @@ void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
     // The misuses, each refused with its message, the layer usable after.
     std::vector<int32_t> positions(kBatch);
     for (int b = 0; b < kBatch; ++b)
-      positions[b] = kBatchPrompts[b] + kBatchSteps;
+      positions[b] = prompts[b] + kBatchSteps;
     DeviceBuffer &ws = graphs.workspace[0];
     expectRefusal(name + " finish without a plan",
                   api.graph.finish(gpu, 0, stream),
@@ -1378,13 +1396,13 @@ int main() {
   // One of each kind of decode step: stateful with evictions (H2O), across
   // heads (TOVA), periodic (RPC), without statistics (SnapKV), KIVI pages
   // and two page classes. Those with the step in three calls (all but the
-  // last two) run it a second time with the run replayed from a CUDA graph.
+  // last) run it a second time with the run replayed from a CUDA graph.
   const BatchApi batchApis[] = {
     KVC_BATCH_API_GRAPH(h2o, true),
     KVC_BATCH_API_GRAPH(tova, false),
     KVC_BATCH_API_GRAPH(rpc_small, true),
     KVC_BATCH_API_GRAPH(snapkv, false),
-    KVC_BATCH_API(kivi2, false),
+    KVC_BATCH_API_GRAPH(kivi2, false),
     KVC_BATCH_API(mixed_precision, true),
   };
   for (const BatchApi &api : batchApis)
