@@ -98,17 +98,17 @@ public:
   }
 
   /// Decode: the step split for CUDA graphs (planDeclaration,
-  /// runDeclaration, finishDeclaration): a decode kernel of one storage
-  /// class whose launches depend on the batch alone. KIVI's quantization
+  /// runDeclaration, finishDeclaration): a decode kernel whose launches depend on the batch alone. KIVI's quantization
   /// and staging launch in grids for the most work of a step
-  /// (launchPlannedKivi). Not a periodic kernel with a cross-head op,
+  /// (launchPlannedKivi); mixed precision appends to the high class only
+  /// (its low class is stored at prefill), so its step launches what a
+  /// step of one class does. Not a periodic kernel with a cross-head op,
   /// whose cross-head kernels launch only at the steps where some sequence
   /// ends a period (decided on the host); a periodic kernel's other
   /// kernels launch at every step and their blocks check their own
-  /// sequence's position. Not mixed precision, whose stores of the low
-  /// class are sized per step on the host.
+  /// sequence's position.
   bool graphable() {
-    return decode && kernel.getKind() == KernelKind::decode && !mixed &&
+    return decode && kernel.getKind() == KernelKind::decode &&
            !(periodic && crossOp);
   }
   /// The host part of a step: check-out, appends, the tables' upload.

@@ -4,11 +4,11 @@
 // `capacity` slots, nothing read from the host's tables) and
 // decode_finish_batch. Generated for the decode kernels of one storage
 // class whose launches depend on the batch alone: periodic (RPC),
-// cross-head (TOVA) and KIVI ones included (KIVI's quantization and
-// staging in grids for a step's most work), not mixed precision, whose
-// stores of the low class are sized per step. No nvcc needed
-// (cuda-nvcc*.mlir and the GPU test, under the emulator, compile and run
-// them).
+// cross-head (TOVA), KIVI (its quantization and staging in grids for a
+// step's most work) and mixed precision (whose decode appends to the
+// high class only) included; not the scoring kernel of an unfused policy.
+// No nvcc needed (cuda-nvcc*.mlir and the GPU test, under the emulator,
+// compile and run them).
 //
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: kvc-opt %kvc_src_root/policies/h2o.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
@@ -23,7 +23,10 @@
 // RUN: kvc-opt %kvc_src_root/policies/tova.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --check-prefix=TOVA --input-file=%t/kvc_tova_cuda.cu
 // RUN: kvc-opt %kvc_src_root/policies/mixed_precision.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/kvc_mixed_precision_cuda.h
+// RUN: FileCheck %s --check-prefix=MIXED --input-file=%t/kvc_mixed_precision_cuda.cu
+// RUN: rm -rf %t/u && mkdir -p %t/u
+// RUN: kvc-opt %kvc_src_root/policies/h2o.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels=unfused=1 --kvc-emit="target=cuda output-dir=%t/u" -o /dev/null
+// RUN: FileCheck %s --check-prefix=NONE --input-file=%t/u/kvc_h2o_cuda.h
 
 // HDR: kvc_status_t kvc_h2o_cuda_decode_batch(
 // HDR: kvc_status_t kvc_h2o_cuda_decode_plan_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const int32_t *positions, int32_t capacity, void *workspace, uint64_t workspace_bytes, void *stream);
@@ -132,7 +135,24 @@
 // KIVI: decodeAttentionKivi
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_finish_batch(
 
-// NONE: _decode_batch(
+// Mixed precision: the run's attention reads both page classes; no low
+// class is stored at decode.
+// MIXED-LABEL: kvc_status_t kvc_mixed_precision_cuda_decode_plan_batch(
+// MIXED-NOT: lowStore
+// MIXED: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/false, /*recordLater=*/true));
+// MIXED-LABEL: kvc_status_t kvc_mixed_precision_cuda_decode_run_batch(
+// MIXED-NOT: lowStore
+// MIXED: launchAppendStores<kHeadDim, kStorage>(
+// MIXED-NEXT: w.heads, heads, kKvHeads,
+// MIXED: kvc::cuda::planSplits(
+// MIXED-NEXT: capacity, kMaxSplits, kMinSlotsPerSplit, heads,
+// MIXED: DecodeSplitArgs args{w.heads, kvc::cuda::devicePageLayout(config, layout, lowLayout), q,
+// MIXED-LABEL: kvc_status_t kvc_mixed_precision_cuda_decode_finish_batch(
+
+// The unfused H2O: its attention-only decode has the three calls, its
+// scoring kernel (which reads the logits the decode left) none.
+// NONE: kvc_h2o_cuda_decode_plan_batch(
+// NONE: kvc_h2o_cuda_decode_scoring_batch(
 // NONE-NOT: _plan_batch
 // NONE-NOT: _run_batch
 // NONE-NOT: _finish_batch
