@@ -1968,6 +1968,12 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
         << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
         << name << ": workspace smaller than " << stepName()
         << "_batch_workspace_bytes(batch, capacity)\");\n";
+    out << "  // The step this thread planned for the layer, if any, was "
+           "planned for this run.\n"
+        << "  KVC_CUDA_TRY(kvc::cuda::checkPlannedRun(context, layer, batch, "
+           "capacity, workspace,\n"
+        << "                                          \"" << name
+        << "\"));\n";
     out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
         << "Workspace w;\n  carve" << camel
         << "Workspace(carver, heads, stride, w);\n"
@@ -2273,7 +2279,13 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
   if (plan)
     out << "    // The step's event waits for its finish, after the run.\n"
         << "    KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/"
-        << (selects ? "true" : "false") << ", /*recordLater=*/true));\n";
+        << (selects ? "true" : "false") << ", /*recordLater=*/true));\n"
+        << "    // The run it planned, which the run's call checks "
+           "(checkPlannedRun).\n"
+        << "    KVC_CUDA_TRY(kvc::cuda::notePlannedRun(context, layer, batch, "
+           "capacity, workspace,\n"
+        << "                                           \"" << name
+        << "\"));\n";
   else if (!run)
     out << "    KVC_CUDA_TRY(tables.checkIn("
         << (selects ? "/*victimsPublished=*/true" : "") << "));\n";

@@ -8304,10 +8304,59 @@ struct PlannedStep {
   const kvc_context_t *context;
   int32_t layer;
   std::shared_ptr<StepEvent> event;
+  /// What the plan was made for (notePlannedRun; batch 0 until then).
+  int32_t batch = 0, capacity = 0;
+  const void *workspace = nullptr;
 };
 inline std::vector<PlannedStep> &plannedSteps() {
   static thread_local std::vector<PlannedStep> steps;
   return steps;
+}
+
+/// A policy's decode_plan_batch, after its check-in: the batch, capacity
+/// and workspace of the run it planned (checkPlannedRun).
+inline kvc_status_t notePlannedRun(const kvc_context_t *context,
+                                   int32_t layer, int32_t batch,
+                                   int32_t capacity, const void *workspace,
+                                   const char *name) {
+  std::vector<PlannedStep> &steps = plannedSteps();
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+    if (it->context == context && it->layer == layer) {
+      it->batch = batch;
+      it->capacity = capacity;
+      it->workspace = workspace;
+      return KVC_STATUS_OK;
+    }
+  return kvc_report_error(KVC_STATUS_INTERNAL,
+                          (std::string(name) +
+                           ": no planned decode step to note its run in")
+                              .c_str());
+}
+
+/// A policy's decode_run_batch, before its launches: where this thread
+/// planned a step of (context, layer) that is not finished, the run must
+/// be the one planned (the same batch, capacity and workspace), or its
+/// kernels would read tables laid out for another. Without such a step
+/// (a run captured before any plan, or on another thread) nothing can be
+/// compared, and the run is the caller's contract. A CUDA graph's replay
+/// runs no host code, so this checks the captured call only.
+inline kvc_status_t checkPlannedRun(const kvc_context_t *context,
+                                    int32_t layer, int32_t batch,
+                                    int32_t capacity, const void *workspace,
+                                    const char *name) {
+  for (const PlannedStep &step : plannedSteps())
+    if (step.context == context && step.layer == layer && step.batch > 0 &&
+        (step.batch != batch || step.capacity != capacity ||
+         step.workspace != workspace))
+      return kvc_report_error(
+          KVC_STATUS_INVALID_ARGUMENT,
+          (std::string(name) + ": the run differs from layer " +
+           std::to_string(layer) + "'s planned step (batch " +
+           std::to_string(step.batch) + ", capacity " +
+           std::to_string(step.capacity) +
+           ", its workspace): run what the plan planned")
+              .c_str());
+  return KVC_STATUS_OK;
 }
 
 /// A policy's decode_finish_batch: records on `stream`, after the run's

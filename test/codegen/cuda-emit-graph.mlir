@@ -55,12 +55,17 @@
 // CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
 // CHECK-NEXT: // The step's event waits for its finish, after the run.
 // CHECK-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true, /*recordLater=*/true));
+// CHECK-NEXT: // The run it planned, which the run's call checks (checkPlannedRun).
+// CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::notePlannedRun(context, layer, batch, capacity, workspace,
+// CHECK-NEXT: "kvc_h2o_cuda_decode_plan_batch"));
 
 // The run: the splits and fold blocks planned for the capacity, nothing
 // from the host's tables, no append.
 // CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_run_batch(
 // CHECK-NOT: tables.
 // CHECK-NOT: kvc_append
+// CHECK: KVC_CUDA_TRY(kvc::cuda::checkPlannedRun(context, layer, batch, capacity, workspace,
+// CHECK-NEXT: "kvc_h2o_cuda_decode_run_batch"));
 // CHECK: w.heads = reinterpret_cast<const kvc::cuda::HeadTable *>(w.tables);
 // CHECK-NOT: tables.
 // CHECK: launchAppendStores<kHeadDim, kStorage>(

@@ -1277,6 +1277,22 @@ void runBatch(const BatchApi &api, cudaStream_t stream, bool graph = false) {
                                  positions.data(), kGraphCapacity, ws.ptr,
                                  ws.bytes, stream),
                   KVC_STATUS_INVALID_ARGUMENT, "was not finished");
+    // A run other than the planned one (its call; a replay runs no host
+    // code).
+    expectRefusal(name + " run of another capacity",
+                  api.graph.run(gpu, kBatch, 0, q.as<float>(), k.as<float>(),
+                                v.as<float>(), out.as<float>(),
+                                kGraphCapacity - kPageSize, ws.ptr, ws.bytes,
+                                stream),
+                  KVC_STATUS_INVALID_ARGUMENT,
+                  "differs from layer 0's planned step (batch " +
+                      std::to_string(kBatch) + ", capacity " +
+                      std::to_string(kGraphCapacity));
+    expectRefusal(name + " run of another batch",
+                  api.graph.run(gpu, kBatch - 1, 0, q.as<float>(),
+                                k.as<float>(), v.as<float>(), out.as<float>(),
+                                kGraphCapacity, ws.ptr, ws.bytes, stream),
+                  KVC_STATUS_INVALID_ARGUMENT, "differs from layer 0's");
     // A layer with device score state or victims waits for its steps
     // before the host reads it: refused until the finish. (Without either,
     // the runtime's own bookkeeping is the whole truth: no wait, no
