@@ -98,15 +98,15 @@ public:
   }
 
   /// Decode: the step split for CUDA graphs (planDeclaration,
-  /// runDeclaration, finishDeclaration): a decode kernel whose launches depend on the batch alone. KIVI's quantization
-  /// and staging launch in grids for the most work of a step
-  /// (launchPlannedKivi); mixed precision appends to the high class only
-  /// (its low class is stored at prefill), so its step launches what a
-  /// step of one class does. Not a periodic kernel with a cross-head op,
-  /// whose cross-head kernels launch only at the steps where some sequence
-  /// ends a period (decided on the host); a periodic kernel's other
-  /// kernels launch at every step and their blocks check their own
-  /// sequence's position.
+  /// runDeclaration, finishDeclaration): a decode kernel whose launches
+  /// depend on the batch alone. KIVI's quantization and staging launch in
+  /// grids for the most work of a step (launchPlannedKivi); mixed
+  /// precision appends to the high class only (its low class is stored at
+  /// prefill), so its step launches what a step of one class does. Not a
+  /// periodic kernel with a cross-head op, whose cross-head kernels launch
+  /// only at the steps where some sequence ends a period (decided on the
+  /// host); a periodic kernel's other kernels launch at every step and
+  /// their blocks check their own sequence's position.
   bool graphable() {
     return decode && kernel.getKind() == KernelKind::decode &&
            !(periodic && crossOp);

@@ -1061,7 +1061,8 @@ std::map<int, float> liveState(kvc_context_t *context, uint64_t sequence,
 /// one call.
 /// Outputs of every sequence within kOutputTolerance, per head the same
 /// live positions up to kMaxBoundarySwaps and, for stateful policies, the
-/// state within kStateTolerance. `graph`: each GPU step is the policy's plan, a replay
+/// state within kStateTolerance. `graph`: each GPU step is the policy's
+/// plan, a replay
 /// of the run that the layer's first step captured in a CUDA graph (global
 /// capture mode: a call in the run that waits, allocates or queries fails
 /// the capture), and the finish; then the misuses of the three calls are
