@@ -571,6 +571,15 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   if (needsProbs)
     os << "  kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(\n"
           "      logits, stride, r, maxLogit, invSum, probs);\n";
+  // The block's logits are read by nothing after its statistics (the
+  // ranges are the blocks' own, and no stage reads logits): their lines
+  // leave L2 without a write to device memory, at the steps a periodic
+  // window skips too (the attention wrote them all the same).
+  if (foldsStatistics())
+    os << "  // Nothing reads the block's logits again: their lines leave L2 "
+          "without a\n  // write to device memory.\n"
+          "  kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(\n"
+          "      w.logits + h * kGroup * stride, kGroup, stride, r);\n";
   if (scanInFold) {
     os << "  scan.summarize<kvc::cuda::kFoldThreads>(r, " << selection
        << ");\n";
@@ -1373,9 +1382,8 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
           {"positions", "  const int32_t *positions = t.positions;\n"});
       decls.push_back(
           {"position", "  const int32_t position = t.queryPosition;\n"});
-      decls.push_back(
-          {"logits",
-           "  const float *logits = w.logits + h * kGroup * stride;\n"});
+      // No stage reads the logits: the fold blocks drop them from L2
+      // (discardRowLines) before the stages run.
       decls.push_back(
           {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
     } else {

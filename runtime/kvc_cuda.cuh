@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of eleven kernel choices, for side-by-side
+// Build-time overrides of twelve kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -119,6 +119,10 @@
 //    the accumulators, so that decodeMmaRows fits five blocks of 128
 //    threads an SM at head dim 128 (92 registers, launch bounds); 0 keeps
 //    the weights as A (8 channels an mma; four blocks).
+//  - KVC_CUDA_DISCARD_LOGITS (default 1): once a decode fold block has
+//    read its range of the attention's logits, it drops their lines from
+//    L2 without a write to device memory (discardRowLines), since nothing
+//    reads them again; 0 leaves them to be written back as L2 evicts them.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -151,6 +155,9 @@
 #endif
 #ifndef KVC_CUDA_MMA_TRANSPOSED_VALUES
 #define KVC_CUDA_MMA_TRANSPOSED_VALUES 1
+#endif
+#ifndef KVC_CUDA_DISCARD_LOGITS
+#define KVC_CUDA_DISCARD_LOGITS 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -185,6 +192,9 @@
 #if KVC_CUDA_MMA_TRANSPOSED_VALUES != 0 && KVC_CUDA_MMA_TRANSPOSED_VALUES != 1
 #error "KVC_CUDA_MMA_TRANSPOSED_VALUES must be 0 or 1"
 #endif
+#if KVC_CUDA_DISCARD_LOGITS != 0 && KVC_CUDA_DISCARD_LOGITS != 1
+#error "KVC_CUDA_DISCARD_LOGITS must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -195,22 +205,23 @@
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
     KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
     KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1 ||              \
-    KVC_CUDA_MMA_TRANSPOSED_VALUES != 1
+    KVC_CUDA_MMA_TRANSPOSED_VALUES != 1 || KVC_CUDA_DISCARD_LOGITS != 1
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead, pdl, foldahead, sq, tv)                \
+                                 ahead, pdl, foldahead, sq, tv, discard)       \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
       fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead##   \
-      _sq##sq##_tv##tv
+      _sq##sq##_tv##tv##_discard##discard
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead, pdl, foldahead, sq, tv)                 \
+                                ahead, pdl, foldahead, sq, tv, discard)        \
   KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
-                           pdl, foldahead, sq, tv)
+                           pdl, foldahead, sq, tv, discard)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
       KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD,    \
-      KVC_CUDA_MMA_SHARED_QUERY, KVC_CUDA_MMA_TRANSPOSED_VALUES) {
+      KVC_CUDA_MMA_SHARED_QUERY, KVC_CUDA_MMA_TRANSPOSED_VALUES,               \
+      KVC_CUDA_DISCARD_LOGITS) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -227,6 +238,9 @@ constexpr bool kPrefillTensorCores = KVC_CUDA_PREFILL_MMA != 0;
 /// Whether the decodes stream the cache with an L2 evict-first policy
 /// (KVC_CUDA_EVICT_FIRST, streamPolicy).
 constexpr bool kEvictFirst = KVC_CUDA_EVICT_FIRST != 0;
+/// Whether a decode fold block drops its logits' lines from L2 once it
+/// has read them (KVC_CUDA_DISCARD_LOGITS, discardRowLines).
+constexpr bool kDiscardLogits = KVC_CUDA_DISCARD_LOGITS != 0;
 /// Whether a staged decode issues its next tile's copies before it waits
 /// for the current tile's (KVC_CUDA_ISSUE_AHEAD, nextStagedTile).
 constexpr bool kIssueAhead = KVC_CUDA_ISSUE_AHEAD != 0;
@@ -1003,6 +1017,24 @@ __device__ __forceinline__ void prefetchL2If(bool take, const void *address) {
 #else
   (void)take;
   (void)address;
+#endif
+}
+
+/// Drops the 128-byte line at `line` (global memory, 128-byte aligned)
+/// from L2 without writing it to device memory (discard.global.L2, sm_80
+/// and later): until something writes them again, the line's bytes are
+/// indeterminate. For scratch that nothing reads again, whose dirty lines
+/// would otherwise cost device memory a write when L2 evicts them. The
+/// CUDA emulator writes 0xff over the line (a NaN in every float) so that
+/// a test whose kernels read a discarded line sees it; the host pass and
+/// devices before sm_80 do nothing.
+__device__ __forceinline__ void discardL2(void *line) {
+#if defined(KVC_CUDA_EMULATED)
+  ::kvc::emu::discard(line);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(line) : "memory");
+#else
+  (void)line;
 #endif
 }
 
@@ -5287,6 +5319,41 @@ template <int kThreads, int N>
 __device__ void prefetchSlotLines(SlotRange r, const SlotArray (&arrays)[N]) {
   forSlotLines<kThreads>(r, arrays,
                          [](const char *line) { prefetchL2(line); });
+}
+
+/// Drops from L2 the lines of `count` rows of floats (`stride` apart) that
+/// hold only slots of `r` (discardL2): a decode fold block's logits once
+/// it has read them (KVC_CUDA_DISCARD_LOGITS; nothing under 0). A line
+/// that also holds a slot outside `r` (another block's, or a row's
+/// padding) stays. The lines go to the block's threads in turn. Every
+/// thread of the block calls it, after its last read of the rows' slots
+/// in `r`: it begins with a barrier, so that no thread's read comes after
+/// another's discard. No other block may read those slots after it.
+template <int kThreads>
+__device__ void discardRowLines(float *rows, int32_t count, int64_t stride,
+                                SlotRange r) {
+  if constexpr (!kDiscardLogits)
+    return;
+  __syncthreads();
+  if (r.last <= r.first)
+    return;
+  int64_t before = 0; // lines of the rows before this one
+  for (int32_t row = 0; row < count; ++row) {
+    // Lines [first, end): those whose 128 bytes all lie in the range.
+    const uintptr_t first =
+        (reinterpret_cast<uintptr_t>(rows + row * stride + r.first) + 127) /
+        128;
+    const uintptr_t end =
+        reinterpret_cast<uintptr_t>(rows + row * stride + r.last) / 128;
+    const int64_t lines =
+        end > first ? static_cast<int64_t>(end - first) : int64_t{0};
+    int64_t j = (static_cast<int64_t>(threadIdx.x) - before) % kThreads;
+    if (j < 0)
+      j += kThreads;
+    for (; j < lines; j += kThreads)
+      discardL2(reinterpret_cast<void *>((first + j) * 128));
+    before += lines;
+  }
 }
 
 /// The normalized weight of query head g from its logit l once the splits

@@ -7,13 +7,23 @@
 # goes" quotes: the fold's DRAM bytes against the attention's, and what
 # bounds the KIVI attention kernel.
 #
+# The caches are left as the kernel before left them (--cache-control
+# none): the fold reads the logits and score state that the attention has
+# just written, and whether those reads reach DRAM is what its byte counts
+# are for. Nsight Compute's default (all) empties L2 before every profiled
+# kernel, so that every kernel reads all its bytes from DRAM; the profiles
+# of 2026-11-26 and 2026-11-28 (docs/perf/h200-ncu-*.txt) were taken that
+# way. KVC_GPU_PROFILE_CACHE=all takes them so again.
+#
 # Usage: scripts/gpu-profile.sh [VARIANT...]   (default: fused int2; any
 #        --variants value of kvc-bench-gpu)
 # Environment: KVC_GPU_BIN (prebuilt executables, scripts/gpu-pack.sh) or
 #        KVC_BUILD_DIR; KVC_GPU_PROFILE_OUT (folder of the reports, default
 #        build/gpu-profile); KVC_GPU_PROFILE_CELL (the cell, as
 #        kvc-bench-gpu options; default --batch=8 --context=32k --dim=128
-#        --group=4, the cell of docs/perf/h200-ncu-decode.txt).
+#        --group=4, the cell of docs/perf/h200-ncu-decode.txt);
+#        KVC_GPU_PROFILE_CACHE (ncu's --cache-control, none or all;
+#        default none).
 # Output: OUT/ncu-VARIANT.txt per variant, the command at its head.
 # Exit status: 0 when every variant was profiled, 1 when one failed, 77
 #        when there is no CUDA device or no ncu (nothing measured).
@@ -23,6 +33,12 @@ build=${KVC_BUILD_DIR:-$root/build}
 out=$(realpath -m "${KVC_GPU_PROFILE_OUT:-$build/gpu-profile}")
 read -r -a cell <<< "${KVC_GPU_PROFILE_CELL:---batch=8 --context=32k --dim=128 --group=4}"
 variants=("$@")
+cache=${KVC_GPU_PROFILE_CACHE:-none}
+case $cache in
+  none | all) ;;
+  *) echo "gpu-profile: KVC_GPU_PROFILE_CACHE must be none or all, not '$cache'"
+     exit 1 ;;
+esac
 [ ${#variants[@]} -eq 0 ] && variants=(fused int2)
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -51,7 +67,8 @@ for variant in "${variants[@]}"; do
   # round), then 12: four to six steps of two or three kernels each.
   # Rounds of 8 steps, so that a run makes enough launches (more than 60)
   # at two or three kernels a step.
-  command=("$ncu" --clock-control none --launch-skip 40 --launch-count 12
+  command=("$ncu" --clock-control none --cache-control "$cache"
+           --launch-skip 40 --launch-count 12
            --metrics "$metrics" "${sections[@]}"
            "$bench" "${cell[@]}" --variants="$variant" --prefill-context=none
            --model-context=none --alt-context=none --host-context=none

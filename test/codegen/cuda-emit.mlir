@@ -138,6 +138,10 @@
 // CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(
 // CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum,
 // CHECK-NEXT: [&](int32_t i, int32_t at) { scan.add(i, at, t.state[i]); });
+// CHECK-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
+// CHECK-NEXT: // write to device memory.
+// CHECK-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // CHECK-NEXT: scan.summarize<kvc::cuda::kFoldThreads>(r, &w.selection[h * foldBlocks + blockIdx.y]);
 // CHECK-NEXT: // The last of the head's blocks to finish runs the policy's stages for it.
 // CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
@@ -292,6 +296,10 @@
 // TOVA-NEXT: {kvc::cuda::slotArray(logits, kGroup, stride)});
 // TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
 // TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
+// TOVA-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
+// TOVA-NEXT: // write to device memory.
+// TOVA-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// TOVA-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // TOVA-NEXT: }
 // The fold kernel merges the splits: no per-head stages kernel before the
 // cross-head op.
@@ -399,6 +407,10 @@
 // SCISSORHANDS-NEXT: positions, t.history, r, logits, stride, maxLogit, invSum, kThreshold,
 // SCISSORHANDS-NEXT: kvc::cuda::Reduce::Mean,
 // SCISSORHANDS-NEXT: [&](int32_t i, int32_t at) { scan.add(i, at, static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory))); });
+// SCISSORHANDS-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
+// SCISSORHANDS-NEXT: // write to device memory.
+// SCISSORHANDS-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// SCISSORHANDS-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // SCISSORHANDS-NEXT: scan.summarize<kvc::cuda::kFoldThreads>(r, &w.selection[h * foldBlocks + blockIdx.y]);
 // SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
 // SCISSORHANDS-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
@@ -442,6 +454,11 @@
 // RPC-NEXT: kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(
 // RPC-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum,
 // RPC-NEXT: position % kPeriod == kPeriod - kWindow);
+// At every step, the window's or not (the attention wrote the logits).
+// RPC-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
+// RPC-NEXT: // write to device memory.
+// RPC-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// RPC-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // RPC-NEXT: // The selection runs once every kPeriod positions.
 // RPC-NEXT: if ((position + 1) % kPeriod != 0)
 // RPC-NEXT: return;
@@ -487,6 +504,7 @@
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
 // RPC-UNFUSED: decodeScoringFold(
 // RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(
+// RPC-UNFUSED: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
 // RPC-UNFUSED: decodeScoringStages(
 // RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring_batch(
 // The scoring kernel appends nothing; its tables keep the victims.

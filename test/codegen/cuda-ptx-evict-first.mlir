@@ -34,7 +34,7 @@
 
 // OFF-NOT: createpolicy
 // OFF-NOT: cache_hint
-// OFF-LABEL: .entry _ZN3kvc4cuda81overrides_tc1_blocks4_prefill1_evict0_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv120decodeAttentionSplitILi3ELi64E
+// OFF-LABEL: .entry _ZN3kvc4cuda90overrides_tc1_blocks4_prefill1_evict0_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv1_discard120decodeAttentionSplitILi3ELi64E
 // OFF-NOT: createpolicy
 // OFF-NOT: cache_hint
 // OFF: cp.async.cg.shared.global [{{%r[0-9]+}}], [{{%rd[0-9]+}}], 16;

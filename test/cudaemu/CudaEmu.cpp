@@ -461,6 +461,14 @@ void setPrefetchLog(std::vector<const void *> *log) {
   prefetchLog = log;
 }
 
+void discard(void *line) {
+  if (reinterpret_cast<uintptr_t>(line) % 128 != 0)
+    fatal("discard of a line that is not 128-byte aligned");
+  if (inSharedMemory(line))
+    fatal("discard of shared memory");
+  std::memset(line, 0xff, 128);
+}
+
 void copyAsync(void *shared, const void *global, int bytes) {
   if (bytes != 4 && bytes != 8 && bytes != 16)
     fatal("copyAsync of other than 4, 8 or 16 bytes");

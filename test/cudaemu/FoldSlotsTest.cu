@@ -24,6 +24,11 @@
 //    rows exactly once, by an address in the range, at G = 1, 4 and 8,
 //    for ranges shorter and longer than the first passes (on the
 //    emulator only);
+//  - discardRowLines (the fold's logits leaving L2): over rows that start
+//    on a line and off one, the lines wholly inside each row's range are
+//    discarded (0xff bytes on the emulator), each once; every other float
+//    keeps its value, the lines a range shares with its neighbours
+//    included;
 //  - the merge of a head's split records by the fold blocks
 //    (splitStatistics, then mergeOutput's part blockIdx.y of gridDim.y)
 //    for 1 to 64 splits, some of them empty, cut in 1, 2, 3, 5 and as
@@ -58,6 +63,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -113,6 +119,14 @@ __global__ void __launch_bounds__(kThreads)
         ++count;
       });
   counts[threadIdx.x] = count;
+}
+
+/// discardRowLines over slots [first, last) of `rows` logit rows.
+__global__ void __launch_bounds__(kThreads)
+    discardLines(float *logits, int32_t rows, int64_t stride, int32_t first,
+                 int32_t last) {
+  kvc::cuda::discardRowLines<kThreads>(logits, rows, stride,
+                                       kvc::cuda::SlotRange{first, last});
 }
 
 /// The fold block's slots of its first passes over [first, last).
@@ -339,6 +353,66 @@ void checkLines(int32_t first, int32_t last, int32_t rows) {
                   static_cast<void *>(logits), static_cast<void *>(out),
                   static_cast<void *>(counts)})
     cudaFree(d);
+}
+
+/// discardRowLines over slots [first, last) of `rows` rows `stride` floats
+/// apart (rows that start off a line, as a stride that is not a multiple
+/// of 32 leaves them): the lines wholly inside a row's range become 0xff
+/// bytes on the emulator (on a device their contents are indeterminate,
+/// and not checked), every other float keeps its value: the lines a row's
+/// range shares with the slots before or after it, the slots outside the
+/// ranges and the allocation's tail. The number of lines discarded is
+/// what the ranges hold.
+void checkDiscard(int32_t first, int32_t last, int32_t rows, int64_t stride) {
+  const int64_t size = std::max<int64_t>(rows * stride + 64, 1);
+  std::vector<float> before(size);
+  for (int64_t i = 0; i < size; ++i)
+    before[i] = static_cast<float>(i) + 0.5f;
+  float *d = upload(before);
+  discardLines<<<1, kThreads>>>(d, rows, stride, first, last);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "discardLines");
+  const std::vector<float> after = download(d, size);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(d);
+  auto discarded = [&](int64_t i) {
+    const uintptr_t line = (base + i * 4) / 128 * 128;
+    for (int32_t row = 0; row < rows; ++row)
+      if (first < last && line >= base + (row * stride + first) * 4 &&
+          line + 128 <= base + (row * stride + last) * 4)
+        return true;
+    return false;
+  };
+  int64_t gone = 0;
+  for (int64_t i = 0; i < size; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &after[i], 4);
+    if (discarded(i)) {
+      ++gone;
+#if defined(KVC_CUDA_EMULATED)
+      CHECK(!kvc::cuda::kDiscardLogits || bits == 0xffffffffu,
+            "slots [%d, %d) of %d rows: float %lld of a discarded line "
+            "reads %g",
+            first, last, rows, static_cast<long long>(i), after[i]);
+#endif
+    } else {
+      CHECK(after[i] == before[i],
+            "slots [%d, %d) of %d rows: float %lld outside the discarded "
+            "lines reads %g, was %g",
+            first, last, rows, static_cast<long long>(i), after[i],
+            before[i]);
+    }
+  }
+  // Whole lines of a row's range: from its first line boundary to its
+  // last.
+  int64_t want = 0;
+  for (int32_t row = 0; row < rows && first < last; ++row) {
+    const uintptr_t lo = (base + (row * stride + first) * 4 + 127) / 128;
+    const uintptr_t hi = (base + (row * stride + last) * 4) / 128;
+    want += hi > lo ? static_cast<int64_t>(hi - lo) : 0;
+  }
+  CHECK(gone == want * 32, "slots [%d, %d) of %d rows: %lld floats in "
+        "discarded lines, want %lld", first, last, rows,
+        static_cast<long long>(gone), static_cast<long long>(want * 32));
+  cudaFree(d);
 }
 
 template <int G, int D>
@@ -598,6 +672,20 @@ int main() {
         std::tuple{1000, 4000, 8}, std::tuple{100, 100, 4},
         std::tuple{3, 33, 0}}) {
     checkLines(first, last, rows);
+    ++cases;
+  }
+  // Discards: rows off their lines (stride 5013), on them (4128), one
+  // slot, an empty range, a range of one row's whole length, none.
+  for (const auto &[first, last, rows, stride] :
+       {std::tuple{0, 513, 4, int64_t{5013}},
+        std::tuple{5, 518, 8, int64_t{5013}},
+        std::tuple{37, 38, 1, int64_t{5013}},
+        std::tuple{1000, 4000, 8, int64_t{5013}},
+        std::tuple{100, 100, 4, int64_t{5013}},
+        std::tuple{0, 4128, 8, int64_t{4128}},
+        std::tuple{4128, 8256, 1, int64_t{8256}},
+        std::tuple{3, 33, 0, int64_t{5013}}}) {
+    checkDiscard(first, last, rows, stride);
     ++cases;
   }
   for (const auto &[first, last] :

@@ -35,7 +35,7 @@ KernelFacts defaultFacts() {
           MmaDecode<4, 128, Storage::F16, kThreads>::kSharedQuery,
           DecodeMinBlocks<4, 128, Storage::F16, kThreads, 0>,
           MmaDecode<4, 128, Storage::F16, kThreads>::kTransposedValues,
-          Kivi::kTransposedValues};
+          Kivi::kTransposedValues, kDiscardLogits};
 }
 
 } // namespace kvc::test

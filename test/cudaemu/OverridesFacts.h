@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the eleven build-time overrides, and OverridesTest.cu links the
+// and with the twelve build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -51,6 +51,9 @@ struct KernelFacts {
   /// MmaDecode::kTransposedValues and KiviMma::kTransposedValues there:
   /// whether the value sums take the values (the codes' units) as A.
   bool transposedValues, kiviTransposedValues;
+  /// kDiscardLogits: whether a decode fold block drops its logits' lines
+  /// from L2 once it has read them (discardRowLines).
+  bool discardLogits;
 };
 
 KernelFacts defaultFacts();

@@ -3,23 +3,24 @@
 // runtime/kvc_cuda.cuh's KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS,
 // KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN,
 // KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH,
-// KVC_CUDA_FOLD_AHEAD, KVC_CUDA_MMA_SHARED_QUERY and
-// KVC_CUDA_MMA_TRANSPOSED_VALUES (docs/codegen-cuda.md, "Build-time
-// overrides"): a translation unit built with them selects the CUDA-core
-// decodes, no KIVI launch bounds, the CUDA-core prefill attention (16-query
-// tiles), the default L2 policy for the cache's reads, a fold block per
-// attention split, splits by length, a staged tile's copies after the wait,
-// ordinary launches, a fold that asks L2 for its first pass only, the query
-// fragments in registers and the weights as A of the value sums, one built
-// without them the tensor-core decodes, four KIVI blocks per SM, the
-// tensor-core prefill attention (64-query tiles), the evict-first policy,
-// planFold's fold blocks, splits by waves, copies issued ahead, dependent
-// launches, a fold that asks for its passes two ahead, the query fragments
-// in shared memory and the values as A at G <= 4 (launch bounds for five
-// blocks at head dim 128), and
-// when both link into one program (as kvc-bench-gpu's kernel alternatives
-// do) each keeps its own kernels: the same instantiation in the two is two
-// functions, not one that the linker picked. Exits 1 on a difference.
+// KVC_CUDA_FOLD_AHEAD, KVC_CUDA_MMA_SHARED_QUERY,
+// KVC_CUDA_MMA_TRANSPOSED_VALUES and KVC_CUDA_DISCARD_LOGITS
+// (docs/codegen-cuda.md, "Build-time overrides"): a translation unit built with
+// them selects the CUDA-core decodes, no KIVI launch bounds, the CUDA-core
+// prefill attention (16-query tiles), the default L2 policy for the cache's
+// reads, a fold block per attention split, splits by length, a staged tile's
+// copies after the wait, ordinary launches, a fold that asks L2 for its first
+// pass only, the query fragments in registers, the weights as A of the value
+// sums and a fold that leaves its logits in L2, one built without them the
+// tensor-core decodes, four KIVI blocks per SM, the tensor-core prefill
+// attention (64-query tiles), the evict-first policy, planFold's fold blocks,
+// splits by waves, copies issued ahead, dependent launches, a fold that asks
+// for its passes two ahead, the query fragments in shared memory and the values
+// as A at G <= 4 (launch bounds for five blocks at head dim 128) and a fold
+// that drops its logits from L2, and when both link into one program (as
+// kvc-bench-gpu's kernel alternatives do) each keeps its own kernels: the same
+// instantiation in the two is two functions, not one that the linker picked.
+// Exits 1 on a difference.
 //
 //===----------------------------------------------------------------------===//
 
@@ -88,6 +89,10 @@ int main() {
          "values (the codes' units) as A of the value sums");
   expect(!overridden.transposedValues && !overridden.kiviTransposedValues,
          "KVC_CUDA_MMA_TRANSPOSED_VALUES=0 keeps the weights as A");
+  expect(shipped.discardLogits,
+         "the defaults' fold blocks drop their logits' lines from L2");
+  expect(!overridden.discardLogits,
+         "KVC_CUDA_DISCARD_LOGITS=0 leaves the logits' lines in L2");
   expect(!overridden.sharedQuery && overridden.mmaMinBlocks == 0,
          "KVC_CUDA_MMA_SHARED_QUERY=0 keeps the query fragments in "
          "registers, with no launch bounds");

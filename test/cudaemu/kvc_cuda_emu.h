@@ -163,6 +163,12 @@ void afterAtomic(const void *address);
 /// check which lines a kernel asks for; setPrefetchLog(nullptr) ends it.
 void prefetch(const void *address);
 void setPrefetchLog(std::vector<const void *> *log);
+/// An L2 discard of the calling thread (discardL2 of runtime/kvc_cuda.cuh):
+/// the 128 bytes at `line` become indeterminate, which the emulator makes
+/// 0xff bytes (a NaN in every float), so that a read after the discard
+/// shows in a test's results. A line that is not 128-byte aligned, or in
+/// shared memory, is a fatal error (undefined on a device).
+void discard(void *line);
 /// The number of lanes of the calling thread's warp (32 but in a last,
 /// partial warp).
 int lanes();

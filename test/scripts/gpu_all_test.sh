@@ -11,7 +11,8 @@
 #     after it pass.
 #  5. KVC_GPU_ALL_BENCH_ARGS reaches the sweep and KVC_GPU_ALL_PROFILE=1
 #     adds the profile phase (scripts/gpu-profile.sh, a stand-in ncu): one
-#     report per variant, the KIVI one with the stall sections.
+#     report per variant, the KIVI one with the stall sections, each with
+#     the caches as the kernel before left them (--cache-control none).
 # Usage: gpu_all_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -128,6 +129,9 @@ grep -q "sweep stand-in --csv=$scratch/profile/gpu-bench.csv --batch=8 --context
   "$scratch/profile/gpu-bench.txt" || fail "profile: the sweep did not get KVC_GPU_ALL_BENCH_ARGS"
 grep -q "^ncu stand-in .*--metrics gpu__time_duration.sum,.* --variants=fused " \
   "$scratch/profile/ncu-fused.txt" || fail "profile: no fused report"
+# The caches as the kernel before left them, not emptied per kernel.
+grep -q "^ncu stand-in --clock-control none --cache-control none " \
+  "$scratch/profile/ncu-fused.txt" || fail "profile: caches emptied per kernel"
 grep -q "^ncu stand-in .*--section WarpStateStats --section SchedulerStats .* --variants=int2 " \
   "$scratch/profile/ncu-int2.txt" || fail "profile: the int2 report lacks the stall sections"
 if grep -q "WarpStateStats" "$scratch/profile/ncu-fused.txt"; then
