@@ -2080,13 +2080,14 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
          "stride"
       << (kivi ? ", kResidual" : "") << "), s, &w.heads"
       << (kivi && append ? ",\n                               kivi.records(), "
-                           "/*storesWriteWords=*/" +
-                               std::string(plan ? "false" : "true")
+                           "kvc::cuda::WordsBy::" +
+                               std::string(plan ? "Upload" : "Stores")
                          : std::string())
-      << (append && !kivi && !plan
+      << (append && !kivi
               ? ",\n                               /*kiviWork=*/nullptr, "
-                "/*storesWriteWords=*/true"
-              : "")
+                "kvc::cuda::WordsBy::" +
+                    std::string(plan ? "PlannedStores" : "Stores")
+              : std::string())
       << "));\n";
   if (append && kivi && !plan && !run)
     out << "    // The quantization, then the new rows into the residual "
@@ -2122,9 +2123,10 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
            "        kKvStride, s, \""
         << name << "\")));\n";
   if (append && !kivi && run)
-    out << "    // The new rows, at the slots the uploaded tables name (the "
-           "plan's upload wrote\n    // the tables' words).\n"
-           "    KVC_CUDA_TRY((kvc::cuda::launchAppendStores<kHeadDim, "
+    out << "    // The new rows, at the slots the uploaded tables name, and "
+           "the words the plan\n    // uploaded after them, their count read "
+           "on the device.\n"
+           "    KVC_CUDA_TRY((kvc::cuda::launchPlannedStores<kHeadDim, "
            "kStorage>(\n"
            "        w.heads, heads, kKvHeads, kvc::cuda::devicePageLayout("
            "config, layout), k, v, kKvStride,\n"

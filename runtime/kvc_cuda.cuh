@@ -1297,8 +1297,11 @@ constexpr int kStoreThreads = 128;
 /// The first kernel of a decode step: writes the step's new entries, one
 /// warp per head of the batch (`count` = batch x kvHeads; head i is kv-head
 /// i % kvHeads of sequence i / kvHeads, whose rows are row i / kvHeads of k
-/// and v), and the step's `numWords` table words (writeTableWords), one
-/// thread per word in the blocks after the heads'. The entry goes to slot
+/// and v), and the step's `numWords` table words (writeTableWords), in the
+/// blocks after the heads', each thread taking every (word blocks x
+/// kStoreThreads)-th word from its own. With `counted` (a planned run,
+/// launchPlannedStores) the count is read here instead: words[0].address,
+/// the words after it (DeviceTables::plannedWords). The entry goes to slot
 /// tables[i].appendSlot of page tables[i].appendPage, which the upload
 /// set, so the stores read nothing that the words write and the two need
 /// no launch between them. The slot is in a page of the storage format
@@ -1308,16 +1311,23 @@ __global__ void __launch_bounds__(kStoreThreads)
     storeAppended(const HeadTable *tables, int32_t count, int32_t kvHeads,
                   PageLayout layout, const float *k, const float *v,
                   int64_t kvStride, const TableWord *words,
-                  int32_t numWords) {
+                  int32_t numWords, bool counted) {
   // The attention kernel after it may start its blocks (launchDependent).
   releaseDependents();
   constexpr int32_t kWarps = kStoreThreads / kWarpSize;
   const int32_t headBlocks = (count + kWarps - 1) / kWarps;
   if (static_cast<int32_t>(blockIdx.x) >= headBlocks) {
-    writeTableWord(words, numWords,
-                   (static_cast<int32_t>(blockIdx.x) - headBlocks) *
-                           kStoreThreads +
-                       static_cast<int32_t>(threadIdx.x));
+    if (counted) {
+      numWords = static_cast<int32_t>(words[0].address);
+      ++words;
+    }
+    const int32_t step =
+        (static_cast<int32_t>(gridDim.x) - headBlocks) * kStoreThreads;
+    for (int32_t i = (static_cast<int32_t>(blockIdx.x) - headBlocks) *
+                         kStoreThreads +
+                     static_cast<int32_t>(threadIdx.x);
+         i < numWords; i += step)
+      writeTableWord(words, numWords, i);
     return;
   }
   const int32_t i = blockIdx.x * kWarps + threadIdx.x / kWarpSize;
@@ -8496,6 +8506,24 @@ inline bool awaitsFinish(const TableMirror &m) {
 /// and released it). A page table that outgrew its mirror has the mirror
 /// moved, on the device, into a region with room for a quarter more pages
 /// (grow): nothing is written back or waited for.
+/// What writes the table words of a step's upload (DeviceTables::upload).
+enum class WordsBy {
+  /// The upload: one writeTableWords launch per chunk of words.
+  Upload,
+  /// The step's launch that stores its new rows (storeAppended through
+  /// launchAppendStores, or a KIVI step's kiviStageRows through
+  /// KiviWorkPlan::launch) writes the last chunk, whose address and count
+  /// it takes from DeviceTables::takeDeferredWords.
+  Stores,
+  /// A planned run's storeAppended (launchPlannedStores) writes the last
+  /// chunk: the upload puts a header word holding the chunk's count
+  /// (TableWord::address) before it, at DeviceTables::plannedWords, a
+  /// place that depends on the batch alone, and the run reads the count
+  /// on the device. Earlier chunks, where a step's words outgrow the
+  /// region, go through writeTableWords as under Upload.
+  PlannedStores,
+};
+
 class DeviceTables {
 public:
   DeviceTables() = default;
@@ -8638,17 +8666,13 @@ public:
   /// of a sequence must hold the same entries (checked). `kiviWork`: for
   /// KIVI tables, the work record of every head of the batch as read after
   /// the appends (KiviWorkPlan::records; null to ask the runtime per head).
-  /// `storesWriteWords`: the words (their last chunk) are left to the
-  /// step's launch that stores its new rows (storeAppended through
-  /// launchAppendStores, or a KIVI step's kiviStageRows through
-  /// KiviWorkPlan::launch), which writes them too; otherwise upload
-  /// launches writeTableWords.
+  /// `wordsBy`: what writes the words (WordsBy).
   kvc_status_t upload(const int32_t *queryPositions, const int32_t *newSlots,
                       const int32_t *numPages, bool sameEntries, void *region,
                       uint64_t capacity, cudaStream_t stream,
                       const HeadTable **out,
                       const kvc_kivi_work_t *kiviWork = nullptr,
-                      bool storesWriteWords = false) {
+                      WordsBy wordsBy = WordsBy::Upload) {
     stream_ = stream;
     // Memory of released mirrors whose steps have finished goes back to
     // the pool before this step builds any.
@@ -8657,6 +8681,7 @@ public:
     // The region: the HeadTables, their arrival counters, the words.
     const uint64_t countersOffset =
         TableMirror::align(sizeof(HeadTable) * tables);
+    const uint64_t tableBytes = tableImageBytes(tables);
     UploadScratch &scratch = uploadScratch();
     std::vector<HeadTable> &headTables = scratch.headTables;
     std::vector<TableWord> &words = scratch.words;
@@ -8721,15 +8746,16 @@ public:
     // One copy of the HeadTables, their zeroed arrival counters and the
     // words (in chunks when a step released more pages than the region
     // holds words), one launch per chunk but the last, whose words
-    // storeAppended may write.
-    const uint64_t tableBytes =
-        countersOffset + TableMirror::align(sizeof(int32_t) * tables);
-    if (capacity < tableBytes + sizeof(TableWord))
+    // storeAppended may write. A planned run's chunks start with a header
+    // word, their count.
+    const size_t header = wordsBy == WordsBy::PlannedStores ? 1 : 0;
+    if (capacity < tableBytes + sizeof(TableWord) * (header + 1))
       return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL,
                               (std::string(name_) +
                                ": workspace too small for the slot tables")
                                   .c_str());
-    const size_t perChunk = (capacity - tableBytes) / sizeof(TableWord);
+    const size_t perChunk =
+        (capacity - tableBytes) / sizeof(TableWord) - header;
     char *device = static_cast<char *>(region);
     size_t done = 0;
     PinnedStaging &staging = pinnedStaging();
@@ -8738,22 +8764,28 @@ public:
           words.size() - done < perChunk ? words.size() - done : perChunk;
       // The image is written straight into pinned memory, whose copy only
       // queues (PinnedStaging).
-      const size_t bytes = tableBytes + sizeof(TableWord) * n;
+      const size_t bytes = tableBytes + sizeof(TableWord) * (header + n);
       char *image = nullptr;
       KVC_CUDA_TRY(staging.take(bytes, name_, &image));
       std::memcpy(image, headTables.data(), sizeof(HeadTable) * tables);
       std::memset(image + sizeof(HeadTable) * tables, 0,
                   tableBytes - sizeof(HeadTable) * tables);
+      if (header) {
+        const TableWord count{static_cast<uint64_t>(n), 0};
+        std::memcpy(image + tableBytes, &count, sizeof(TableWord));
+      }
       if (n)
-        std::memcpy(image + tableBytes, words.data() + done,
-                    sizeof(TableWord) * n);
+        std::memcpy(image + tableBytes + sizeof(TableWord) * header,
+                    words.data() + done, sizeof(TableWord) * n);
       KVC_CUDA_CHECK(name_, cudaMemcpyAsync(device, image, bytes,
                                             cudaMemcpyHostToDevice, stream));
       staged(staging);
       const TableWord *chunk =
-          reinterpret_cast<const TableWord *>(device + tableBytes);
+          reinterpret_cast<const TableWord *>(device + tableBytes) + header;
       done += n;
-      if (storesWriteWords && done == words.size()) {
+      if (wordsBy == WordsBy::PlannedStores && done == words.size()) {
+        // The run's storeAppended reads them (launchPlannedStores).
+      } else if (wordsBy == WordsBy::Stores && done == words.size()) {
         deferredWords_ = chunk;
         numDeferredWords_ = static_cast<int32_t>(n);
         wordsDeferred_ = true;
@@ -8787,8 +8819,25 @@ public:
     return KVC_STATUS_OK;
   }
 
+  /// Bytes of the HeadTables and their arrival counters of `tables` heads
+  /// at the start of upload's region, where its words begin.
+  static uint64_t tableImageBytes(int32_t tables) {
+    return TableMirror::align(sizeof(HeadTable) * tables) +
+           TableMirror::align(sizeof(int32_t) * tables);
+  }
+
+  /// The header word of a planned step's last chunk of words
+  /// (WordsBy::PlannedStores) when upload's region (its HeadTables) is at
+  /// `tables` for a batch of `heads` heads: the same place at every step
+  /// of that batch.
+  static const TableWord *plannedWords(const HeadTable *tables,
+                                       int32_t heads) {
+    return reinterpret_cast<const TableWord *>(
+        reinterpret_cast<const char *>(tables) + tableImageBytes(heads));
+  }
+
   /// The table words that upload left to the step's storeAppended launch
-  /// (storesWriteWords), once: *words and *n receive them (n may be 0).
+  /// (WordsBy::Stores), once: *words and *n receive them (n may be 0).
   kvc_status_t takeDeferredWords(const TableWord **words, int32_t *n) {
     if (!wordsDeferred_)
       return kvc_report_error(KVC_STATUS_INTERNAL,
@@ -9651,12 +9700,47 @@ kvc_status_t launchAppendStores(const HeadTable *tables, int32_t heads,
                          (numWords + kStoreThreads - 1) / kStoreThreads;
   storeAppended<D, S><<<static_cast<unsigned>(blocks), kStoreThreads, 0,
                         stream>>>(tables, heads, kvHeads, layout, k, v,
-                                  kvStride, words, numWords);
+                                  kvStride, words, numWords,
+                                  /*counted=*/false);
   KVC_CUDA_CHECK(name, cudaGetLastError());
   return KVC_STATUS_OK;
 }
 
-/// launchAppendStores after the upload (with storesWriteWords) that left
+/// Word blocks of launchPlannedStores for `heads` heads: a step writes
+/// about three words a head (position, score state, importance bits; a
+/// page's word now and then), one thread each; the blocks loop over more.
+inline int32_t plannedWordBlocks(int32_t heads) {
+  const int64_t words = 3 * static_cast<int64_t>(heads);
+  return static_cast<int32_t>(
+      std::max<int64_t>((words + kStoreThreads - 1) / kStoreThreads, 1));
+}
+
+/// launchAppendStores for a planned run (a policy's decode_run_batch):
+/// the step's table words are those the plan's upload left at
+/// DeviceTables::plannedWords(tables, heads) (WordsBy::PlannedStores),
+/// their count read on the device, so that the launch, its grid
+/// (plannedWordBlocks) and its arguments depend on the batch alone and a
+/// graph that captured it replays it at every step. The plan then
+/// launches no kernel of its own.
+template <int D, Storage S>
+kvc_status_t launchPlannedStores(const HeadTable *tables, int32_t heads,
+                                 int32_t kvHeads, const PageLayout &layout,
+                                 const float *k, const float *v,
+                                 int64_t kvStride, cudaStream_t stream,
+                                 const char *name) {
+  constexpr int32_t kWarps = kStoreThreads / kWarpSize;
+  const int32_t blocks =
+      (heads + kWarps - 1) / kWarps + plannedWordBlocks(heads);
+  storeAppended<D, S><<<static_cast<unsigned>(blocks), kStoreThreads, 0,
+                        stream>>>(tables, heads, kvHeads, layout, k, v,
+                                  kvStride, DeviceTables::plannedWords(
+                                                tables, heads),
+                                  0, /*counted=*/true);
+  KVC_CUDA_CHECK(name, cudaGetLastError());
+  return KVC_STATUS_OK;
+}
+
+/// launchAppendStores after the upload (WordsBy::Stores) that left
 /// the step's table words to this launch.
 template <int D, Storage S>
 kvc_status_t launchAppendStores(DeviceTables &deviceTables,
@@ -9992,7 +10076,7 @@ public:
   /// launches the quantization, then the staging, on `stream`, with grids
   /// of the work's size; the input rows are those of k and v. With
   /// `tables` (a decode step whose upload left its words to the stores,
-  /// storesWriteWords), the staging launch writes the step's table words
+  /// WordsBy::Stores), the staging launch writes the step's table words
   /// too, or a writeTableWords launch where nothing is staged.
   template <int D, int kBits, int KG, kvc_dtype_t T>
   kvc_status_t launch(void *region, const KiviWorkBounds &bounds,

@@ -36,13 +36,13 @@
 // The whole step keeps its words in storeAppended and its event at the
 // check-in.
 // CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_batch(
-// CHECK: /*kiviWork=*/nullptr, /*storesWriteWords=*/true));
+// CHECK: /*kiviWork=*/nullptr, kvc::cuda::WordsBy::Stores));
 // CHECK: tables, w.heads, heads, kKvHeads
 // CHECK: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 
-// The plan: a capacity checked before any append, the words written by
-// the upload's own launch, no kernel of the step, the event left to the
-// finish.
+// The plan: a capacity checked before any append, the words left to the
+// run's stores (their count in a header word on the device), no kernel at
+// all, the event left to the finish.
 // CHECK-LABEL: kvc_status_t kvc_h2o_cuda_decode_plan_batch(
 // CHECK: tables.checkOut(
 // CHECK: if (static_cast<int64_t>(maxSlots) + config.page_size > capacity)
@@ -50,7 +50,8 @@
 // CHECK-NEXT: const int64_t stride = capacity;
 // CHECK: kvc_append_step(
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
-// CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads));
+// CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads,
+// CHECK-NEXT: /*kiviWork=*/nullptr, kvc::cuda::WordsBy::PlannedStores));
 // CHECK-NOT: launch
 // CHECK: KVC_CUDA_TRY(tables.keepVictims(b));
 // CHECK-NEXT: // The step's event waits for its finish, after the run.
@@ -68,7 +69,7 @@
 // CHECK-NEXT: "kvc_h2o_cuda_decode_run_batch"));
 // CHECK: w.heads = reinterpret_cast<const kvc::cuda::HeadTable *>(w.tables);
 // CHECK-NOT: tables.
-// CHECK: launchAppendStores<kHeadDim, kStorage>(
+// CHECK: launchPlannedStores<kHeadDim, kStorage>(
 // CHECK-NEXT: w.heads, heads, kKvHeads,
 // CHECK-NOT: tables.
 // CHECK: kvc::cuda::planSplits(
@@ -114,7 +115,7 @@
 // the tables' words; the plan uploads them for the run, whose grids are the
 // bounds of a step (launchPlannedKivi); the words go with the tables.
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_batch(
-// KIVI: kivi.records(), /*storesWriteWords=*/true));
+// KIVI: kivi.records(), kvc::cuda::WordsBy::Stores));
 // KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
 // KIVI-NEXT: w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup), k, v, s,
 // KIVI-NEXT: "kvc_kivi2_cuda_decode_batch", &tables)));
@@ -122,7 +123,7 @@
 // KIVI: KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, layer, batch, sequences, kKvHeads, layout,
 // KIVI-NEXT: config.page_size, kKiviGroup, kKvStride)));
 // KIVI-NEXT: KVC_CUDA_TRY(tables.upload(
-// KIVI: kivi.records(), /*storesWriteWords=*/false));
+// KIVI: kivi.records(), kvc::cuda::WordsBy::Upload));
 // KIVI-NOT: launch
 // KIVI: KVC_CUDA_TRY(kivi.upload(w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup),
 // KIVI-NEXT: s, "kvc_kivi2_cuda_decode_plan_batch"));
@@ -147,7 +148,7 @@
 // MIXED: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/false, /*recordLater=*/true));
 // MIXED-LABEL: kvc_status_t kvc_mixed_precision_cuda_decode_run_batch(
 // MIXED-NOT: lowStore
-// MIXED: launchAppendStores<kHeadDim, kStorage>(
+// MIXED: launchPlannedStores<kHeadDim, kStorage>(
 // MIXED-NEXT: w.heads, heads, kKvHeads,
 // MIXED: kvc::cuda::planSplits(
 // MIXED-NEXT: capacity, kMaxSplits, kMinSlotsPerSplit, heads,

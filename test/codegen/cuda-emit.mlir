@@ -187,7 +187,7 @@
 // CHECK-NOT: kvc_append(
 // CHECK: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
 // CHECK-NEXT: kvc::cuda::deviceTableBytes(heads, stride), s, &w.heads,
-// CHECK-NEXT: /*kiviWork=*/nullptr, /*storesWriteWords=*/true));
+// CHECK-NEXT: /*kiviWork=*/nullptr, kvc::cuda::WordsBy::Stores));
 // The new rows go where the uploaded tables say: no destination list is
 // built or uploaded; the same launch writes the tables' words.
 // CHECK-NEXT: // The new rows, at the slots the uploaded tables name, and the tables' words
@@ -576,7 +576,7 @@ kvc.policy @heavy {
 // The tables go up first: the staging launch writes their words.
 // KIVI-NEXT: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/false, w.tables,
 // KIVI-NEXT: kvc::cuda::deviceTableBytes(heads, stride, kResidual), s, &w.heads,
-// KIVI-NEXT: kivi.records(), /*storesWriteWords=*/true));
+// KIVI-NEXT: kivi.records(), kvc::cuda::WordsBy::Stores));
 // KIVI-NEXT: // The quantization, then the new rows into the residual windows and, in the
 // KIVI-NEXT: // same launch, the tables' words.
 // KIVI-NEXT: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(

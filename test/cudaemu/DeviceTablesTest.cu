@@ -32,7 +32,11 @@
 // finished (events held unfinished by the emulator). On the full-precision
 // pool every third step stores its new rows with storeAppended, which must
 // write them into the pages the HeadTables name and write the step's last
-// chunk of words; every other step's victim rows reach the host from the
+// chunk of words, and every third step from the next one does so as a
+// planned run (launchPlannedStores), which reads the chunk's count on the
+// device from the header word that the upload put before it (two words
+// of the region's three a chunk); every other step's victim rows reach the
+// host from the
 // stand-in stages (publishVictims) rather than from checkIn's download.
 // A step whose words were left to stores that never ran must fail its
 // check-in. Exits 1 on the first difference.
@@ -351,7 +355,8 @@ void run(bool kivi) {
   }
   std::mt19937 rng(1234);
   int holes = 0, trims = 0, rebuilds = 0, longLists = 0, longReadSteps = 0,
-      batchedReads = 0, twoHeadLists = 0, storeSteps = 0;
+      batchedReads = 0, twoHeadLists = 0, storeSteps = 0,
+      plannedSteps = 0;
   const kvc::emu::Counters atStart = kvc::emu::counters();
   // Per head of the batch: the runtime's page count after the last step,
   // before the check-out evicted victims.
@@ -500,20 +505,30 @@ void run(bool kivi) {
       }
     }
     const kvc::cuda::HeadTable *heads = nullptr;
-    const bool stores = !kivi && step % 3 == 1;
+    const bool stores = !kivi && step % 3 != 0;
+    const bool planned = stores && step % 3 == 2;
     CHECK(tables.upload(positions, newSlots.data(),
                         batched ? numPages.data() : nullptr, false, region,
                         regionBytes, nullptr, &heads, /*kiviWork=*/nullptr,
-                        /*storesWriteWords=*/stores) == KVC_STATUS_OK,
+                        !stores   ? kvc::cuda::WordsBy::Upload
+                        : planned ? kvc::cuda::WordsBy::PlannedStores
+                                  : kvc::cuda::WordsBy::Stores) ==
+              KVC_STATUS_OK,
           "upload");
     if (stores) {
       const float *k = rows + static_cast<size_t>(step) * 2 * kRows * 8;
-      CHECK((kvc::cuda::launchAppendStores<8, kvc::cuda::Storage::F32>(
-                tables, heads, kRows, kHeads,
-                kvc::cuda::devicePageLayout(config, pageLayout), k,
-                k + kRows * 8, kHeads * 8, nullptr, "stores")) ==
+      const kvc::cuda::PageLayout layout =
+          kvc::cuda::devicePageLayout(config, pageLayout);
+      CHECK((planned
+                 ? kvc::cuda::launchPlannedStores<8, kvc::cuda::Storage::F32>(
+                       heads, kRows, kHeads, layout, k, k + kRows * 8,
+                       kHeads * 8, nullptr, "stores")
+                 : kvc::cuda::launchAppendStores<8, kvc::cuda::Storage::F32>(
+                       tables, heads, kRows, kHeads, layout, k,
+                       k + kRows * 8, kHeads * 8, nullptr, "stores")) ==
                 KVC_STATUS_OK,
             "step %d: stores", step);
+      plannedSteps += planned;
       kvc::emu::runQueuedWork();
       // Each new row is in the slot's page, which the HeadTable names.
       for (int i = 0; i < kRows; ++i) {
@@ -616,13 +631,13 @@ void run(bool kivi) {
   verifyState(kSteps);
   CHECK(holes > 3 && trims > 0 && rebuilds > 3 && growths > 0 &&
             longReadSteps > 0 && batchedReads > 0 && twoHeadLists > 0 &&
-            (kivi || storeSteps > 20),
+            (kivi || (storeSteps > 40 && plannedSteps > 20)),
         "the run made %d page evictions, %d trims, %d write-backs, %d "
         "mirrors outgrown, %d long victim lists (%d check-outs read some, "
         "%d of several sequences; %d steps with both heads'), %d steps "
-        "whose stores wrote the words",
+        "whose stores wrote the words (%d of them planned)",
         holes, trims, rebuilds, growths, longLists, longReadSteps,
-        batchedReads, twoHeadLists, storeSteps);
+        batchedReads, twoHeadLists, storeSteps, plannedSteps);
   // The write-backs too read the device on kvc's own stream: the only
   // synchronous copies (on the legacy default stream) are the test's own
   // victim flags, one per step (endStep).
@@ -936,38 +951,64 @@ void serve() {
               static_cast<unsigned long long>(freed), rows.size());
 }
 
+/// One sequence of kHeads kv-heads on a small full-precision pool, with a
+/// region of deviceTableBytes for its device tables (unwrittenWords,
+/// plannedWords).
+struct OneSequence {
+  const kvc_config_t config = deviceConfig(false, 16, 1);
+  const uint64_t regionBytes = kvc::cuda::deviceTableBytes(kHeads, kStride);
+  const uint64_t sequence;
+  void *pool = nullptr, *region = nullptr;
+  kvc_context_t *ctx = nullptr;
+  int32_t newSlots[kHeads], numPages[kHeads];
+
+  explicit OneSequence(uint64_t id) : sequence(id) {
+    uint64_t poolBytes = 0;
+    CHECK(kvc_pool_bytes_required(&config, &poolBytes) == KVC_STATUS_OK,
+          "pool");
+    CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess &&
+              cudaMalloc(&region, regionBytes) == cudaSuccess,
+          "device memory");
+    CHECK(kvc_context_create(&config, pool, poolBytes, &ctx) ==
+              KVC_STATUS_OK,
+          "context");
+    CHECK(kvc_sequence_add(ctx, sequence) == KVC_STATUS_OK, "add");
+  }
+  ~OneSequence() {
+    kvc_context_destroy(ctx);
+    cudaFree(region);
+    cudaFree(pool);
+  }
+  /// Checks `tables` out for the step at `position` and appends its entry
+  /// (newSlots, numPages).
+  void step(kvc::cuda::DeviceTables &tables, int32_t position,
+            const char *name) {
+    CHECK(tables.checkOut(ctx, 1, &sequence, 0, kHeads, false, false, false,
+                          name) == KVC_STATUS_OK,
+          "check out");
+    CHECK(kvc_append_step(ctx, 0, 1, &sequence, 8, nullptr, nullptr,
+                          &position, newSlots, numPages) == KVC_STATUS_OK,
+          "append step");
+  }
+};
+
 /// A step that leaves its table words to storeAppended must run it: a
 /// check-in with the words unwritten fails, naming the cause, and so does a
 /// second take of the words; the failed step's mirror is written back, so
 /// the runtime still answers. A KIVI plan with nothing to stage writes the
 /// words it was given in a launch of their own.
 void unwrittenWords() {
-  const kvc_config_t config = deviceConfig(false, 16, 1);
-  uint64_t poolBytes = 0;
-  CHECK(kvc_pool_bytes_required(&config, &poolBytes) == KVC_STATUS_OK, "pool");
-  void *pool = nullptr, *region = nullptr;
-  const uint64_t regionBytes = kvc::cuda::deviceTableBytes(kHeads, kStride);
-  CHECK(cudaMalloc(&pool, poolBytes) == cudaSuccess &&
-            cudaMalloc(&region, regionBytes) == cudaSuccess,
-        "device memory");
-  kvc_context_t *ctx = nullptr;
-  CHECK(kvc_context_create(&config, pool, poolBytes, &ctx) == KVC_STATUS_OK,
-        "context");
-  const uint64_t sequence = 5;
-  CHECK(kvc_sequence_add(ctx, sequence) == KVC_STATUS_OK, "add");
+  OneSequence one(5);
+  kvc_context_t *ctx = one.ctx;
+  const uint64_t sequence = one.sequence;
+  const int32_t *newSlots = one.newSlots;
   for (int32_t position = 0; position < 4; ++position) {
     kvc::cuda::DeviceTables tables;
-    CHECK(tables.checkOut(ctx, 1, &sequence, 0, kHeads, false, false, false,
-                          "unwritten") == KVC_STATUS_OK,
-          "check out");
-    int32_t newSlots[kHeads], numPages[kHeads];
-    CHECK(kvc_append_step(ctx, 0, 1, &sequence, 8, nullptr, nullptr,
-                          &position, newSlots, numPages) == KVC_STATUS_OK,
-          "append step");
+    one.step(tables, position, "unwritten");
     const kvc::cuda::HeadTable *heads = nullptr;
-    CHECK(tables.upload(&position, newSlots, numPages, false, region,
-                        regionBytes, nullptr, &heads, nullptr,
-                        /*storesWriteWords=*/true) == KVC_STATUS_OK,
+    CHECK(tables.upload(&position, one.newSlots, one.numPages, false,
+                        one.region, one.regionBytes, nullptr, &heads, nullptr,
+                        kvc::cuda::WordsBy::Stores) == KVC_STATUS_OK,
           "upload");
     if (position < 2) {
       // The first step builds the mirror (no words); the second writes the
@@ -1018,9 +1059,81 @@ void unwrittenWords() {
             meta.num_slots >= 4,
         "metadata after the failed steps");
   std::printf("unwritten words: a check-in without the stores fails: ok\n");
-  kvc_context_destroy(ctx);
-  cudaFree(region);
-  cudaFree(pool);
+}
+
+/// A planned step (WordsBy::PlannedStores): the upload puts the count of
+/// its words in the header word at DeviceTables::plannedWords, 0 when it
+/// has none (the first step builds the mirror), and launches nothing; the
+/// words stay unwritten until the run's launchPlannedStores, which reads
+/// the count on the device and writes them (the new slots' positions),
+/// with the new rows in the pages the HeadTables name.
+void plannedWords() {
+  OneSequence one(9);
+  const kvc_config_t &config = one.config;
+  kvc_context_t *ctx = one.ctx;
+  const uint64_t sequence = one.sequence;
+  const int32_t *newSlots = one.newSlots;
+  kvc_page_layout_t pageLayout;
+  CHECK(kvc_page_layout(&config, &pageLayout) == KVC_STATUS_OK, "layout");
+  std::vector<float> rowsHost(2 * kHeads * 8);
+  for (size_t i = 0; i < rowsHost.size(); ++i)
+    rowsHost[i] = 0.25f * static_cast<float>(i);
+  float *rows = upload(rowsHost);
+  const uint64_t launchesBefore = kvc::emu::counters().launches;
+  int32_t written = 0;
+  for (int32_t position = 0; position < 6; ++position) {
+    kvc::cuda::DeviceTables tables;
+    one.step(tables, position, "planned");
+    const kvc::cuda::HeadTable *heads = nullptr;
+    const uint64_t launches = kvc::emu::counters().launches;
+    CHECK(tables.upload(&position, one.newSlots, one.numPages, false,
+                        one.region, one.regionBytes, nullptr, &heads, nullptr,
+                        kvc::cuda::WordsBy::PlannedStores) == KVC_STATUS_OK,
+          "upload");
+    CHECK(kvc::emu::counters().launches == launches,
+          "step %d: the planned upload launched a kernel", position);
+    kvc::emu::runQueuedWork(); // the upload's copy
+    const kvc::cuda::TableWord header =
+        download(kvc::cuda::DeviceTables::plannedWords(heads, kHeads), 1)[0];
+    CHECK((header.address > 0) == (position > 0) && header.value == 0,
+          "step %d: the header word counts %llu words", position,
+          static_cast<unsigned long long>(header.address));
+    // The run, from the region alone.
+    CHECK((kvc::cuda::launchPlannedStores<8, kvc::cuda::Storage::F32>(
+              heads, kHeads, kHeads,
+              kvc::cuda::devicePageLayout(config, pageLayout), rows,
+              rows + kHeads * 8, kHeads * 8, nullptr, "planned")) ==
+              KVC_STATUS_OK,
+          "step %d: the planned stores", position);
+    CHECK(tables.checkIn() == KVC_STATUS_OK, "step %d: check in", position);
+    kvc::emu::runQueuedWork();
+    kvc_attachment_t a{};
+    CHECK(kvc_detach(ctx, sequence, 0, &a) == KVC_STATUS_OK && a.data,
+          "detach");
+    const auto *m = static_cast<const kvc::cuda::TableMirror *>(a.data);
+    for (int h = 0; h < kHeads; ++h) {
+      CHECK(m->positionsOf(h)[newSlots[h]] == position,
+            "step %d head %d: the planned stores did not write the words "
+            "(slot %d holds position %d)",
+            position, h, newSlots[h], m->positionsOf(h)[newSlots[h]]);
+      const char *page = reinterpret_cast<const char *>(
+          m->pagesOf(h)[newSlots[h] / config.page_size]);
+      const float *key = reinterpret_cast<const float *>(
+                             page + pageLayout.key_offset) +
+                         newSlots[h] % config.page_size * 8;
+      CHECK(key[3] == rowsHost[h * 8 + 3],
+            "step %d head %d: key channel 3 of the stored row is %g", position,
+            h, key[3]);
+    }
+    written += position > 0;
+    CHECK(kvc_attach(ctx, sequence, 0, &a) == KVC_STATUS_OK, "attach");
+  }
+  std::printf("planned words: %d steps' words written by the run's stores, "
+              "%llu launches: ok\n",
+              written,
+              static_cast<unsigned long long>(kvc::emu::counters().launches -
+                                              launchesBefore));
+  cudaFree(rows);
 }
 
 } // namespace
@@ -1030,6 +1143,7 @@ int main() {
   run(true);
   serve();
   unwrittenWords();
+  plannedWords();
   CHECK(keyBlocks > 3 && windowVictims > 3,
         "the KIVI run quantized %d blocks of keys on kept tables and evicted "
         "%d window entries",
