@@ -2081,7 +2081,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
       << (kivi ? ", kResidual" : "") << "), s, &w.heads"
       << (kivi && append ? ",\n                               kivi.records(), "
                            "kvc::cuda::WordsBy::" +
-                               std::string(plan ? "Upload" : "Stores")
+                               std::string(plan ? "PlannedStores" : "Stores")
                          : std::string())
       << (append && !kivi
               ? ",\n                               /*kiviWork=*/nullptr, "
@@ -2108,10 +2108,11 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
   if (append && kivi && run)
     out << "    // The quantization and staging of the jobs the plan "
            "uploaded, in grids for\n    // the most work of a step whose "
-           "blocks past the uploaded counts return.\n"
+           "blocks past the uploaded counts return;\n    // the staging "
+           "writes the tables' words too.\n"
            "    KVC_CUDA_TRY((kvc::cuda::launchPlannedKivi<kHeadDim, "
            "kKiviBits, kKiviGroup, kDtype>(\n"
-           "        w.kivi, heads, kResidual, k, v, s, \""
+           "        w.kivi, w.heads, heads, kResidual, k, v, s, \""
         << name << "\")));\n";
   if (append && !kivi && !plan && !run)
     out << "    // The new rows, at the slots the uploaded tables name, and "

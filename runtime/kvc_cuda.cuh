@@ -2980,20 +2980,30 @@ __global__ void __launch_bounds__(D)
 /// the residual window, one block of D threads per row pair among the
 /// first `stageBlocks` blocks, and in the blocks after them a decode
 /// step's `numWords` table words (writeTableWords; the rows and the words
-/// touch different memory); runs after kiviQuantize, whose jobs may read
-/// the rows these overwrite.
+/// touch different memory), each thread taking every (word blocks x D)-th
+/// word from its own; with `counted` (a planned run, launchPlannedKivi)
+/// the count is words[0].address, read here, and the words follow it
+/// (DeviceTables::plannedWords). Runs after kiviQuantize, whose jobs may
+/// read the rows these overwrite.
 template <int D, kvc_dtype_t T>
 __global__ void __launch_bounds__(D)
     kiviStageRows(const KiviStage *stages, int32_t stageBlocks,
                   const KiviWorkCounts *counts, const float *k,
-                  const float *v, const TableWord *words, int32_t numWords) {
+                  const float *v, const TableWord *words, int32_t numWords,
+                  bool counted) {
   // The attention kernel after it may start its blocks (launchDependent).
   releaseDependents();
   const int32_t block = static_cast<int32_t>(blockIdx.x);
   if (block >= stageBlocks) {
-    writeTableWord(words, numWords,
-                   (block - stageBlocks) * D +
-                       static_cast<int32_t>(threadIdx.x));
+    if (counted) {
+      numWords = static_cast<int32_t>(words[0].address);
+      ++words;
+    }
+    const int32_t step = (static_cast<int32_t>(gridDim.x) - stageBlocks) * D;
+    for (int32_t i = (block - stageBlocks) * D +
+                     static_cast<int32_t>(threadIdx.x);
+         i < numWords; i += step)
+      writeTableWord(words, numWords, i);
     return;
   }
   if (block >= counts->stages)
@@ -9845,14 +9855,17 @@ inline uint64_t kiviWorkBytes(int32_t heads, int64_t entries, int32_t residual,
 /// Launches the KIVI work uploaded into `region` (carveKiviWork for
 /// `bounds`) on `stream`: kiviQuantize over `jobBlocks` blocks, then
 /// kiviStageRows over `stageBlocks` blocks and, after them, the blocks of
-/// `numWords` table words. k and v are the tensors the jobs' input rows
-/// are offsets into.
+/// `numWords` table words (with `wordBlocks` >= 0: that many blocks for
+/// the words behind the header word at `words`, whose count the kernel
+/// reads, WordsBy::PlannedStores). k and v are the tensors the jobs' input
+/// rows are offsets into.
 template <int D, int kBits, int KG, kvc_dtype_t T>
 kvc_status_t launchKiviWork(void *region, const KiviWorkBounds &bounds,
                             int64_t jobBlocks, int64_t stageBlocks,
                             const float *k, const float *v,
                             const TableWord *words, int32_t numWords,
-                            cudaStream_t stream, const char *name) {
+                            cudaStream_t stream, const char *name,
+                            int64_t wordBlocks = -1) {
   Carver at(region);
   const KiviWorkRegion r = carveKiviWork(at, bounds);
   if (jobBlocks > 0) {
@@ -9861,12 +9874,15 @@ kvc_status_t launchKiviWork(void *region, const KiviWorkBounds &bounds,
                                               v);
     KVC_CUDA_CHECK(name, cudaGetLastError());
   }
-  const int64_t wordBlocks = (numWords + D - 1) / D;
+  const bool counted = wordBlocks >= 0;
+  if (!counted)
+    wordBlocks = (numWords + D - 1) / D;
   if (stageBlocks + wordBlocks > 0) {
     kiviStageRows<D, T><<<static_cast<unsigned>(stageBlocks + wordBlocks), D,
                           0, stream>>>(r.stages,
                                        static_cast<int32_t>(stageBlocks),
-                                       r.counts, k, v, words, numWords);
+                                       r.counts, k, v, words, numWords,
+                                       counted);
     KVC_CUDA_CHECK(name, cudaGetLastError());
   }
   return KVC_STATUS_OK;
@@ -9876,16 +9892,25 @@ kvc_status_t launchKiviWork(void *region, const KiviWorkBounds &bounds,
 /// (KiviWorkPlan::upload into `region` for kiviWorkBounds(heads, 1,
 /// residual, KG)): grids for the most work of a step, whose blocks past the
 /// uploaded counts return, so that the launches are the same at every step
-/// of a batch (a decode run captured in a CUDA graph). The plan's upload
-/// wrote the table words.
+/// of a batch (a decode run captured in a CUDA graph). The staging also
+/// writes the table words that the plan's upload left behind the
+/// HeadTables at `tables` (WordsBy::PlannedStores), their count read on
+/// the device, with as many threads as launchPlannedStores gives its
+/// words (plannedWordBlocks) in blocks of D, at least one block.
 template <int D, int kBits, int KG, kvc_dtype_t T>
-kvc_status_t launchPlannedKivi(void *region, int32_t heads, int32_t residual,
+kvc_status_t launchPlannedKivi(void *region, const HeadTable *tables,
+                               int32_t heads, int32_t residual,
                                const float *k, const float *v,
                                cudaStream_t stream, const char *name) {
   const KiviWorkBounds bounds = kiviWorkBounds(heads, 1, residual, KG);
-  return launchKiviWork<D, kBits, KG, T>(region, bounds, bounds.jobs,
-                                         bounds.stages, k, v, nullptr, 0,
-                                         stream, name);
+  // A KIVI step's words: about three a head, and a window's worth where
+  // a block of keys leaves it (the blocks loop over more).
+  const int64_t wordBlocks =
+      std::max<int64_t>(plannedWordBlocks(heads) * kStoreThreads / D, 1);
+  return launchKiviWork<D, kBits, KG, T>(
+      region, bounds, bounds.jobs, bounds.stages, k, v,
+      DeviceTables::plannedWords(tables, heads), 0, stream, name,
+      wordBlocks);
 }
 
 /// The data work of the latest kvc_append of some heads

@@ -113,7 +113,8 @@
 
 // For KIVI, the whole step launches its jobs in grids of their size, with
 // the tables' words; the plan uploads them for the run, whose grids are the
-// bounds of a step (launchPlannedKivi); the words go with the tables.
+// bounds of a step (launchPlannedKivi), and leaves the words after the
+// tables for the run's staging, as for the other policies.
 // KIVI-LABEL: kvc_status_t kvc_kivi2_cuda_decode_batch(
 // KIVI: kivi.records(), kvc::cuda::WordsBy::Stores));
 // KIVI: KVC_CUDA_TRY((kivi.launch<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
@@ -123,7 +124,7 @@
 // KIVI: KVC_CUDA_TRY((kivi.addStep<kHeadDim, kDtype>(context, layer, batch, sequences, kKvHeads, layout,
 // KIVI-NEXT: config.page_size, kKiviGroup, kKvStride)));
 // KIVI-NEXT: KVC_CUDA_TRY(tables.upload(
-// KIVI: kivi.records(), kvc::cuda::WordsBy::Upload));
+// KIVI: kivi.records(), kvc::cuda::WordsBy::PlannedStores));
 // KIVI-NOT: launch
 // KIVI: KVC_CUDA_TRY(kivi.upload(w.kivi, kvc::cuda::kiviWorkBounds(heads, 1, kResidual, kKiviGroup),
 // KIVI-NEXT: s, "kvc_kivi2_cuda_decode_plan_batch"));
@@ -133,7 +134,7 @@
 // KIVI-NOT: tables.
 // KIVI-NOT: kivi.
 // KIVI: KVC_CUDA_TRY((kvc::cuda::launchPlannedKivi<kHeadDim, kKiviBits, kKiviGroup, kDtype>(
-// KIVI-NEXT: w.kivi, heads, kResidual, k, v, s, "kvc_kivi2_cuda_decode_run_batch")));
+// KIVI-NEXT: w.kivi, w.heads, heads, kResidual, k, v, s, "kvc_kivi2_cuda_decode_run_batch")));
 // KIVI-NOT: tables.
 // KIVI: kvc::cuda::planSplits(
 // KIVI-NEXT: capacity, kMaxSplits, kMinSlotsPerSplit, heads,
