@@ -845,6 +845,25 @@ __device__ inline void writeTableWord(const TableWord *words, int32_t n,
     *reinterpret_cast<uint32_t *>(w.address) = static_cast<uint32_t>(w.value);
 }
 
+/// The table words of a step in the word blocks of a launch that writes
+/// them beside its own work (storeAppended, kiviStageRows): `block` is the
+/// calling block's index among those `blocks` blocks of `threads` threads,
+/// each thread taking every (blocks x threads)-th word from its own. The
+/// `numWords` at `words`, or with `counted` (a planned run,
+/// WordsBy::PlannedStores) the count held in words[0].address, read here,
+/// and the words after it (DeviceTables::plannedWords).
+__device__ inline void writeStepWords(const TableWord *words, int32_t numWords,
+                                      bool counted, int32_t block,
+                                      int32_t blocks, int32_t threads) {
+  if (counted) {
+    numWords = static_cast<int32_t>(words[0].address);
+    ++words;
+  }
+  for (int32_t i = block * threads + static_cast<int32_t>(threadIdx.x);
+       i < numWords; i += blocks * threads)
+    writeTableWord(words, numWords, i);
+}
+
 /// One row pair that storeEntries writes: source row `row` of the float
 /// k/v tensors for kv-head `head`, into the given device addresses.
 struct StoreEntry {
@@ -1317,17 +1336,10 @@ __global__ void __launch_bounds__(kStoreThreads)
   constexpr int32_t kWarps = kStoreThreads / kWarpSize;
   const int32_t headBlocks = (count + kWarps - 1) / kWarps;
   if (static_cast<int32_t>(blockIdx.x) >= headBlocks) {
-    if (counted) {
-      numWords = static_cast<int32_t>(words[0].address);
-      ++words;
-    }
-    const int32_t step =
-        (static_cast<int32_t>(gridDim.x) - headBlocks) * kStoreThreads;
-    for (int32_t i = (static_cast<int32_t>(blockIdx.x) - headBlocks) *
-                         kStoreThreads +
-                     static_cast<int32_t>(threadIdx.x);
-         i < numWords; i += step)
-      writeTableWord(words, numWords, i);
+    writeStepWords(words, numWords, counted,
+                   static_cast<int32_t>(blockIdx.x) - headBlocks,
+                   static_cast<int32_t>(gridDim.x) - headBlocks,
+                   kStoreThreads);
     return;
   }
   const int32_t i = blockIdx.x * kWarps + threadIdx.x / kWarpSize;
@@ -2995,15 +3007,8 @@ __global__ void __launch_bounds__(D)
   releaseDependents();
   const int32_t block = static_cast<int32_t>(blockIdx.x);
   if (block >= stageBlocks) {
-    if (counted) {
-      numWords = static_cast<int32_t>(words[0].address);
-      ++words;
-    }
-    const int32_t step = (static_cast<int32_t>(gridDim.x) - stageBlocks) * D;
-    for (int32_t i = (block - stageBlocks) * D +
-                     static_cast<int32_t>(threadIdx.x);
-         i < numWords; i += step)
-      writeTableWord(words, numWords, i);
+    writeStepWords(words, numWords, counted, block - stageBlocks,
+                   static_cast<int32_t>(gridDim.x) - stageBlocks, D);
     return;
   }
   if (block >= counts->stages)
