@@ -2183,6 +2183,17 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
                                  outArg
                            : std::string())
       << "};\n";
+  if (foldsStatistics())
+    out << "    // The fold reads the logits back and drops them from L2: the "
+           "attention\n    // stores as many of them evict-last as half of "
+           "L2 holds (logitPolicy).\n"
+           "    int32_t l2Bytes = 0;\n"
+           "    KVC_CUDA_TRY(kvc::cuda::deviceL2Bytes(\""
+        << name
+        << "\", &l2Bytes));\n"
+           "    args.logitsKeep = kvc::cuda::logitsKeepFraction(\n"
+           "        static_cast<int64_t>(heads) * kGroup * "
+        << planned << " * 4, l2Bytes);\n";
   if (kivi)
     out << "    // KIVI: packed int codes dequantized in registers, the window "
            "read from\n"

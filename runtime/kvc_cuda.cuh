@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of twelve kernel choices, for side-by-side
+// Build-time overrides of thirteen kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -123,6 +123,12 @@
 //    read its range of the attention's logits, it drops their lines from
 //    L2 without a write to device memory (discardRowLines), since nothing
 //    reads them again; 0 leaves them to be written back as L2 evicts them.
+//  - KVC_CUDA_LOGITS_EVICT_LAST (default 1): where the fold discards them,
+//    the decode attention stores its logits under an L2 evict-last policy
+//    for as large a share of them as half of L2 holds (logitPolicy), so
+//    that the kernel's stream of cache lines evicts them last and the fold
+//    reads them from L2 and drops them unwritten; 0 stores them with the
+//    default policy.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -158,6 +164,9 @@
 #endif
 #ifndef KVC_CUDA_DISCARD_LOGITS
 #define KVC_CUDA_DISCARD_LOGITS 1
+#endif
+#ifndef KVC_CUDA_LOGITS_EVICT_LAST
+#define KVC_CUDA_LOGITS_EVICT_LAST 1
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -195,6 +204,9 @@
 #if KVC_CUDA_DISCARD_LOGITS != 0 && KVC_CUDA_DISCARD_LOGITS != 1
 #error "KVC_CUDA_DISCARD_LOGITS must be 0 or 1"
 #endif
+#if KVC_CUDA_LOGITS_EVICT_LAST != 0 && KVC_CUDA_LOGITS_EVICT_LAST != 1
+#error "KVC_CUDA_LOGITS_EVICT_LAST must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -205,23 +217,24 @@
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
     KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
     KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1 ||              \
-    KVC_CUDA_MMA_TRANSPOSED_VALUES != 1 || KVC_CUDA_DISCARD_LOGITS != 1
+    KVC_CUDA_MMA_TRANSPOSED_VALUES != 1 || KVC_CUDA_DISCARD_LOGITS != 1 ||     \
+    KVC_CUDA_LOGITS_EVICT_LAST != 1
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead, pdl, foldahead, sq, tv, discard)       \
+                                 ahead, pdl, foldahead, sq, tv, discard, last) \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
       fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead##   \
-      _sq##sq##_tv##tv##_discard##discard
+      _sq##sq##_tv##tv##_discard##discard##_last##last
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead, pdl, foldahead, sq, tv, discard)        \
+                                ahead, pdl, foldahead, sq, tv, discard, last)  \
   KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
-                           pdl, foldahead, sq, tv, discard)
+                           pdl, foldahead, sq, tv, discard, last)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
       KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD,    \
       KVC_CUDA_MMA_SHARED_QUERY, KVC_CUDA_MMA_TRANSPOSED_VALUES,               \
-      KVC_CUDA_DISCARD_LOGITS) {
+      KVC_CUDA_DISCARD_LOGITS, KVC_CUDA_LOGITS_EVICT_LAST) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -241,6 +254,12 @@ constexpr bool kEvictFirst = KVC_CUDA_EVICT_FIRST != 0;
 /// Whether a decode fold block drops its logits' lines from L2 once it
 /// has read them (KVC_CUDA_DISCARD_LOGITS, discardRowLines).
 constexpr bool kDiscardLogits = KVC_CUDA_DISCARD_LOGITS != 0;
+/// Whether the decode attention stores a share of its logits under an L2
+/// evict-last policy (KVC_CUDA_LOGITS_EVICT_LAST, logitPolicy): only where
+/// the fold discards them, so that no line of that policy outlives the
+/// step in L2.
+constexpr bool kLogitsEvictLast =
+    KVC_CUDA_LOGITS_EVICT_LAST != 0 && kDiscardLogits;
 /// Whether a staged decode issues its next tile's copies before it waits
 /// for the current tile's (KVC_CUDA_ISSUE_AHEAD, nextStagedTile).
 constexpr bool kIssueAhead = KVC_CUDA_ISSUE_AHEAD != 0;
@@ -416,6 +435,76 @@ __device__ __forceinline__ T loadStreamed(const T *p, uint64_t policy) {
 #endif
   (void)policy;
   return __ldg(p);
+}
+
+/// The L2 policy of the decode attention's logit stores (createpolicy,
+/// sm_80 and later): evict last for the share `keep` of their lines
+/// (logitsKeepFraction; the device takes it in sixteenths, by address),
+/// the others as L2 would place them. The logits are read once, by the
+/// fold at the end of the step, which then discards their lines
+/// (discardRowLines); until then the attention streams the cache through
+/// L2 (evict first, streamPolicy), and every logit line L2 evicts in
+/// between costs device memory a write and the fold a read. `keep` 0 (no
+/// statistics, or the fraction rounds to nothing) or kLogitsEvictLast off:
+/// evict unchanged, the default placement. 0 off the device.
+__device__ __forceinline__ uint64_t logitPolicy(float keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 &&                          \
+    !defined(KVC_CUDA_EMULATED)
+  if constexpr (kLogitsEvictLast) {
+    uint64_t policy;
+    if (keep > 0.0f)
+      asm("createpolicy.fractional.L2::evict_last.L2::evict_unchanged.b64 "
+          "%0, %1;\n"
+          : "=l"(policy)
+          : "f"(fminf(keep, 1.0f)));
+    else
+      asm("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;\n"
+          : "=l"(policy));
+    return policy;
+  }
+#endif
+  (void)keep;
+  return 0;
+}
+
+/// logits[at] = x under `policy` (logitPolicy) where `take` holds (which
+/// it does not where `logits` is null): a decode attention's logit store,
+/// one predicated instruction rather than a branch around it.
+__device__ __forceinline__ void storeLogitIf(bool take, float *logits,
+                                             int64_t at, float x,
+                                             uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 &&                          \
+    !defined(KVC_CUDA_EMULATED)
+  if constexpr (kLogitsEvictLast) {
+    const float *p = logits + at;
+    // No "memory" clobber: nothing in the kernel reads a logit back, so
+    // its other loads and stores may move across the store.
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %3, 0;\n\t"
+                 "@p st.global.L2::cache_hint.f32 [%0], %1, %2;\n\t}\n" ::"l"(
+                     p),
+                 "f"(x), "l"(policy), "r"(static_cast<uint32_t>(take)));
+    return;
+  }
+#endif
+  (void)policy;
+  if (take)
+    logits[at] = x;
+}
+
+/// The share of a decode step's logit lines that the attention stores
+/// evict-last (logitPolicy): as many of `logitBytes` as half of an L2 of
+/// `l2Bytes` holds, the rest of L2 left to the cache's stream, the split
+/// records and the score state; 0 where that is under a sixteenth (the
+/// policy's unit), where either size is unknown or kLogitsEvictLast is off.
+__host__ __device__ inline float logitsKeepFraction(int64_t logitBytes,
+                                                    int64_t l2Bytes) {
+  if (!kLogitsEvictLast || logitBytes <= 0 || l2Bytes <= 0)
+    return 0.0f;
+  const double keep = static_cast<double>(l2Bytes / 2) /
+                      static_cast<double>(logitBytes);
+  if (keep < 1.0 / 16)
+    return 0.0f;
+  return keep >= 1.0 ? 1.0f : static_cast<float>(keep);
 }
 
 /// Decoding and encoding of one storage kind. kScaled formats carry one
@@ -1457,6 +1546,9 @@ struct DecodeSplitArgs {
   /// heads' HeadTable::arrivals count the blocks in. Null when a later
   /// kernel merges (the fold of a decode with statistics).
   float *mergeOut = nullptr;
+  /// The share of the logits' lines stored evict-last (logitPolicy,
+  /// logitsKeepFraction); 0: none.
+  float logitsKeep = 0.0f;
 };
 
 template <int G, int D, int kThreads>
@@ -1662,6 +1754,7 @@ decodeSplitRows(const DecodeSplitArgs &a, int32_t h, int32_t split,
   const int rowGroup = threadIdx.x / Shape::kLanes;
   float q[G][kChunk], acc[G][kChunk], m[G], z[G];
   startQueryRows<G, D, Shape>(a, h, 0, lane, q, acc, m, z);
+  const uint64_t logitHint = logitPolicy(a.logitsKeep);
 
   // The scaled logits of a loaded row (every lane of the row gets them),
   // stored for the statistics.
@@ -1688,10 +1781,11 @@ decodeSplitRows(const DecodeSplitArgs &a, int32_t h, int32_t split,
         l[g] += __shfl_xor_sync(kFullMask, l[g], o);
       l[g] = r.live ? l[g] * a.scale : kNegInf;
     }
-    if (a.logits && r.inRange && lane == 0)
 #pragma unroll
-      for (int g = 0; g < G; ++g)
-        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + r.slot] = l[g];
+    for (int g = 0; g < G; ++g)
+      storeLogitIf(a.logits && r.inRange && lane == 0, a.logits,
+                   (static_cast<int64_t>(h) * G + g) * a.stride + r.slot, l[g],
+                   logitHint);
   };
 
   // Row group r takes the slots begin + r, begin + r + kRowGroups, ... in
@@ -1901,6 +1995,7 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
   const int g0 = warp * kGw;
   const int32_t numTiles =
       end > begin ? (end - begin + kTileRows - 1) / kTileRows : 0;
+  const uint64_t logitHint = logitPolicy(a.logitsKeep);
 
   float q[kGw][kChunk], acc[kGw][kChunk], m[kGw], z[kGw];
   startQueryRows<G, D, Shape>(a, h, g0, rowLane, q, acc, m, z);
@@ -1982,9 +2077,9 @@ __device__ __forceinline__ void decodeStagedRows(const DecodeSplitArgs &a,
         for (int o = Shape::kLanes / 2; o > 0; o /= 2)
           l[p][g] += __shfl_xor_sync(kFullMask, l[p][g], o);
         l[p][g] = live ? l[p][g] * a.scale : kNegInf;
-        if (a.logits && rowLane == 0 && slot < end)
-          a.logits[(static_cast<int64_t>(h) * G + g0 + g) * a.stride + slot] =
-              l[p][g];
+        storeLogitIf(a.logits && rowLane == 0 && slot < end, a.logits,
+                     (static_cast<int64_t>(h) * G + g0 + g) * a.stride + slot,
+                     l[p][g], logitHint);
       }
     }
     // The tile's maximum over the warp's rows, one rescale per tile.
@@ -2447,6 +2542,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   const int g = lane / 4, tq = lane % 4;
   const int32_t numTiles =
       end > begin ? (end - begin + kTileRows - 1) / kTileRows : 0;
+  const uint64_t logitHint = logitPolicy(a.logitsKeep);
 
   // A of the logits: per 16 channels, {round(q), q - round(q)} of head g at
   // channels 2t, 2t+1, then at 2t+8, 2t+9 (zero past the group). Every
@@ -2570,8 +2666,9 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
       const int row = row0 + 2 * tq + e;
       l[e] = liveRow[st][row] ? s[e] + s[2 + e] : kNegInf;
       const int32_t slot = begin + i * kTileRows + row;
-      if (a.logits && g < G && slot < end)
-        a.logits[(static_cast<int64_t>(h) * G + g) * a.stride + slot] = l[e];
+      storeLogitIf(a.logits && g < G && slot < end, a.logits,
+                   (static_cast<int64_t>(h) * G + g) * a.stride + slot, l[e],
+                   logitHint);
     }
     // The maximum over the warp's eight rows (the four lanes of head g),
     // one rescale per tile, and the rows' weights.
@@ -9596,6 +9693,18 @@ inline kvc_status_t deviceMultiprocessors(const char *name, int32_t *count) {
                                       device);
       },
       count);
+}
+
+/// The bytes of L2 of the current device (*bytes), asked of the runtime
+/// once per device. For logitsKeepFraction.
+inline kvc_status_t deviceL2Bytes(const char *name, int32_t *bytes) {
+  static std::atomic<int32_t> known[kKnownDevices];
+  return perDeviceCount(
+      name, known,
+      [](int device, int *value) {
+        return cudaDeviceGetAttribute(value, cudaDevAttrL2CacheSize, device);
+      },
+      bytes);
 }
 
 /// The blocks of kThreads threads (no dynamic shared memory) of kernel

@@ -3,7 +3,7 @@
 # machine with a GPU but without kvc's build tools (no LLVM, no MLIR) can
 # run from a copy of this repository:
 #   DIR/bin: kvc-gpu-kernel-* and kvc-gpu-tests-g1, -g3, -g8 (the GPU
-#            suite, check-kvc-gpu), kvc-bench-gpu (the sweep, 96 policy
+#            suite, check-kvc-gpu), kvc-bench-gpu (the sweep, 100 policy
 #            libraries) and kvc-bench-gpu-smoke;
 #   DIR/lib: the CUDA runtime they were linked against (libcudart.so.*);
 #   DIR/MANIFEST: the commit, the toolkit and each file's SHA-256.

@@ -63,9 +63,12 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   fused_keep  fused's decode with a fold that leaves its logits in L2
 #               (KVC_CUDA_DISCARD_LOGITS=0: written back as L2 evicts
 #               them), against a fold that drops them once read
+#   fused_norm  fused's decode with its logits stored under the default L2
+#               policy (KVC_CUDA_LOGITS_EVICT_LAST=0), against a share of
+#               them as large as half of L2 stored evict-last
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
     fused_lru fused_split plain_len plain_late fused_serial fused_first
-    plain_regq plain_rowv kivi2_rowv fused_keep)
+    plain_regq plain_rowv kivi2_rowv fused_keep fused_norm)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -96,3 +99,5 @@ set(gpu_bench_alternative_policy_kivi2_rowv ${gpu_bench_policy_kivi2})
 set(gpu_bench_alternative_defines_kivi2_rowv KVC_CUDA_MMA_TRANSPOSED_VALUES=0)
 set(gpu_bench_alternative_policy_fused_keep ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_keep KVC_CUDA_DISCARD_LOGITS=0)
+set(gpu_bench_alternative_policy_fused_norm ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_fused_norm KVC_CUDA_LOGITS_EVICT_LAST=0)

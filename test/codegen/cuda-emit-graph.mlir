@@ -75,6 +75,10 @@
 // CHECK: kvc::cuda::planSplits(
 // CHECK-NEXT: capacity, kMaxSplits, kMinSlotsPerSplit, heads,
 // CHECK-NOT: tables.
+// The share of logits kept in L2 is sized for the capacity too.
+// CHECK: args.logitsKeep = kvc::cuda::logitsKeepFraction(
+// CHECK-NEXT: static_cast<int64_t>(heads) * kGroup * capacity * 4, l2Bytes);
+// CHECK-NOT: tables.
 // CHECK: kvc::cuda::planFold<kGroup>(
 // CHECK-NEXT: plan, heads, capacity, multiprocessors);
 // CHECK-NOT: tables.

@@ -209,6 +209,14 @@
 // CHECK-NEXT: static_cast<int64_t>(multiprocessors) * resident);
 // The statistics read every slot's logits: the attention stores them.
 // CHECK: w.logits, w.partials};
+// As many of them as half of L2 holds are stored evict-last, for the fold
+// to read from L2 and drop.
+// CHECK-NEXT: // The fold reads the logits back and drops them from L2: the attention
+// CHECK-NEXT: // stores as many of them evict-last as half of L2 holds (logitPolicy).
+// CHECK-NEXT: int32_t l2Bytes = 0;
+// CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::deviceL2Bytes("kvc_heavy_cuda_decode_batch", &l2Bytes));
+// CHECK-NEXT: args.logitsKeep = kvc::cuda::logitsKeepFraction(
+// CHECK-NEXT: static_cast<int64_t>(heads) * kGroup * tables.maxSlots() * 4, l2Bytes);
 // The attention and the fold are launched as dependents of the kernel
 // before each (programmatic dependent launch where the device has it).
 // CHECK: // Its blocks may start while the kernel before it ends, and wait for it

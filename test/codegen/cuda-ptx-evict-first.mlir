@@ -4,7 +4,8 @@
 // attaches it to its cache reads: the cp.async copies of the tensor-core
 // path (G = 3) and the 16-byte loads of the row path (G = 1). Built with
 // KVC_CUDA_EVICT_FIRST=0 (kvc-bench-gpu's fused_lru alternative) nothing in
-// the library carries a cache policy and the copies are the plain ones. The
+// the library reads under a cache policy and the copies are the plain ones
+// (the logit stores keep theirs: cuda-ptx-logits-evict-last.mlir). The
 // prefill kernels are not affected either way. No GPU is needed (nvcc
 // -ptx).
 //
@@ -32,11 +33,14 @@
 // ROWS: ld.global.nc.L2::cache_hint.v4.u32 {{.*}}, [{{%rd[0-9]+}}], [[POLICY]];
 // ROWS-LABEL: .entry _ZN3kvc4cuda12storeEntries
 
-// OFF-NOT: createpolicy
-// OFF-NOT: cache_hint
-// OFF-LABEL: .entry _ZN3kvc4cuda90overrides_tc1_blocks4_prefill1_evict0_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv1_discard120decodeAttentionSplitILi3ELi64E
-// OFF-NOT: createpolicy
-// OFF-NOT: cache_hint
+// OFF-NOT: evict_first
+// OFF-NOT: ld.global.nc.L2::cache_hint
+// OFF-NOT: cp.async.cg.shared.global.L2::cache_hint
+// OFF-LABEL: .entry _ZN3kvc4cuda96overrides_tc1_blocks4_prefill1_evict0_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv1_discard1_last120decodeAttentionSplitILi3ELi64E
+// OFF-NOT: evict_first
+// OFF-NOT: ld.global.nc.L2::cache_hint
+// OFF-NOT: cp.async.cg.shared.global.L2::cache_hint
 // OFF: cp.async.cg.shared.global [{{%r[0-9]+}}], [{{%rd[0-9]+}}], 16;
-// OFF-NOT: createpolicy
-// OFF-NOT: cache_hint
+// OFF-NOT: evict_first
+// OFF-NOT: ld.global.nc.L2::cache_hint
+// OFF-NOT: cp.async.cg.shared.global.L2::cache_hint

@@ -1186,6 +1186,9 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr,
   case cudaDevAttrMemoryPoolsSupported:
     *value = 1;
     return cudaSuccess;
+  case cudaDevAttrL2CacheSize: // An H100's or H200's 50 MiB.
+    *value = 50 * 1024 * 1024;
+    return cudaSuccess;
   default:
     return fail(cudaErrorInvalidValue);
   }

@@ -18,6 +18,7 @@ KernelFacts defaultFacts() {
   using namespace kvc::cuda;
   constexpr int kThreads = 128;
   using Kivi = KiviMma<4, 128, 2, 32, KVC_DTYPE_F16, kThreads>;
+  constexpr int64_t kL2 = int64_t{50} << 20;
   return {MmaDecode<4, 128, Storage::F16, kThreads>::kApplies, Kivi::kApplies,
           Kivi::kMinBlocks,
           reinterpret_cast<const void *>(
@@ -35,7 +36,10 @@ KernelFacts defaultFacts() {
           MmaDecode<4, 128, Storage::F16, kThreads>::kSharedQuery,
           DecodeMinBlocks<4, 128, Storage::F16, kThreads, 0>,
           MmaDecode<4, 128, Storage::F16, kThreads>::kTransposedValues,
-          Kivi::kTransposedValues, kDiscardLogits};
+          Kivi::kTransposedValues, kDiscardLogits, kLogitsEvictLast,
+          {logitsKeepFraction(int64_t{64} * 4 * 32768 * 4, kL2),
+           logitsKeepFraction(int64_t{1} << 20, kL2),
+           logitsKeepFraction(int64_t{1} << 40, kL2)}};
 }
 
 } // namespace kvc::test

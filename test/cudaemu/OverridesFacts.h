@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the twelve build-time overrides, and OverridesTest.cu links the
+// and with the thirteen build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -54,6 +54,11 @@ struct KernelFacts {
   /// kDiscardLogits: whether a decode fold block drops its logits' lines
   /// from L2 once it has read them (discardRowLines).
   bool discardLogits;
+  /// kLogitsEvictLast: whether the decode attention stores a share of its
+  /// logits evict-last in L2; logitsKeepFraction of 64 heads x G = 4 x
+  /// 32768 logits (32 MiB), of 1 MiB and of 1 TiB under a 50 MiB L2.
+  bool logitsEvictLast;
+  float logitsKeep[3];
 };
 
 KernelFacts defaultFacts();

@@ -93,6 +93,16 @@ int main() {
          "the defaults' fold blocks drop their logits' lines from L2");
   expect(!overridden.discardLogits,
          "KVC_CUDA_DISCARD_LOGITS=0 leaves the logits' lines in L2");
+  expect(shipped.logitsEvictLast && shipped.logitsKeep[0] == 0.78125f,
+         "the defaults' attention keeps 25 MiB of 32 MiB of logits "
+         "evict-last under a 50 MiB L2 (0.78125)");
+  expect(shipped.logitsKeep[1] == 1.0f && shipped.logitsKeep[2] == 0.0f,
+         "all of 1 MiB of logits are kept, none of 1 TiB (under a "
+         "sixteenth)");
+  expect(!overridden.logitsEvictLast && overridden.logitsKeep[0] == 0.0f &&
+             overridden.logitsKeep[1] == 0.0f,
+         "KVC_CUDA_LOGITS_EVICT_LAST=0 stores the logits with the default "
+         "policy");
   expect(!overridden.sharedQuery && overridden.mmaMinBlocks == 0,
          "KVC_CUDA_MMA_SHARED_QUERY=0 keeps the query fragments in "
          "registers, with no launch bounds");
