@@ -5478,27 +5478,42 @@ __device__ void discardRowLines(float *rows, int32_t count, int64_t stride,
   }
 }
 
-/// The normalized weight of query head g from its logit l once the splits
-/// are merged: exactly exp(l - M) / Z of the single-pass softmax (0 for a
-/// free slot, whose logit is kNegInf).
-__device__ inline float weightOf(float l, int g, const float *maxLogit,
-                                 const float *invSum) {
-  return l == kNegInf ? 0.0f : expf(l - maxLogit[g]) * invSum[g];
-}
-
-/// reduce_g(p_g) of a slot from the logits of its G query heads: the sum,
-/// the maximum, or the mean over the group.
-template <int G>
-__device__ float groupWeight(const float (&l)[G], const float *maxLogit,
-                             const float *invSum, Reduce kind) {
-  float r = kind == Reduce::Max ? kNegInf : 0.0f;
+/// The normalized weights of a kv-head's G query heads once the splits are
+/// merged, exp(l - M_g) / Z_g of the single-pass softmax (0 for a free
+/// slot, whose logit is kNegInf), with M_g and 1 / Z_g (splitStatistics'
+/// maxLogit and invSum, in shared memory) taken into registers once: a
+/// fold helper's loop would otherwise load them again at every slot, since
+/// its stores through generic pointers may alias shared memory. A free
+/// slot's weight is a select, not a branch around expf. (expf stays: the
+/// hardware's ex2.approx.ftz would flush weights below 2^-126 to 0, where
+/// the CPU backend and the selections' ties keep them apart.)
+template <int G> struct FoldWeights {
+  float maxLogit[G], invSum[G];
+  __device__ FoldWeights(const float *maxLogitIn, const float *invSumIn) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const float p = weightOf(l[g], g, maxLogit, invSum);
-    r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+    for (int g = 0; g < G; ++g) {
+      maxLogit[g] = maxLogitIn[g];
+      invSum[g] = invSumIn[g];
+    }
   }
-  return kind == Reduce::Mean ? r / G : r;
-}
+  /// Query head g's weight of logit l.
+  __device__ __forceinline__ float of(float l, int g) const {
+    const float p = expf(l - maxLogit[g]) * invSum[g];
+    return l == kNegInf ? 0.0f : p;
+  }
+  /// reduce_g(p_g) of a slot from the logits of its G query heads: the sum,
+  /// the maximum, or the mean over the group.
+  __device__ __forceinline__ float group(const float (&l)[G],
+                                         Reduce kind) const {
+    float r = kind == Reduce::Max ? kNegInf : 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float p = of(l[g], g);
+      r = kind == Reduce::Max ? fmaxf(r, p) : r + p;
+    }
+    return kind == Reduce::Mean ? r / G : r;
+  }
+};
 
 /// Loads the G logits of slot s (rows `stride` apart); kNegInf (a free
 /// slot's) outside the range.
@@ -5517,6 +5532,7 @@ __device__ void writeProbabilities(const float *logits, int64_t stride,
                                    SlotRange r, const float *maxLogit,
                                    const float *invSum, float *probs) {
   constexpr int U = foldUnroll<G>();
+  const FoldWeights<G> weights(maxLogit, invSum);
   for (int32_t s0 = r.first + threadIdx.x; s0 < r.last;
        s0 += U * kThreads) {
     float l[U][G];
@@ -5530,7 +5546,7 @@ __device__ void writeProbabilities(const float *logits, int64_t stride,
       if (s < r.last)
 #pragma unroll
         for (int g = 0; g < G; ++g)
-          probs[g * stride + s] = weightOf(l[u][g], g, maxLogit, invSum);
+          probs[g * stride + s] = weights.of(l[u][g], g);
     }
   }
   __syncthreads();
@@ -5557,6 +5573,7 @@ __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
                           const float *maxLogit, const float *invSum,
                           Reduce kind, Update update, Visit visit = {}) {
   constexpr int U = foldUnroll<G>();
+  const FoldWeights<G> weights(maxLogit, invSum);
   for (int32_t s0 = r.first + threadIdx.x; s0 < r.last;
        s0 += U * kThreads) {
     int32_t pos[U];
@@ -5586,7 +5603,7 @@ __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
     for (int u = 0; u < U; ++u)
       if (pos[u] != KVC_POSITION_NONE) {
         values[s0 + u * kThreads] =
-            update(old[u], groupWeight<G>(l[u], maxLogit, invSum, kind));
+            update(old[u], weights.group(l[u], kind));
         visit(s0 + u * kThreads, pos[u]);
       }
   }
