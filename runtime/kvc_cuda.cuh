@@ -5372,13 +5372,44 @@ __host__ __device__ inline SlotRange firstPasses(SlotRange r) {
   return {r.first, r.last - r.first > passes ? r.first + passes : r.last};
 }
 
-/// Asks L2 for the line of `element` where `take` holds and the element
-/// starts its 128-byte line: over a run of slots, each line that starts
-/// inside the run is asked for once, by the slot at its start.
-template <typename T>
-__device__ __forceinline__ void prefetchLineAt(bool take, const T *element) {
-  prefetchL2If(take && (reinterpret_cast<uintptr_t>(element) & 127) == 0,
-               element);
+/// Asks L2 for the lines of a fold's arrays that start at a slot of the
+/// warp's window [a, a + 32) before `last`: the positions, the values (4
+/// or 8 bytes an element) and the G logit rows, `stride` floats apart. Over
+/// a run of windows each line is asked for once, by the slot at its start.
+/// A window holds one line start of a 4-byte array and two of an 8-byte
+/// one, and one lane asks for each: lane 0 the positions', lanes 1 .. V
+/// the values', then a lane per logit row (where every lane used to test
+/// every array's address at its own slot). A lane's array and alignment do
+/// not change over a fold's loop, so a window costs a few instructions
+/// whatever G. The whole warp calls it with the same `a`.
+template <int G, typename T>
+__device__ __forceinline__ void
+prefetchWindowLines(const int32_t *positions, const T *values,
+                    const float *logits, int64_t stride, int32_t a,
+                    int32_t last, int lane) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "4- or 8-byte values");
+  constexpr int V = static_cast<int>(sizeof(T)) / 4;
+  static_assert(1 + V + G <= kWarpSize, "a lane per line start");
+  const bool isValue = lane >= 1 && lane <= V;
+  const int row = min(max(lane - 1 - V, 0), G - 1);
+  const char *base =
+      lane == 0 ? reinterpret_cast<const char *>(positions)
+      : isValue ? reinterpret_cast<const char *>(values)
+                : reinterpret_cast<const char *>(logits + row * stride);
+  // Elements of 4 (shift 2) or 8 bytes, 32 or 16 to a line; which of the
+  // window's line starts the lane takes (the second for lane 2 of 8-byte
+  // values).
+  const int shift = isValue && V == 2 ? 3 : 2;
+  const uint32_t perLine = 128u >> shift;
+  const int32_t skip = isValue ? (lane - 1) * static_cast<int32_t>(perLine) : 0;
+  // The window's first element whose address starts a line.
+  const uint32_t index =
+      static_cast<uint32_t>(reinterpret_cast<uintptr_t>(base) >> shift) +
+      static_cast<uint32_t>(a);
+  const int32_t e =
+      a + static_cast<int32_t>((0u - index) & (perLine - 1)) + skip;
+  prefetchL2If(lane <= V + G && e < last && e < a + kWarpSize,
+               base + (static_cast<int64_t>(e) << shift));
 }
 
 /// One array of per-slot elements that a fold block reads: `rows` rows of
@@ -5564,7 +5595,7 @@ struct NoVisit {
 /// follows each live slot's store, in ascending slot order per thread (a
 /// SelectionScan's add, which summarizes the selection in the same pass).
 /// With the loads of a pass, the lines of the pass kFoldAhead later are
-/// asked of L2 (prefetchLineAt; the fold kernel asks for those of
+/// asked of L2 (prefetchWindowLines; the fold kernel asks for those of
 /// firstPasses before it starts): hints, with no effect on results.
 template <int G, int kThreads, typename T, typename Update,
           typename Visit = NoVisit>
@@ -5586,18 +5617,15 @@ __device__ void foldSlots(const int32_t *positions, T *values, SlotRange r,
       pos[u] = in ? positions[s] : KVC_POSITION_NONE;
       old[u] = in ? values[s] : T{};
       loadLogits<G>(logits, stride, s, in, l[u]);
-      if constexpr (kFoldAhead > 0) {
-        // Slot a of the pass kFoldAhead later (r.first, whose address is
-        // valid, when a lies past the range: nothing is asked then).
-        const int32_t ahead = s + kFoldAhead * U * kThreads;
-        const bool take = ahead < r.last;
-        const int32_t a = take ? ahead : r.first;
-        prefetchLineAt(take, positions + a);
-        prefetchLineAt(take, values + a);
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-          prefetchLineAt(take, logits + g * stride + a);
-      }
+      if constexpr (kFoldAhead > 0)
+        // The warp's window of the pass kFoldAhead later. (Where a warp's
+        // lanes part at the range's end, this is its last pass, and its
+        // windows ahead lie past the range.)
+        prefetchWindowLines<G>(
+            positions, values, logits, stride,
+            s - static_cast<int32_t>(threadIdx.x % kWarpSize) +
+                kFoldAhead * U * kThreads,
+            r.last, static_cast<int>(threadIdx.x % kWarpSize));
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
