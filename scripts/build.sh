@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Configures and builds kvc into ${KVC_BUILD_DIR:-build}.
+# Configures and builds kvc into ${KVC_BUILD_DIR:-build}; arguments are
+# CMake options for a first configuration. KVC_BUILD_CONFIGURE_ONLY=1
+# configures and builds nothing (scripts/gpu-pack.sh builds its targets
+# alone).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVC_BUILD_DIR:-$root/build}
@@ -15,4 +18,5 @@ if [ ! -f "$build/build.ninja" ]; then
     -DPython3_EXECUTABLE=/usr/bin/python3 \
     "$@"
 fi
+[ "${KVC_BUILD_CONFIGURE_ONLY:-0}" = 1 ] && exit 0
 ninja -C "$build"

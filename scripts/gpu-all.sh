@@ -2,31 +2,103 @@
 # Every GPU check in one command under one time limit, most important
 # first: the GPU suite (scripts/gpu-test.sh), the benchmark sweep with the
 # SDPA baseline (scripts/gpu-bench.sh), compute-sanitizer memcheck on its
-# default subset, then racecheck (scripts/gpu-sanitize.sh). Each phase gets
-# at most its own cap and what is left of the whole limit, so a slow phase
+# default subset, then racecheck (scripts/gpu-sanitize.sh); or the phases
+# of a plan file instead (scripts/gpu-plans/, below). Each phase gets at
+# most its own cap and what is left of the whole limit, so a slow phase
 # cuts the later ones short instead of the whole run; each phase's output
 # is written to its own file as it runs, so a run stopped from outside
 # still leaves what it measured.
 #
-# Usage: scripts/gpu-all.sh [SECONDS]   (the whole limit, default 570)
+# Usage: scripts/gpu-all.sh [SECONDS] [PLAN]   (the whole limit, default
+#        570; PLAN: a plan file, default the four phases above)
+# A plan file holds one phase a line, `NAME CAP COMMAND`: NAME (letters,
+#        digits, '.', '_', '-'; unique) names the phase and its log
+#        OUT/NAME.log, CAP is its limit in seconds (20 or more), and
+#        COMMAND, the rest
+#        of the line, runs under bash in the repository root with
+#        KVC_GPU_ALL_OUT exported (the output folder, absolute). Blank
+#        lines and lines that start with '#' are skipped. A malformed line
+#        stops the run before any phase, with its file and line number.
 # Environment: KVC_GPU_ALL_OUT (folder of the logs, default build/gpu-all),
 #        KVC_GPU_ALL_BENCH_ARGS (kvc-bench-gpu options for the bench phase,
 #        e.g. a few cells instead of the whole sweep; default none: the
 #        sweep), KVC_GPU_ALL_PROFILE=1 (adds a profile phase after the
 #        bench: scripts/gpu-profile.sh, Nsight Compute on the fused and
-#        int2 decodes), KVC_GPU_BIN and the other variables of the scripts
-#        it runs.
-# Output: OUT/summary.txt (one line per phase: status and seconds),
-#        OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/profile.log and
-#        OUT/ncu-*.txt (with KVC_GPU_ALL_PROFILE=1), OUT/memcheck.log,
-#        OUT/racecheck.log.
+#        int2 decodes), KVC_GPU_ALL_ARCHIVE=FILE (after every phase, the
+#        whole output folder as one gzip tar archive FILE, replaced
+#        whole: one file to fetch from a machine that returns few, and
+#        what a run stopped from outside had finished), KVC_GPU_BIN and the
+#        other variables of the scripts it runs.
+# Output: OUT/summary.txt (one line per phase: status and seconds); without
+#        a plan OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/profile.log
+#        and OUT/ncu-*.txt (with KVC_GPU_ALL_PROFILE=1), OUT/memcheck.log,
+#        OUT/racecheck.log; with one OUT/NAME.log per phase and what its
+#        commands write under KVC_GPU_ALL_OUT.
 # Exit status: 0 when every phase ran and passed (or skipped itself: no
 #        compute-sanitizer), 1 when one failed, timed out or did not fit
-#        in the limit (fewer than 20 s left), 77 when no GPU is usable.
+#        in the limit (fewer than 20 s left), 2 for a malformed plan, 77
+#        when no GPU is usable.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 limit=${1:-570}
+plan=${2:-}
 out=$(realpath -m "${KVC_GPU_ALL_OUT:-$root/build/gpu-all}")
+archive=
+[ -n "${KVC_GPU_ALL_ARCHIVE:-}" ] && archive=$(realpath -m "$KVC_GPU_ALL_ARCHIVE")
+case $archive in
+  "$out"/*)
+    echo "gpu-all: the archive $archive is inside the folder it archives ($out)" >&2
+    exit 2 ;;
+esac
+
+# The plan's phases (plan_names, plan_caps, plan_commands), checked whole
+# before anything runs.
+plan_names=()
+plan_caps=()
+plan_commands=()
+if [ -n "$plan" ]; then
+  if [ ! -r "$plan" ]; then
+    echo "gpu-all: cannot read the plan file $plan" >&2
+    exit 2
+  fi
+  number=0
+  while IFS= read -r line || [ -n "$line" ]; do
+    number=$((number + 1))
+    case $line in '' | '#'*) continue ;; esac
+    read -r name cap command <<< "$line"
+    where="gpu-all: $plan:$number"
+    if ! [[ $name =~ ^[A-Za-z0-9._-]+$ ]]; then
+      echo "$where: the phase name '$name' has characters other than letters, digits, '.', '_' and '-'" >&2
+      exit 2
+    fi
+    if ! [[ $cap =~ ^[1-9][0-9]*$ ]]; then
+      echo "$where: phase '$name': the cap '$cap' is not a whole number of seconds" >&2
+      exit 2
+    fi
+    if [ "$cap" -lt 20 ]; then
+      echo "$where: phase '$name': a cap of $cap s is under the 20 s that a phase needs to start" >&2
+      exit 2
+    fi
+    if [ -z "$command" ]; then
+      echo "$where: phase '$name' has no command" >&2
+      exit 2
+    fi
+    for known in ${plan_names[@]+"${plan_names[@]}"}; do
+      if [ "$known" = "$name" ]; then
+        echo "$where: phase '$name' is named twice" >&2
+        exit 2
+      fi
+    done
+    plan_names+=("$name")
+    plan_caps+=("$cap")
+    plan_commands+=("$command")
+  done < "$plan"
+  if [ ${#plan_names[@]} -eq 0 ]; then
+    echo "gpu-all: the plan file $plan has no phase" >&2
+    exit 2
+  fi
+fi
+
 mkdir -p "$out"
 start=$(date +%s)
 summary=$out/summary.txt
@@ -41,6 +113,14 @@ fi
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.memory,power.limit \
     --format=csv,noheader | sed 's/^/# /'
 } >> "$summary"
+
+# keep: the output folder as the archive KVC_GPU_ALL_ARCHIVE, written
+# beside it and renamed, so that the archive is never half written.
+keep() {
+  [ -n "$archive" ] || return 0
+  mkdir -p "$(dirname "$archive")"
+  tar -C "$out" -czf "$archive.partial" . && mv -f "$archive.partial" "$archive"
+}
 
 failed=0
 # phase NAME CAP LOG COMMAND...: runs COMMAND for at most CAP seconds and
@@ -71,7 +151,20 @@ phase() {
     *) verdict="FAILED, status $status ($took s)"; failed=1 ;;
   esac
   echo "$name: $verdict" | tee -a "$summary"
+  keep
 }
+
+if [ -n "$plan" ]; then
+  echo "# plan $plan: ${plan_names[*]}" >> "$summary"
+  export KVC_GPU_ALL_OUT=$out
+  for i in "${!plan_names[@]}"; do
+    phase "${plan_names[$i]}" "${plan_caps[$i]}" "$out/${plan_names[$i]}.log" \
+      bash -c "cd \"\$1\" && ${plan_commands[$i]}" phase "$root"
+  done
+  echo "gpu-all: $(($(date +%s) - start)) s; logs in $out" | tee -a "$summary"
+  keep
+  exit "$failed"
+fi
 
 phase test 200 "$out/test.log" "$root/scripts/gpu-test.sh"
 read -r -a bench_args <<< "${KVC_GPU_ALL_BENCH_ARGS:-}"
@@ -87,4 +180,5 @@ KVC_SANITIZE_TOOLS=racecheck \
   phase racecheck 600 "$out/racecheck.log" "$root/scripts/gpu-sanitize.sh"
 
 echo "gpu-all: $(($(date +%s) - start)) s; logs in $out" | tee -a "$summary"
+keep
 exit "$failed"

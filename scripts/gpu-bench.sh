@@ -10,7 +10,9 @@
 #         next to it (.csv).
 # Environment: KVC_BUILD_DIR, KVC_GPU_BIN (a folder of prebuilt executables,
 #         scripts/gpu-pack.sh: nothing is built), KVC_GPU_BENCH_NSYS=0 (no
-#         Nsight Systems breakdown).
+#         Nsight Systems breakdown), KVC_GPU_BENCH_SDPA=0 (no SDPA
+#         baseline: a slice of the sweep whose cells the baseline has
+#         already timed).
 # Exit status: that of kvc-bench-gpu; 77 when no CUDA device is usable
 # (the table is then not produced).
 set -euo pipefail
@@ -84,6 +86,10 @@ if [ "${KVC_GPU_BENCH_NSYS:-1}" != 0 ]; then
   fi
 fi
 
+if [ "${KVC_GPU_BENCH_SDPA:-1}" = 0 ]; then
+  echo "gpu-bench: table written to $out (CSV: $csv; no SDPA baseline: KVC_GPU_BENCH_SDPA=0)" >&2
+  exit 0
+fi
 echo | tee -a "$out"
 echo "== Outside baseline: torch.nn.functional.scaled_dot_product_attention" \
      "(one batched call per step) ==" | tee -a "$out"

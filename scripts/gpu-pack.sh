@@ -14,32 +14,61 @@
 #
 # Usage: scripts/gpu-pack.sh [DIR]   (default: .gpu under the repository
 #        root, which .gitignore leaves out of git)
-# Environment: KVC_BUILD_DIR (default build), KVC_GPU_PACK_SMOKE_ONLY=1
-#        leaves out the full kvc-bench-gpu (its 60 libraries take the
-#        longest to compile), KVC_GPU_PACK_ARCHIVE=FILE also writes DIR as
-#        a gzip tar archive (its members named as DIR is under the
-#        repository root, or by its own name elsewhere): the folder is
-#        about 80 MB, its archive about 35 MB (120 MB and 51 MiB with the
-#        suite for "80;90a", below), for a transfer that limits the bytes;
-#        unpack it with `tar -xzf FILE` in the repository root.
-#        KVC_GPU_TEST_ARCHITECTURES=LIST sets the build's cache variable of
-#        that name first (the GPU suite's architectures, default 80): with
-#        "80;90a" an H100 or H200 runs the suite's sm_90a code, where the
-#        decode steps launch their attention and fold as programmatic
-#        dependents (docs/codegen-cuda.md), rather than the sm_80 PTX,
-#        where they do not. The MANIFEST names the architectures.
+# Environment: KVC_GPU_PACK_ARCHITECTURES (default 90a: the H100 and H200
+#        that the GPU machines are) sets the CUDA architectures of every
+#        executable of the pack, the GPU suite's and the benchmark's policy
+#        libraries alike: the driver runs the sm_90a code on an H100 or
+#        H200 as it is, where the decode steps launch their attention and
+#        fold as programmatic dependents (docs/codegen-cuda.md); "80" gives
+#        an A100's, and "80;90a" both (twice the compilation and the size,
+#        for code an H100 never runs). The pack builds in its own folder,
+#        KVC_GPU_PACK_BUILD_DIR (default build-gpu-ARCHS, ';' as '-'),
+#        configured as scripts/build.sh configures build/ with those
+#        architectures, and builds only the pack's targets there (the host
+#        code comes from ccache where build/ compiled it).
+#        KVC_GPU_PACK_SMOKE_ONLY=1 leaves out the full kvc-bench-gpu (its
+#        100 libraries take the longest to compile). KVC_GPU_PACK_ARCHIVE=FILE
+#        also writes DIR as a gzip tar archive (its members named as DIR
+#        is under the repository root, or by its own name elsewhere), for
+#        a transfer that limits its bytes (the device tool: 64 MiB with
+#        the repository); unpack it with `tar -xzf FILE` in the repository
+#        root. docs/performance.md ("Commands") has the sizes and times.
+#        The MANIFEST names the architectures.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${KVC_BUILD_DIR:-$root/build}
+archs=${KVC_GPU_PACK_ARCHITECTURES:-90a}
+if ! [[ $archs =~ ^[0-9]+[a-z]?(\;[0-9]+[a-z]?)*$ ]]; then
+  echo "gpu-pack: KVC_GPU_PACK_ARCHITECTURES is '$archs', not a list of CUDA" \
+       "architectures such as 90a or '80;90a'" >&2
+  exit 2
+fi
+build=$(realpath -m "${KVC_GPU_PACK_BUILD_DIR:-$root/build-gpu-${archs//;/-}}")
 dir=$(realpath -m "${1:-$root/.gpu}")
 export CCACHE_BASEDIR=$root
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvc-ccache}
 
-if [ -n "${KVC_GPU_TEST_ARCHITECTURES:-}" ]; then
-  cmake -DKVC_GPU_TEST_ARCHITECTURES="$KVC_GPU_TEST_ARCHITECTURES" "$build" \
-    >/dev/null
+cached() { # cached VARIABLE: its value in the pack build's CMake cache
+  sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"
+}
+configured() {
+  [ "$(cached CMAKE_CUDA_ARCHITECTURES)" = "$archs" ] &&
+    [ "$(cached KVC_GPU_TEST_ARCHITECTURES)" = "$archs" ]
+}
+arch_options=(-DCMAKE_CUDA_ARCHITECTURES="$archs"
+              -DKVC_GPU_TEST_ARCHITECTURES="$archs")
+if [ ! -f "$build/build.ninja" ]; then
+  "$root/scripts/setup.sh" >&2
+  KVC_BUILD_DIR=$build KVC_BUILD_CONFIGURE_ONLY=1 \
+    "$root/scripts/build.sh" "${arch_options[@]}" >/dev/null
+elif ! configured; then
+  cmake "${arch_options[@]}" "$build" >/dev/null
 fi
-archs=$(sed -n 's/^KVC_GPU_TEST_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
+if ! configured; then
+  echo "gpu-pack: $build is not configured for $archs" \
+       "(CMAKE_CUDA_ARCHITECTURES $(cached CMAKE_CUDA_ARCHITECTURES)," \
+       "KVC_GPU_TEST_ARCHITECTURES $(cached KVC_GPU_TEST_ARCHITECTURES))" >&2
+  exit 1
+fi
 
 targets=(kvc-gpu-kernel-kivi-decode kvc-gpu-kernel-decode-kernel
          kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots
@@ -68,7 +97,7 @@ fi
        "$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo '(with local changes)')"
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   echo "nvcc: $("$nvcc" --version 2>/dev/null | tail -1 || echo unknown)"
-  echo "GPU suite architectures: ${archs:-unknown}"
+  echo "CUDA architectures (GPU suite and benchmark): $archs"
   (cd "$dir" && sha256sum bin/* lib/* 2>/dev/null)
 } > "$dir/MANIFEST"
 echo "gpu-pack: $(du -sh "$dir" | cut -f1) in $dir (MANIFEST lists the files)" >&2

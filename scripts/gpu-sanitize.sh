@@ -33,7 +33,9 @@
 # scripts/gpu-pack.sh: nothing is built), KVC_SANITIZE_TOOLS (default "memcheck
 # racecheck"; synccheck and initcheck also work, with the memcheck subset),
 # KVC_SANITIZE_POLICIES, KVC_SANITIZE_RACE_POLICIES ("all": every policy),
-# KVC_SANITIZE_TIMEOUT (seconds per run, default 3600).
+# KVC_SANITIZE_TIMEOUT (seconds per run, default 3600), KVC_SANITIZE_SUBSET
+# (all, the default, or kernel: kvc-gpu-kernel-kivi-decode alone under each
+# tool, a few seconds each).
 # Exit status: 0 clean, 1 a sanitizer or test failed, 77 skipped (no GPU or
 # no compute-sanitizer).
 set -uo pipefail
@@ -43,6 +45,11 @@ tools=${KVC_SANITIZE_TOOLS:-memcheck racecheck}
 policies=${KVC_SANITIZE_POLICIES:-streaming_llm,h2o,snapkv,tova,merge_nearest,kivi2,mixed_precision}
 race_policies=${KVC_SANITIZE_RACE_POLICIES:-h2o}
 limit=${KVC_SANITIZE_TIMEOUT:-3600}
+subset=${KVC_SANITIZE_SUBSET:-all}
+case $subset in
+  all | kernel) ;;
+  *) echo "gpu-sanitize: KVC_SANITIZE_SUBSET is '$subset', not all or kernel" >&2; exit 2 ;;
+esac
 
 sanitizer=$(command -v compute-sanitizer || true)
 for candidate in /usr/local/cuda/bin/compute-sanitizer \
@@ -95,6 +102,7 @@ run() {
 
 for tool in $tools; do
   run "$tool" - "$bin/kvc-gpu-kernel-kivi-decode"
+  [ "$subset" = kernel ] && continue
   if [ "$tool" = racecheck ]; then
     run "$tool" "$race_policies" "$bin/kvc-gpu-tests-g1"
     run "$tool" "$race_policies" "$bin/kvc-gpu-tests-g8"

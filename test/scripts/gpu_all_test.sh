@@ -13,6 +13,14 @@
 #     adds the profile phase (scripts/gpu-profile.sh, a stand-in ncu): one
 #     report per variant, the KIVI one with the stall sections, each with
 #     the caches as the kernel before left them (--cache-control none).
+#  6. A plan file: its phases run in order from the repository root, each
+#     to its own log; a failing phase does not stop the next; when the run
+#     is stopped from outside, KVC_GPU_ALL_ARCHIVE holds every log of the
+#     phases that had ended.
+#  7. Malformed plans stop the run before any phase, naming the file and
+#     line (exit 2).
+#  8. The bundled plan of the next GPU run (scripts/gpu-plans/next.plan):
+#     every phase's command runs against the stand-ins.
 # Usage: gpu_all_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -138,4 +146,82 @@ if grep -q "WarpStateStats" "$scratch/profile/ncu-fused.txt"; then
   fail "profile: the fused report has the KIVI sections"
 fi
 
-echo "gpu-all: 5 scenarios passed (slow sweep stopped after $took s)"
+# 6. A plan of four phases, the last longer than the whole run may take:
+# gpu-all.sh is stopped from outside during it, and the archive holds what
+# the phases before it wrote.
+plan=$scratch/four.plan
+cat > "$plan" <<'PLAN'
+# A comment, then a blank line.
+
+first 30 pwd > "$KVC_GPU_ALL_OUT/first.pwd"; echo first ran
+failing 30 echo failing ran; exit 3
+last 30 echo "last ran with $KVC_GPU_BIN"
+stopped 60 sleep 40
+PLAN
+KVC_GPU_ALL_OUT=$scratch/plan KVC_GPU_ALL_ARCHIVE=$scratch/plan.tgz \
+  timeout 15 "$src/scripts/gpu-all.sh" 120 "$plan" > "$scratch/plan.log" 2>&1
+status=$?
+summary=$scratch/plan/summary.txt
+[ "$status" -eq 124 ] || fail "plan: exit $status (expected 124, stopped from outside); $(cat "$scratch/plan.log")"
+grep -q "^first: passed (" "$summary" || fail "plan: no 'first: passed' in $(cat "$summary")"
+grep -q "^failing: FAILED, status 3 (" "$summary" || fail "plan: no 'failing: FAILED, status 3' in $(cat "$summary")"
+grep -q "^last: passed (" "$summary" || fail "plan: no 'last: passed' in $(cat "$summary")"
+[ "$(cat "$scratch/plan/first.pwd")" = "$(cd "$src" && pwd)" ] ||
+  fail "plan: the phase ran in $(cat "$scratch/plan/first.pwd"), not the repository root"
+grep -q "^last ran with $scratch/bin\$" "$scratch/plan/last.log" || fail "plan: last.log lacks its output"
+grep -q "^failing ran" "$scratch/plan/failing.log" || fail "plan: failing.log lacks its output"
+members=$(tar -tzf "$scratch/plan.tgz" | sort | tr '\n' ' ')
+for f in ./summary.txt ./first.log ./failing.log ./last.log ./first.pwd; do
+  case " $members" in *" $f "*) ;; *) fail "plan: the archive lacks $f: $members" ;; esac
+done
+tar -xzOf "$scratch/plan.tgz" ./summary.txt | grep -q "^last: passed (" ||
+  fail "plan: the archive was not written after the phase 'last'"
+[ ! -e "$scratch/plan.tgz.partial" ] || fail "plan: the archive's partial file was left"
+
+# 7. Malformed plans: nothing runs, the file and line are named.
+bad() { # bad NAME LINE MESSAGE: a plan whose third line is LINE
+  printf 'ok 30 touch "$KVC_GPU_ALL_OUT/ran"\n# comment\n%s\n' "$2" > "$scratch/$1.plan"
+  KVC_GPU_ALL_OUT=$scratch/$1 "$src/scripts/gpu-all.sh" 60 "$scratch/$1.plan" \
+    > "$scratch/$1.log" 2>&1
+  local status=$?
+  [ "$status" -eq 2 ] || fail "$1: exit $status (expected 2); $(cat "$scratch/$1.log")"
+  grep -qF "gpu-all: $scratch/$1.plan:3: $3" "$scratch/$1.log" ||
+    fail "$1: no '$3' at line 3 in $(cat "$scratch/$1.log")"
+  [ ! -e "$scratch/$1/ran" ] || fail "$1: a phase ran before the plan was checked"
+}
+bad badcap 'two 1x echo' "phase 'two': the cap '1x' is not a whole number of seconds"
+bad badname 'a/b 30 echo' "the phase name 'a/b' has characters other than letters, digits"
+bad nocommand 'two 30' "phase 'two' has no command"
+bad short 'two 19 echo' "phase 'two': a cap of 19 s is under the 20 s that a phase needs to start"
+bad twice 'ok 30 echo again' "phase 'ok' is named twice"
+KVC_GPU_ALL_OUT=$scratch/inside KVC_GPU_ALL_ARCHIVE=$scratch/inside/a.tgz \
+  "$src/scripts/gpu-all.sh" 60 "$plan" > "$scratch/inside.log" 2>&1
+status=$?
+[ "$status" -eq 2 ] || fail "archive inside its folder: exit $status (expected 2)"
+grep -q "is inside the folder it archives" "$scratch/inside.log" ||
+  fail "archive inside its folder: $(cat "$scratch/inside.log")"
+
+# 8. The next GPU run's plan against the stand-ins.
+KVC_GPU_ALL_OUT=$scratch/next KVC_GPU_ALL_ARCHIVE=$scratch/next.tgz \
+  "$src/scripts/gpu-all.sh" 300 "$src/scripts/gpu-plans/next.plan" > "$scratch/next.log" 2>&1
+status=$?
+summary=$scratch/next/summary.txt
+[ "$status" -eq 0 ] || fail "next.plan: exit $status (expected 0); $(cat "$summary")"
+phases=$(grep -c '^[a-z0-9-]*: \(passed\|skipped\) (' "$summary")
+expected=$(grep -c '^[a-z]' "$src/scripts/gpu-plans/next.plan")
+[ "$phases" -eq "$expected" ] || fail "next.plan: $phases of $expected phases passed: $(cat "$summary")"
+grep -q "^sdpa: skipped (" "$summary" || fail "next.plan: the SDPA stand-in did not skip: $(cat "$summary")"
+grep -q "sweep stand-in --csv=$scratch/next/alternatives.csv --batch=none .*--alt-context=4k,32k" \
+  "$scratch/next/alternatives.txt" || fail "next.plan: the alternatives table's command"
+if grep -q "Outside baseline" "$scratch/next/decode.txt"; then
+  fail "next.plan: the decode slice ran the SDPA baseline (KVC_GPU_BENCH_SDPA=0)"
+fi
+grep -q "^ncu stand-in .*--batch=32 --context=32k --dim=128 --group=8 --variants=fused " \
+  "$scratch/next/ncu-g8/ncu-fused.txt" || fail "next.plan: no G = 8 fold profile"
+grep -q "^-- memcheck kvc-gpu-kernel-kivi-decode: clean" "$scratch/next/kivi-sanitize.log" ||
+  fail "next.plan: the KIVI kernel's memcheck: $(cat "$scratch/next/kivi-sanitize.log")"
+if grep -q "kvc-gpu-tests-g1" "$scratch/next/kivi-sanitize.log"; then
+  fail "next.plan: KVC_SANITIZE_SUBSET=kernel ran the policy tests"
+fi
+
+echo "gpu-all: 8 scenarios passed (slow sweep stopped after $took s)"
