@@ -672,7 +672,8 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       << (oneVictim ? ",\n/// and the summaries of the selection" : "")
       << (stagesInFold ? "; the last block of a head runs its stages" : "")
       << ".\n"
-      << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)\n    "
+      << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads, "
+         "kvc::cuda::kFoldBlocksPerSM)\n    "
       << deviceName("Fold") << "(" << camel
       << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
          "foldBlocks, int32_t slotsPerBlock"
@@ -1362,6 +1363,33 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
         return isa<AppendOp, AttentionPassOp>(op) ||
                op.hasTrait<OpTrait::IsTerminator>();
       });
+
+  // The last query's probabilities (kvc.attn_last) that the fold wrote:
+  // the last kernel of the step that reads them drops their lines from L2
+  // once it has (discardRowLines, as the fold drops its logits), so that
+  // L2 does not write them back to device memory; the next step's fold
+  // writes them all again before anything reads them. The last reader is
+  // the stages after a cross-head op, the cross-head op (every head of a
+  // sequence), or the stages before it (a kernel after the fold's, or the
+  // last of a head's fold blocks once every block has written its range).
+  if (needsProbs) {
+    const char *perHead =
+        "  // Nothing reads the head's probabilities again this step: their "
+        "lines\n  // leave L2 without a write to device memory.\n"
+        "  kvc::cuda::discardRowLines<kStageThreads>(probs, kGroup, stride, "
+        "{0, n});\n";
+    if (usesWord(afterBody, "probs"))
+      afterBody += perHead;
+    else if (usesWord(crossBody, "probs"))
+      crossBody +=
+          "  // Nothing reads the sequence's probabilities again this step: "
+          "their lines\n  // leave L2 without a write to device memory.\n"
+          "  kvc::cuda::discardRowLines<kStageThreads>(\n"
+          "      w.probs + b * kKvHeads * kGroup * stride, kKvHeads * kGroup, "
+          "stride, {0, n});\n";
+    else if (usesWord(body, "probs"))
+      body += perHead;
+  }
 
   out << "//===--- " << name << ": device part ---===//\n\n";
   emitWorkspace(out);

@@ -122,7 +122,9 @@
 //  - KVC_CUDA_DISCARD_LOGITS (default 1): once a decode fold block has
 //    read its range of the attention's logits, it drops their lines from
 //    L2 without a write to device memory (discardRowLines), since nothing
-//    reads them again; 0 leaves them to be written back as L2 evicts them.
+//    reads them again, and so does the last kernel of a step that reads
+//    the fold's probabilities (kvc.attn_last) with theirs; 0 leaves them to
+//    be written back as L2 evicts them.
 //  - KVC_CUDA_LOGITS_EVICT_LAST (default 1): where the fold discards them,
 //    the decode attention stores its logits under an L2 evict-last policy
 //    for as large a share of them as half of L2 holds (logitPolicy), so
@@ -5476,8 +5478,9 @@ __device__ void prefetchSlotLines(SlotRange r, const SlotArray (&arrays)[N]) {
 
 /// Drops from L2 the lines of `count` rows of floats (`stride` apart) that
 /// hold only slots of `r` (discardL2): a decode fold block's logits once
-/// it has read them (KVC_CUDA_DISCARD_LOGITS; nothing under 0). A line
-/// that also holds a slot outside `r` (another block's, or a row's
+/// it has read them, and the probabilities of kvc.attn_last once the last
+/// kernel that reads them has (KVC_CUDA_DISCARD_LOGITS; nothing under 0).
+/// A line that also holds a slot outside `r` (another block's, or a row's
 /// padding) stays. The lines go to the block's threads in turn. Every
 /// thread of the block calls it, after its last read of the rows' slots
 /// in `r`: it begins with a barrier, so that no thread's read comes after
@@ -9653,10 +9656,15 @@ inline SplitPlan planSplits(int32_t maxSlots, int32_t maxSplits,
 /// Whether the fold kernel's blocks follow planFold (KVC_CUDA_FOLD_PLAN).
 constexpr bool kFoldPlanned = KVC_CUDA_FOLD_PLAN != 0;
 
-/// Fold blocks of kFoldThreads threads that one SM holds at once: the
-/// H2O fold's 64 registers a thread (foldUnroll) allow four; folds of
-/// fewer registers hold more, which leaves planFold's wave short of full,
-/// not longer than one.
+/// Fold blocks of kFoldThreads threads that one SM holds at once: four,
+/// 64 registers a thread, which the generated fold kernels ask of ptxas
+/// as their launch bounds (the emitter's decodeFold), so that planFold's
+/// one wave stays one wave whatever a policy's fold and stages need. The
+/// bundled policies' folds take 48 to 64 at the test and benchmark
+/// geometries without the bound (H2O's, Scissorhands', D2O's and
+/// H2O-merge's 64 at G = 3 and 8), so the bound costs them no spill
+/// (test/codegen/cuda-ptx-fold-bounds.mlir); folds of fewer registers
+/// hold more blocks, which leaves the wave short of full, not longer.
 constexpr int32_t kFoldBlocksPerSM = 4;
 
 /// How the decode fold kernel covers the slots of a head: `blocks` blocks

@@ -107,7 +107,7 @@
 // CHECK-NEXT: // The head's victim row for the host (no download launch).
 // CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // CHECK-NEXT: }
-// CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
+// CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlocksPerSM)
 // CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, int32_t layer, float *out) {
 // CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerBlock);
 // The lines of the first passes of slots the fold reads, asked of L2 ahead
@@ -317,7 +317,15 @@
 // TOVA-NEXT: const int32_t b = blockIdx.x;
 // TOVA-NEXT: const kvc::cuda::HeadTable *heads = w.heads + b * kKvHeads;
 // TOVA: kvc::cuda::layerReduce<kStageThreads>(w.probs + b * kKvHeads * kGroup * stride, kKvHeads, kGroup, stride, n, kvc::cuda::Reduce::Mean, w.layerScore + b * stride);
+// The cross-head op is the last reader of the fold's probabilities: it drops
+// the sequence's lines from L2, and no later kernel names them.
+// TOVA-NEXT: // Nothing reads the sequence's probabilities again this step: their lines
+// TOVA-NEXT: // leave L2 without a write to device memory.
+// TOVA-NEXT: kvc::cuda::discardRowLines<kStageThreads>(
+// TOVA-NEXT: w.probs + b * kKvHeads * kGroup * stride, kKvHeads * kGroup, stride, {0, n});
+// TOVA-NEXT: }
 // TOVA: decodeStagesAfterHeads(
+// TOVA-NOT: probs
 // TOVA: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: extern "C" {
 // TOVA: kvc::cuda::prefillColumnStats<kGroup, kHeadDim>

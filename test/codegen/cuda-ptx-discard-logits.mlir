@@ -5,7 +5,10 @@
 // and before the arrival that lets the last block run the stages, and no
 // other kernel discards anything. Built with KVC_CUDA_DISCARD_LOGITS=0
 // (kvc-bench-gpu's fused_keep alternative) nothing in the library
-// discards. No GPU is needed (nvcc -ptx).
+// discards. TOVA's fold writes the last query's probabilities, which its
+// cross-head kernel reads last: there the cross-head kernel discards their
+// lines after its loads, the fold its logits', and the stages after the
+// cross-head op discard nothing. No GPU is needed (nvcc -ptx).
 //
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t
@@ -16,6 +19,11 @@
 // RUN: FileCheck %s --check-prefix=ON < %t/sm80.ptx
 // RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -DKVC_CUDA_DISCARD_LOGITS=0 -gencode arch=compute_90a,code=sm_90a -ptx %t/kvc_h2o_decode_cuda.cu -o %t/off.ptx
 // RUN: FileCheck %s --check-prefix=OFF < %t/off.ptx
+// RUN: kvc-opt %kvc_src_root/policies/tova.mlir "--kvc-specialize=layers=2 q-heads=8 kv-heads=2 head-dim=64 dtype=f16" --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_90a,code=sm_90a -ptx %t/kvc_tova_cuda.cu -o %t/tova.ptx
+// RUN: FileCheck %s --check-prefix=TOVA < %t/tova.ptx
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -DKVC_CUDA_DISCARD_LOGITS=0 -gencode arch=compute_90a,code=sm_90a -ptx %t/kvc_tova_cuda.cu -o %t/tova-off.ptx
+// RUN: FileCheck %s --check-prefix=OFF < %t/tova-off.ptx
 
 // ON-NOT: discard.global.L2
 // ON-LABEL: decodeFoldENS_15DecodeWorkspace
@@ -25,3 +33,13 @@
 // ON-NOT: discard.global.L2
 
 // OFF-NOT: discard.global
+
+// TOVA-NOT: discard.global.L2
+// TOVA-LABEL: decodeFoldENS_15DecodeWorkspace
+// TOVA: discard.global.L2 [{{%rd[0-9]+}}], 128;
+// TOVA-LABEL: decodeStagesAcrossHeadsENS_15DecodeWorkspace
+// TOVA: ld.global.f32
+// TOVA: bar.sync 0;
+// TOVA: discard.global.L2 [{{%rd[0-9]+}}], 128;
+// TOVA-LABEL: decodeStagesAfterHeadsENS_15DecodeWorkspace
+// TOVA-NOT: discard.global.L2

@@ -35,7 +35,7 @@ constexpr int kStageThreads = 512;
 
 /// What a fold block of the generated decodeFold does for a selection of
 /// the score state under kvc.protect.
-__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
+__global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlocksPerSM)
     foldSummaries(kvc::cuda::HeadTable t, int32_t slotsPerSplit,
                   int32_t sinks, int32_t recent, bool tieRecent,
                   kvc::cuda::SelectionSummary *summaries) {
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
 /// the fold of the step's weights into the score state (here one query
 /// head, M = 0 and Z = 1, so a slot's weight is e^logit; decay 0, so its
 /// new state is that weight), summarized in the same pass (SelectionScan).
-__global__ void __launch_bounds__(kvc::cuda::kFoldThreads)
+__global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlocksPerSM)
     foldScanned(kvc::cuda::HeadTable t, int32_t slotsPerSplit,
                 const float *logits, int32_t sinks, int32_t recent,
                 bool tieRecent, kvc::cuda::SelectionSummary *summaries) {
