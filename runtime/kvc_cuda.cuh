@@ -5518,22 +5518,25 @@ __device__ void discardRowLines(float *rows, int32_t count, int64_t stride,
 /// maxLogit and invSum, in shared memory) taken into registers once: a
 /// fold helper's loop would otherwise load them again at every slot, since
 /// its stores through generic pointers may alias shared memory. A free
-/// slot's weight is a select, not a branch around expf. (expf stays: the
-/// hardware's ex2.approx.ftz would flush weights below 2^-126 to 0, where
-/// the CPU backend and the selections' ties keep them apart.)
+/// slot's weight needs no test: its logit is -inf, and e^(-inf - M) is 0
+/// for every finite M; a head of free slots alone, whose M is -inf (and 1/Z
+/// 0: splitStatistics), takes M as 0 here, so that its weights are
+/// e^-inf 0 = 0 rather than e^(-inf + inf), a NaN. The weights are those
+/// of a test per slot, bit for bit. (expf stays: the hardware's
+/// ex2.approx.ftz would flush weights below 2^-126 to 0, where the CPU
+/// backend and the selections' ties keep them apart.)
 template <int G> struct FoldWeights {
   float maxLogit[G], invSum[G];
   __device__ FoldWeights(const float *maxLogitIn, const float *invSumIn) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      maxLogit[g] = maxLogitIn[g];
+      maxLogit[g] = maxLogitIn[g] == kNegInf ? 0.0f : maxLogitIn[g];
       invSum[g] = invSumIn[g];
     }
   }
-  /// Query head g's weight of logit l.
+  /// Query head g's weight of logit l (0 for a free slot's -inf).
   __device__ __forceinline__ float of(float l, int g) const {
-    const float p = expf(l - maxLogit[g]) * invSum[g];
-    return l == kNegInf ? 0.0f : p;
+    return expf(l - maxLogit[g]) * invSum[g];
   }
   /// reduce_g(p_g) of a slot from the logits of its G query heads: the sum,
   /// the maximum, or the mean over the group.

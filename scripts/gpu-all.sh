@@ -14,11 +14,10 @@
 # A plan file holds one phase a line, `NAME CAP COMMAND`: NAME (letters,
 #        digits, '.', '_', '-'; unique) names the phase and its log
 #        OUT/NAME.log, CAP is its limit in seconds (20 or more), and
-#        COMMAND, the rest
-#        of the line, runs under bash in the repository root with
-#        KVC_GPU_ALL_OUT exported (the output folder, absolute). Blank
-#        lines and lines that start with '#' are skipped. A malformed line
-#        stops the run before any phase, with its file and line number.
+#        COMMAND, the rest of the line, runs under bash in the repository
+#        root with KVC_GPU_ALL_OUT exported (the output folder, absolute).
+#        Blank lines and lines that start with '#' are skipped. A malformed
+#        line stops the run before any phase, with its file and line.
 # Environment: KVC_GPU_ALL_OUT (folder of the logs, default build/gpu-all),
 #        KVC_GPU_ALL_BENCH_ARGS (kvc-bench-gpu options for the bench phase,
 #        e.g. a few cells instead of the whole sweep; default none: the

@@ -11,7 +11,8 @@
 //    past the head's numSlots and the rows' padding keep their sentinel.
 //    Heads of 3001 slots in one block (several passes of foldUnroll<G>()
 //    slots per thread at every G), in splits of 513 and 256, and of 100
-//    slots in one split;
+//    slots in one split; and heads of 700 free slots whose M is -inf and
+//    1/Z 0 (as splitStatistics leaves them), whose weights are all 0;
 //  - forSlotLines (the lines prefetchSlotLines asks L2 for): over every
 //    thread of a block, each 128-byte line of the range's elements of each
 //    array row is named exactly once, by an address inside the range; none
@@ -192,9 +193,11 @@ bool near(float got, float want) {
   return std::fabs(got - want) <= 1e-6f * std::max(1.0f, std::fabs(want));
 }
 
+/// `freeHead`: every slot of the head free, M = -inf and 1/Z = 0 for each
+/// query head, as splitStatistics leaves a head of free slots.
 template <int G>
 void checkFold(std::mt19937 &rng, int32_t numSlots, int32_t slotsPerSplit,
-               kvc::cuda::Reduce kind, bool restart) {
+               kvc::cuda::Reduce kind, bool restart, bool freeHead = false) {
   // Rows `stride` apart with padding, and slots past numSlots, that no
   // helper may touch.
   const int32_t capacity = numSlots + 19;
@@ -206,7 +209,7 @@ void checkFold(std::mt19937 &rng, int32_t numSlots, int32_t slotsPerSplit,
   std::vector<uint64_t> bits(capacity);
   std::vector<float> logits(G * stride, kSentinel);
   for (int32_t s = 0; s < capacity; ++s) {
-    if (s < numSlots && rng() % 5 != 0)
+    if (s < numSlots && rng() % 5 != 0 && !freeHead)
       positions[s] = s;
     state[s] = unit(rng);
     window[s] = unit(rng);
@@ -219,8 +222,8 @@ void checkFold(std::mt19937 &rng, int32_t numSlots, int32_t slotsPerSplit,
   }
   std::vector<float> maxLogit(G), invSum(G);
   for (int g = 0; g < G; ++g) {
-    maxLogit[g] = 2.0f + unit(rng);
-    invSum[g] = 1.0f / (1.0f + 50.0f * unit(rng));
+    maxLogit[g] = freeHead ? kvc::cuda::kNegInf : 2.0f + unit(rng);
+    invSum[g] = freeHead ? 0.0f : 1.0f / (1.0f + 50.0f * unit(rng));
   }
   const float decay = 0.9f;
   // A threshold near the middle of the weights the slots get.
@@ -243,9 +246,9 @@ void checkFold(std::mt19937 &rng, int32_t numSlots, int32_t slotsPerSplit,
   const std::vector<float> gotProbs = download(dProbs, G * stride);
 
   for (int32_t s = 0; s < capacity; ++s) {
-    char what[80];
-    std::snprintf(what, sizeof what, "G %d, %d slots, splits of %d, slot %d",
-                  G, numSlots, slotsPerSplit, s);
+    char what[96];
+    std::snprintf(what, sizeof what, "G %d, %d %sslots, splits of %d, slot %d",
+                  G, numSlots, freeHead ? "free " : "", slotsPerSplit, s);
     float p[G];
     for (int g = 0; g < G; ++g) {
       const float l = s < numSlots ? logits[g * stride + s] : kSentinel;
@@ -666,6 +669,11 @@ int main() {
       checkFold<8>(rng, numSlots, slotsPerSplit, kind, restart);
       cases += 3;
     }
+    // A head of free slots: every weight 0, not a NaN.
+    checkFold<1>(rng, 700, 256, kind, false, true);
+    checkFold<4>(rng, 700, 256, kind, false, true);
+    checkFold<8>(rng, 700, 256, kind, true, true);
+    cases += 3;
   }
   for (const auto &[first, last, rows] :
        {std::tuple{0, 513, 4}, std::tuple{5, 518, 8}, std::tuple{37, 38, 1},
