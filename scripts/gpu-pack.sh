@@ -20,8 +20,9 @@
 #        libraries alike: the driver runs the sm_90a code on an H100 or
 #        H200 as it is, where the decode steps launch their attention and
 #        fold as programmatic dependents (docs/codegen-cuda.md); "80" gives
-#        an A100's, and "80;90a" both (twice the compilation and the size,
-#        for code an H100 never runs). The pack builds in its own folder,
+#        an A100's, and "80;90a" both (about a third more compilation and
+#        1.7 times the archive, docs/performance.md, for code an H100 never
+#        runs). The pack builds in its own folder,
 #        KVC_GPU_PACK_BUILD_DIR (default build-gpu-ARCHS, ';' as '-'),
 #        configured as scripts/build.sh configures build/ with those
 #        architectures, and builds only the pack's targets there (the host
