@@ -2224,29 +2224,85 @@ __device__ __forceinline__ void mmaK8Products(float (&c)[4],
 #endif
 
 #if defined(KVC_CUDA_EMULATED)
-/// mmaK8 (half = 0) and mmaK16 (half = 0, then 1) on the emulator: every
-/// lane's registers in one exchange (words: {a0 | a1 << 32, a2 | a3 << 32,
-/// b0 | b1 << 32}) instead of a shuffle per register and source lane.
-template <Storage S>
-__device__ __forceinline__ void mmaEmulated(float (&c)[4],
-                                            const uint64_t (&words)[3],
+/// N products C_i += A_i B_i (i = 0 .. N-1, in order; c[i] the four
+/// accumulators of C_i, the same for several i where they add to one) of
+/// mmaK8 (halves = 1) or mmaK16 (halves = 2) on the emulator, with one
+/// exchange for all of them. Each lane converts its registers to float
+/// (a[i]: A_i's pairs, b[i]: B_i's) and publishes them (publishShared);
+/// the first lane back gathers each A_i (16 x 16) and B_i (16 x 8) and
+/// forms its products per half, 16 x 8 sums in the order of mmaK8Products
+/// (per sum, the pairs' products added, then the pair to the sum); every
+/// lane then adds its four of each to C_i. The results are those of N
+/// mmaK8Products calls bit for bit, without a warp barrier per product,
+/// forming each product in four lanes, or converting a 16-bit element once
+/// for every lane that reads it.
+template <Storage S, int N>
+__device__ __forceinline__ void mmaEmulated(float *const (&c)[N],
+                                            const uint32_t (&a)[N][4],
+                                            const uint32_t (&b)[N][2],
                                             int halves) {
+  using E = MmaElement<S>;
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
-  const uint64_t *w = ::kvc::emu::publishWords(kFullMask, words, 3);
-  const auto word = [&](int source, int i) {
-    return w[source * ::kvc::emu::kPublishWords + i];
-  };
-  for (int h = 0; h < halves; ++h) {
-    uint32_t rowA[4], rowA8[4], colB[4], colB1[4];
-    for (int s = 0; s < 4; ++s) {
-      rowA[s] = static_cast<uint32_t>(word(4 * g + s, h));
-      rowA8[s] = static_cast<uint32_t>(word(4 * g + s, h) >> 32);
-      colB[s] = static_cast<uint32_t>(word(4 * (2 * t) + s, 2) >> (32 * h));
-      colB1[s] =
-          static_cast<uint32_t>(word(4 * (2 * t + 1) + s, 2) >> (32 * h));
+  // Per product, floats 0-7: a[i][0..3]'s pairs (low element first), 8-11:
+  // b[i][0..1]'s.
+  constexpr int kWords = 6;
+  static_assert(N * kWords <= ::kvc::emu::kPublishWords &&
+                    N * 2 * 16 * 8 <= 2 * ::kvc::emu::kSharedWords,
+                "the operands and products fit the exchange");
+  uint64_t words[N * kWords];
+  for (int p = 0; p < N; ++p)
+    for (int i = 0; i < kWords; ++i) {
+      const uint32_t r = i < 4 ? a[p][i] : b[p][i - 4];
+      words[p * kWords + i] =
+          __float_as_uint(E::value(r)) |
+          uint64_t{__float_as_uint(E::value(r >> 16))} << 32;
     }
-    mmaK8Products<S>(c, rowA, rowA8, colB, colB1);
-  }
+  uint64_t *result = nullptr;
+  bool form = false;
+  const uint64_t *w =
+      ::kvc::emu::publishShared(kFullMask, words, N * kWords, &result, &form);
+  // Sums of product p, half h: d[p][h][row][column].
+  auto *d = reinterpret_cast<float(*)[2][16][8]>(result);
+  if (form)
+    for (int p = 0; p < N; ++p) {
+      float A[16][16], B[16][8];
+      for (int l = 0; l < kWarpSize; ++l) {
+        const int row = l / 4, k = 2 * (l % 4);
+        float f[2 * kWords];
+        for (int i = 0; i < kWords; ++i) {
+          const uint64_t x =
+              w[l * ::kvc::emu::kPublishWords + p * kWords + i];
+          f[2 * i] = __uint_as_float(static_cast<uint32_t>(x));
+          f[2 * i + 1] = __uint_as_float(static_cast<uint32_t>(x >> 32));
+        }
+        for (int e = 0; e < 2; ++e) {
+          A[row][k + e] = f[e];
+          A[row + 8][k + e] = f[2 + e];
+          A[row][k + 8 + e] = f[4 + e];
+          A[row + 8][k + 8 + e] = f[6 + e];
+          B[k + e][row] = f[8 + e];
+          B[k + 8 + e][row] = f[10 + e];
+        }
+      }
+      for (int h = 0; h < halves; ++h)
+        for (int row = 0; row < 16; ++row) {
+          float sum[8] = {};
+          for (int s = 0; s < 4; ++s) {
+            const int k = 8 * h + 2 * s;
+            for (int n = 0; n < 8; ++n)
+              sum[n] += A[row][k] * B[k][n] + A[row][k + 1] * B[k + 1][n];
+          }
+          for (int n = 0; n < 8; ++n)
+            d[p][h][row][n] = sum[n];
+        }
+    }
+  for (int p = 0; p < N; ++p)
+    for (int h = 0; h < halves; ++h) {
+      c[p][0] += d[p][h][g][2 * t];
+      c[p][1] += d[p][h][g][2 * t + 1];
+      c[p][2] += d[p][h][g + 8][2 * t];
+      c[p][3] += d[p][h][g + 8][2 * t + 1];
+    }
 }
 #endif
 
@@ -2270,8 +2326,9 @@ __device__ __forceinline__ void mmaK8(float (&c)[4], uint32_t a0, uint32_t a1,
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(b0));
 #elif defined(KVC_CUDA_EMULATED)
-  const uint64_t words[3] = {a0 | uint64_t{a1} << 32, 0, b0};
-  mmaEmulated<S>(c, words, 1);
+  float *const acc[1] = {c};
+  const uint32_t a[1][4] = {{a0, a1, 0u, 0u}}, b[1][2] = {{b0, 0u}};
+  mmaEmulated<S, 1>(acc, a, b, 1);
 #else
   // Elsewhere (devices before sm_80, the host pass): the same products
   // from the warp's registers. Row g of A is in lanes 4g .. 4g+3, column n
@@ -2312,14 +2369,36 @@ __device__ __forceinline__ void mmaK16(float (&c)[4], const uint32_t (&a)[4],
                    "r"(b1));
 #elif defined(KVC_CUDA_EMULATED)
   // Columns 0-7 of A with rows 0-7 of B, then the rest.
-  const uint64_t words[3] = {a[0] | uint64_t{a[1]} << 32,
-                             a[2] | uint64_t{a[3]} << 32,
-                             b0 | uint64_t{b1} << 32};
-  mmaEmulated<S>(c, words, 2);
+  float *const acc[1] = {c};
+  const uint32_t as[1][4] = {{a[0], a[1], a[2], a[3]}}, b[1][2] = {{b0, b1}};
+  mmaEmulated<S, 1>(acc, as, b, 2);
 #else
   // Columns 0-7 of A with rows 0-7 of B, then the rest.
   mmaK8<S>(c, a[0], a[1], b0);
   mmaK8<S>(c, a[2], a[3], b1);
+#endif
+}
+
+/// C += A_lo B_hi + A_hi B_lo + A_hi B_hi, in that order: the three
+/// mmaK16 products of operands split into bf16 hi and lo parts (splitPair),
+/// the lo * lo term left out. On the emulator one exchange for the three.
+/// The whole warp calls it, converged.
+__device__ __forceinline__ void mmaK16Split(float (&c)[4],
+                                            const uint32_t (&aHi)[4],
+                                            const uint32_t (&aLo)[4],
+                                            uint32_t bh0, uint32_t bh1,
+                                            uint32_t bl0, uint32_t bl1) {
+#if defined(KVC_CUDA_EMULATED)
+  const uint32_t a[3][4] = {{aLo[0], aLo[1], aLo[2], aLo[3]},
+                            {aHi[0], aHi[1], aHi[2], aHi[3]},
+                            {aHi[0], aHi[1], aHi[2], aHi[3]}};
+  const uint32_t b[3][2] = {{bh0, bh1}, {bl0, bl1}, {bh0, bh1}};
+  float *const acc[3] = {c, c, c};
+  mmaEmulated<Storage::BF16, 3>(acc, a, b, 2);
+#else
+  mmaK16<Storage::BF16>(c, aLo, bh0, bh1);
+  mmaK16<Storage::BF16>(c, aHi, bl0, bl1);
+  mmaK16<Storage::BF16>(c, aHi, bh0, bh1);
 #endif
 }
 
@@ -2340,27 +2419,61 @@ __device__ __forceinline__ void mmaK32U8(int32_t (&c)[4],
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
                  "r"(b1));
+#elif defined(KVC_CUDA_EMULATED)
+  // On the emulator the first lane back from the exchange forms the 16 x 8
+  // sums of the tile once (exact integers: any order) and every lane adds
+  // its four to C, as mmaEmulated. Lane 4r + s holds k 4s .. 4s+3 of rows r
+  // and r + 8 (a0, a1) and k 4s+16 .. 4s+19 (a2, a3), and the same k of
+  // column r of B (b0, b1).
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const uint64_t words[3] = {a[0] | uint64_t{a[1]} << 32,
+                             a[2] | uint64_t{a[3]} << 32,
+                             b0 | uint64_t{b1} << 32};
+  uint64_t *result = nullptr;
+  bool form = false;
+  const uint64_t *w =
+      ::kvc::emu::publishShared(kFullMask, words, 3, &result, &form);
+  auto *d = reinterpret_cast<int32_t(*)[8]>(result);
+  if (form) {
+    int32_t A[16][32], B[32][8];
+    for (int l = 0; l < kWarpSize; ++l) {
+      const int r = l / 4, k = 4 * (l % 4);
+      const uint64_t *x = w + l * ::kvc::emu::kPublishWords;
+      for (int i = 0; i < 4; ++i) {
+        const int shift = 8 * i;
+        A[r][k + i] = static_cast<int32_t>(x[0] >> shift & 0xffu);
+        A[r + 8][k + i] = static_cast<int32_t>(x[0] >> (32 + shift) & 0xffu);
+        A[r][k + 16 + i] = static_cast<int32_t>(x[1] >> shift & 0xffu);
+        A[r + 8][k + 16 + i] =
+            static_cast<int32_t>(x[1] >> (32 + shift) & 0xffu);
+        B[k + i][r] = static_cast<int32_t>(x[2] >> shift & 0xffu);
+        B[k + 16 + i][r] = static_cast<int32_t>(x[2] >> (32 + shift) & 0xffu);
+      }
+    }
+    for (int r = 0; r < 16; ++r) {
+      int32_t sum[8] = {};
+      for (int k = 0; k < 32; ++k)
+        for (int n = 0; n < 8; ++n)
+          sum[n] += A[r][k] * B[k][n];
+      for (int n = 0; n < 8; ++n)
+        d[r][n] = sum[n];
+    }
+  }
+  c[0] += d[g][2 * t];
+  c[1] += d[g][2 * t + 1];
+  c[2] += d[g + 8][2 * t];
+  c[3] += d[g + 8][2 * t + 1];
 #else
   // Row g of A is in lanes 4g .. 4g+3, column n of B in lanes 4n .. 4n+3:
   // lane 4g + s holds k 4s .. 4s+3 of both rows (a0, a1) and k 4s+16 ..
   // 4s+19 (a2, a3), lane 4n + s those of column n (b0, b1).
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
-#if defined(KVC_CUDA_EMULATED)
-  const uint64_t words[3] = {a[0] | uint64_t{a[1]} << 32,
-                             a[2] | uint64_t{a[3]} << 32,
-                             b0 | uint64_t{b1} << 32};
-  const uint64_t *w = ::kvc::emu::publishWords(kFullMask, words, 3);
-  const auto word = [&](int source, int i) {
-    return w[source * ::kvc::emu::kPublishWords + i];
-  };
-#else
   const auto word = [&](int source, int i) {
     const uint32_t lo = __shfl_sync(kFullMask, i == 2 ? b0 : a[2 * i], source);
     const uint32_t hi =
         __shfl_sync(kFullMask, i == 2 ? b1 : a[2 * i + 1], source);
     return lo | uint64_t{hi} << 32;
   };
-#endif
   int32_t d[4] = {0, 0, 0, 0};
   const auto dot = [](uint32_t x, uint32_t y) {
     int32_t sum = 0;
@@ -5954,16 +6067,45 @@ __device__ __forceinline__ void mmaSplit(float (&c)[4],
                                          const uint32_t (&aLo)[D / 16][4],
                                          const uint16_t *hi,
                                          const uint16_t *lo) {
+#if defined(KVC_CUDA_EMULATED)
+  // The products of up to four steps in one exchange (mmaEmulated), in
+  // the order below.
+  constexpr int kSteps = D / 16 < 4 ? D / 16 : 4;
+  static_assert(D / 16 % kSteps == 0, "whole exchanges of steps");
+  for (int s0 = 0; s0 < D / 16; s0 += kSteps) {
+    uint32_t a[3 * kSteps][4], b[3 * kSteps][2];
+    float *acc[3 * kSteps];
+    for (int x = 0; x < kSteps; ++x) {
+      const int s = s0 + x;
+      const uint32_t bh0 = *reinterpret_cast<const uint32_t *>(hi + 16 * s);
+      const uint32_t bh1 =
+          *reinterpret_cast<const uint32_t *>(hi + 16 * s + 8);
+      const uint32_t bl0 = *reinterpret_cast<const uint32_t *>(lo + 16 * s);
+      const uint32_t bl1 =
+          *reinterpret_cast<const uint32_t *>(lo + 16 * s + 8);
+      for (int i = 0; i < 4; ++i) {
+        a[3 * x][i] = aLo[s][i];
+        a[3 * x + 1][i] = aHi[s][i];
+        a[3 * x + 2][i] = aHi[s][i];
+      }
+      b[3 * x][0] = b[3 * x + 2][0] = bh0;
+      b[3 * x][1] = b[3 * x + 2][1] = bh1;
+      b[3 * x + 1][0] = bl0;
+      b[3 * x + 1][1] = bl1;
+      acc[3 * x] = acc[3 * x + 1] = acc[3 * x + 2] = c;
+    }
+    mmaEmulated<Storage::BF16, 3 * kSteps>(acc, a, b, 2);
+  }
+#else
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) {
     const uint32_t bh0 = *reinterpret_cast<const uint32_t *>(hi + 16 * s);
     const uint32_t bh1 = *reinterpret_cast<const uint32_t *>(hi + 16 * s + 8);
     const uint32_t bl0 = *reinterpret_cast<const uint32_t *>(lo + 16 * s);
     const uint32_t bl1 = *reinterpret_cast<const uint32_t *>(lo + 16 * s + 8);
-    mmaK16<Storage::BF16>(c, aLo[s], bh0, bh1);
-    mmaK16<Storage::BF16>(c, aHi[s], bl0, bl1);
-    mmaK16<Storage::BF16>(c, aHi[s], bh0, bh1);
+    mmaK16Split(c, aHi[s], aLo[s], bh0, bh1, bl0, bl1);
   }
+#endif
 }
 
 /// Geometry of prefillAttentionMma: each warp takes 16 query rows (the rows
@@ -6003,7 +6145,6 @@ __device__ void prefillAttentionMma(int32_t n, const float *q, const float *k,
                                     const float *v, float scale, float *out,
                                     float *lse) {
   using P = PrefillMma<D>;
-  constexpr Storage kBf16 = Storage::BF16;
   const int32_t qHead = blockIdx.y, kvHead = qHead / G;
   const int64_t qStride = static_cast<int64_t>(gridDim.y) * D;
   const int64_t kvStride = static_cast<int64_t>(gridDim.y / G) * D;
@@ -6121,9 +6262,7 @@ __device__ void prefillAttentionMma(int32_t n, const float *q, const float *k,
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           float(&acc)[4] = o[4 * cb + i];
-          mmaK16<kBf16>(acc, aLo, vh0[i], vh1[i]);
-          mmaK16<kBf16>(acc, aHi, vl0[i], vl1[i]);
-          mmaK16<kBf16>(acc, aHi, vh0[i], vh1[i]);
+          mmaK16Split(acc, aHi, aLo, vh0[i], vh1[i], vl0[i], vl1[i]);
         }
       }
     }

@@ -71,7 +71,8 @@ if ! configured; then
   exit 1
 fi
 
-targets=(kvc-gpu-kernel-kivi-decode kvc-gpu-kernel-decode-kernel
+targets=(kvc-gpu-kernel-mma-fragments kvc-gpu-kernel-kivi-decode
+         kvc-gpu-kernel-decode-kernel
          kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots
          kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8 kvc-bench-gpu-smoke)
 [ "${KVC_GPU_PACK_SMOKE_ONLY:-0}" = 1 ] || targets+=(kvc-bench-gpu)

@@ -23,7 +23,8 @@ for g in "${geometries[@]}"; do
     *) echo "gpu-test: unknown geometry '$g' (kernels, g1, g3 or g8)" >&2; exit 2 ;;
   esac
 done
-kernel_tests=(kvc-gpu-kernel-kivi-decode kvc-gpu-kernel-decode-kernel
+kernel_tests=(kvc-gpu-kernel-mma-fragments kvc-gpu-kernel-kivi-decode
+              kvc-gpu-kernel-decode-kernel
               kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots)
 
 # shellcheck source=gpu-lib.sh

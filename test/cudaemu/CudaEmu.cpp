@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -128,6 +129,8 @@ struct Fiber {
   int committed = 0; // groups committed so far
 };
 
+struct Exchange;
+
 struct BlockRun {
   const char *file = nullptr;
   int line = 0;
@@ -136,15 +139,19 @@ struct BlockRun {
   std::vector<Fiber> fibers;
   // Per warp: lanes not ended, and lanes waiting at a warp barrier.
   std::vector<int> liveLanes, waitingLanes;
+  // Per warp: the barriers opened so far, and the barrier whose shared
+  // result (publishShared) has been formed.
+  std::vector<uint64_t> opened, formed;
   // Two exchange words per thread, used alternately by successive warp
   // collectives: a lane that runs ahead into its next collective writes the
   // other buffer, so the words of this one stay valid for the slower lanes
   // until they too pass the next barrier.
   std::vector<uint64_t> words[2];
-  // The same for publishWords, kPublishWords per thread. It shares the
-  // lanes' parity with publish: a lane can be at most one collective ahead
-  // of the slowest, whichever kind each is.
-  std::vector<uint64_t> wideWords[2];
+  // The same for publishWords, kPublishWords per thread, and the warps'
+  // results of publishShared (one of ExchangePool's sets). publishWords
+  // shares the lanes' parity with publish: a lane can be at most one
+  // collective ahead of the slowest, whichever kind each is.
+  Exchange *exchange = nullptr;
   void *scheduler = nullptr;   // the scheduler's saved stack pointer
   // The scheduler's stack (the calling thread's), for AddressSanitizer.
   const void *schedulerBottom = nullptr;
@@ -163,6 +170,27 @@ struct BlockRun {
 };
 
 BlockRun *active = nullptr;
+
+/// The buffers of publishWords and publishShared for a block in flight:
+/// kPublishWords words per thread twice, kSharedWords per warp. Kept from
+/// launch to launch and only grown: a collective reads only the words its
+/// lanes have just written.
+struct Exchange {
+  std::vector<uint64_t> wide[2];
+  std::vector<uint64_t> shared;
+  void fit(uint64_t threads) {
+    const size_t words = static_cast<size_t>(threads) * kPublishWords;
+    for (std::vector<uint64_t> &w : wide)
+      if (w.size() < words)
+        w.resize(words);
+    const size_t results =
+        static_cast<size_t>((threads + kWarpSize - 1) / kWarpSize) *
+        kSharedWords;
+    if (shared.size() < results)
+      shared.resize(results);
+  }
+};
+std::vector<Exchange> exchanges;
 
 /// The fibers' stacks, one set per block in flight, reused by every
 /// launch, freed at exit.
@@ -244,6 +272,7 @@ void block() {
       if (run.fibers[i].state == State::AtWarpBarrier)
         run.fibers[i].state = State::Runnable;
     run.waitingLanes[warp] = 0;
+    ++run.opened[warp];
   }
   const int width = end - begin;
   const int stride = run.reverseThreads ? width - 1 : 1;
@@ -338,6 +367,8 @@ void startBlock(BlockRun &run) {
   const int warps = (threads + kWarpSize - 1) / kWarpSize;
   run.liveLanes.assign(warps, 0);
   run.waitingLanes.assign(warps, 0);
+  run.opened.assign(warps, 0);
+  run.formed.assign(warps, 0);
   for (int i = 0; i < threads; ++i)
     ++run.liveLanes[i / kWarpSize];
 }
@@ -524,13 +555,28 @@ const uint64_t *publishWords(unsigned mask, const uint64_t *values,
   if (count < 1 || count > kPublishWords)
     fatal("publishWords of other than 1 to kPublishWords words");
   Fiber &f = *active->current;
-  std::vector<uint64_t> &words = active->wideWords[f.parity];
+  std::vector<uint64_t> &words = active->exchange->wide[f.parity];
   f.parity ^= 1;
   std::memcpy(words.data() + static_cast<size_t>(f.linear) * kPublishWords,
               values, sizeof(uint64_t) * static_cast<size_t>(count));
   waitAt(State::AtWarpBarrier);
   return words.data() +
          static_cast<size_t>(f.linear / kWarpSize * kWarpSize) * kPublishWords;
+}
+
+const uint64_t *publishShared(unsigned mask, const uint64_t *values,
+                              int count, uint64_t **result, bool *form) {
+  const uint64_t *words = publishWords(mask, values, count);
+  BlockRun &run = *active;
+  const int warp = run.current->linear / kWarpSize;
+  // The first lane back from this barrier forms the result; the warp's
+  // next barrier opens only after every lane has passed this one, so the
+  // result is not formed again before the slower lanes have read it.
+  *form = run.formed[warp] != run.opened[warp];
+  run.formed[warp] = run.opened[warp];
+  *result = run.exchange->shared.data() +
+            static_cast<size_t>(warp) * kSharedWords;
+  return words;
 }
 
 /// The order in which a launch runs its blocks (KVC_EMU_BLOCK_ORDER, read at
@@ -680,26 +726,32 @@ public:
       std::lock_guard<std::mutex> lock(mutex_);
       quit_ = true;
     }
-    turns_.notify_all();
+    for (std::unique_ptr<std::condition_variable> &turn : turns_)
+      turn->notify_one();
     for (std::thread &t : threads_)
       t.join();
   }
   /// Runs `step` on slot `slot`'s thread; returns once it has.
   void runOn(size_t slot, const std::function<void()> &step) {
     std::unique_lock<std::mutex> lock(mutex_);
-    while (threads_.size() <= slot)
+    while (threads_.size() <= slot) {
+      turns_.push_back(std::make_unique<std::condition_variable>());
       threads_.emplace_back(&Slots::serve, this, threads_.size());
+    }
     step_ = &step;
     turn_ = static_cast<long>(slot);
-    turns_.notify_all();
-    turns_.wait(lock, [this] { return turn_ < 0; });
+    // Only the slot's thread wakes (a wake of every slot thread per turn
+    // would be dozens of context switches for each).
+    turns_[slot]->notify_one();
+    back_.wait(lock, [this] { return turn_ < 0; });
   }
 
 private:
   void serve(size_t slot) {
     std::unique_lock<std::mutex> lock(mutex_);
+    std::condition_variable &turn = *turns_[slot];
     for (;;) {
-      turns_.wait(lock, [&] {
+      turn.wait(lock, [&] {
         return quit_ || turn_ == static_cast<long>(slot);
       });
       if (quit_)
@@ -708,12 +760,15 @@ private:
       (*step_)();
       lock.lock();
       turn_ = -1;
-      turns_.notify_all();
+      back_.notify_one();
     }
   }
 
   std::mutex mutex_;
-  std::condition_variable turns_;
+  // Per slot thread, the signal of its turn; the launching thread's, of
+  // the turn's end.
+  std::vector<std::unique_ptr<std::condition_variable>> turns_;
+  std::condition_variable back_;
   std::vector<std::thread> threads_;
   long turn_ = -1; // the slot whose thread runs; -1: the launching thread
   const std::function<void()> *step_ = nullptr;
@@ -810,6 +865,8 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
   std::vector<BlockRun> runs(std::min(concurrent.blocks, blocks));
   if (pool.sets.size() < runs.size())
     pool.sets.resize(runs.size());
+  if (exchanges.size() < runs.size())
+    exchanges.resize(runs.size());
   pthread_attr_t attributes;
   void *bottom = nullptr;
   size_t bottomBytes = 0;
@@ -828,8 +885,8 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
     run.fibers.resize(threads);
     run.words[0].assign(threads, 0);
     run.words[1].assign(threads, 0);
-    run.wideWords[0].assign(threads * kPublishWords, 0);
-    run.wideWords[1].assign(threads * kPublishWords, 0);
+    run.exchange = &exchanges[i];
+    run.exchange->fit(threads);
     run.schedulerBottom = bottom;
     run.schedulerBytes = bottomBytes;
   }

@@ -136,13 +136,23 @@ void syncWarp(unsigned mask);
 /// read only lanes below lanes().
 const uint64_t *publish(unsigned mask, uint64_t value);
 /// The most words a lane stores in one publishWords.
-constexpr int kPublishWords = 4;
+constexpr int kPublishWords = 72;
 /// publish of `count` (1 to kPublishWords) words per lane in one barrier:
 /// lane i's words are at [i * kPublishWords, i * kPublishWords + count).
 /// For the emulated tensor-core operations, whose operands span several
 /// registers of every lane.
 const uint64_t *publishWords(unsigned mask, const uint64_t *values,
                              int count);
+/// The words of the warp's result that publishShared holds.
+constexpr int kSharedWords = 1536;
+/// publishWords for a warp operation whose result every lane reads from
+/// one place (an emulated mma.sync: the tile's products, formed once
+/// instead of once per lane): also returns the warp's kSharedWords words
+/// in *result and sets *form for the first lane of the warp to return from
+/// the barrier. That lane writes the result from the warp's words before
+/// its next collective, and the other lanes read it before theirs.
+const uint64_t *publishShared(unsigned mask, const uint64_t *values,
+                              int count, uint64_t **result, bool *form);
 /// cp.async of the calling thread: copyAsync records a copy of `bytes`
 /// (4, 8 or 16, both addresses aligned to it) into shared memory,
 /// commitCopies closes the group of the copies recorded since the last,

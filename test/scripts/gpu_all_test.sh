@@ -57,7 +57,7 @@ for g in g1 g8; do
   printf '#!/bin/sh\necho "PASSED: 0 failure(s)"\n' > "$scratch/bin/kvc-gpu-tests-$g"
 done
 # The kernel tests, which scripts/gpu-test.sh runs before the policies.
-for t in kivi-decode decode-kernel prefill-kernel fold-slots; do
+for t in mma-fragments kivi-decode decode-kernel prefill-kernel fold-slots; do
   printf '#!/bin/sh\necho "kernel test stand-in %s: ok"\n' "$t" \
     > "$scratch/bin/kvc-gpu-kernel-$t"
 done
@@ -88,12 +88,12 @@ done
 grep -q "sweep stand-in --csv=$scratch/all/gpu-bench.csv" "$scratch/all/gpu-bench.txt" ||
   fail "the sweep's output is not in gpu-bench.txt"
 grep -q "PASSED: 0 failure(s)" "$scratch/all/test.log" || fail "test.log lacks the suite's output"
-for t in kivi-decode decode-kernel prefill-kernel fold-slots; do
+for t in mma-fragments kivi-decode decode-kernel prefill-kernel fold-slots; do
   grep -q "^kernel test stand-in $t: ok" "$scratch/all/test.log" ||
     fail "test.log lacks the kernel test $t"
 done
-grep -q "^gpu-test: 7 passed, 0 skipped, 0 failed" "$scratch/all/test.log" ||
-  fail "the suite's tally is not 7 passed: $(grep '^gpu-test:' "$scratch/all/test.log")"
+grep -q "^gpu-test: 8 passed, 0 skipped, 0 failed" "$scratch/all/test.log" ||
+  fail "the suite's tally is not 8 passed: $(grep '^gpu-test:' "$scratch/all/test.log")"
 grep -q "sdpa_baseline: SKIP: stand-in" "$scratch/all/gpu-bench.txt" ||
   fail "gpu-bench.txt lacks the SDPA baseline's output"
 
