@@ -2224,65 +2224,79 @@ __device__ __forceinline__ void mmaK8Products(float (&c)[4],
 #endif
 
 #if defined(KVC_CUDA_EMULATED)
-/// N products C_i += A_i B_i (i = 0 .. N-1, in order; c[i] the four
-/// accumulators of C_i, the same for several i where they add to one) of
-/// mmaK8 (halves = 1) or mmaK16 (halves = 2) on the emulator, with one
-/// exchange for all of them. Each lane converts its registers to float
-/// (a[i]: A_i's pairs, b[i]: B_i's) and publishes them (publishShared);
-/// the first lane back gathers each A_i (16 x 16) and B_i (16 x 8) and
-/// forms its products per half, 16 x 8 sums in the order of mmaK8Products
-/// (per sum, the pairs' products added, then the pair to the sum); every
-/// lane then adds its four of each to C_i. The results are those of N
-/// mmaK8Products calls bit for bit, without a warp barrier per product,
-/// forming each product in four lanes, or converting a 16-bit element once
-/// for every lane that reads it.
+/// N products C += A_i B_i (i = 0 .. N-1, in order) of mmaK8 (halves = 1)
+/// or mmaK16 (halves = 2) on the emulator, with one exchange for all of
+/// them. Each lane publishes its accumulators and its registers converted
+/// to float (a[i]: A_i's pairs, b[i]: B_i's; publishShared); the first
+/// lane back gathers C (16 x 8), each A_i (16 x 16) and B_i (16 x 8),
+/// forms each product's sums per half in the order of mmaK8Products (per
+/// sum, the pairs' products added, then the pair to the sum) and adds them
+/// to C in turn; every lane then takes its four of C. The results are
+/// those of N mmaK8Products calls bit for bit, without a warp barrier per
+/// product, forming each product in four lanes, or converting a 16-bit
+/// element once for every lane that reads it.
 template <Storage S, int N>
-__device__ __forceinline__ void mmaEmulated(float *const (&c)[N],
+__device__ __forceinline__ void mmaEmulated(float (&c)[4],
                                             const uint32_t (&a)[N][4],
                                             const uint32_t (&b)[N][2],
                                             int halves) {
   using E = MmaElement<S>;
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
-  // Per product, floats 0-7: a[i][0..3]'s pairs (low element first), 8-11:
-  // b[i][0..1]'s.
+  // Words 0-1: c's pairs; per product, floats 0-7: a[i][0..3]'s pairs (low
+  // element first), 8-11: b[i][0..1]'s.
   constexpr int kWords = 6;
-  static_assert(N * kWords <= ::kvc::emu::kPublishWords &&
-                    N * 2 * 16 * 8 <= 2 * ::kvc::emu::kSharedWords,
-                "the operands and products fit the exchange");
-  uint64_t words[N * kWords];
+  static_assert(2 + N * kWords <= ::kvc::emu::kPublishWords &&
+                    16 * 8 <= 2 * ::kvc::emu::kSharedWords,
+                "the operands and the tile fit the exchange");
+  const auto pair = [](float lo, float hi) {
+    return __float_as_uint(lo) | uint64_t{__float_as_uint(hi)} << 32;
+  };
+  uint64_t words[2 + N * kWords];
+  words[0] = pair(c[0], c[1]);
+  words[1] = pair(c[2], c[3]);
   for (int p = 0; p < N; ++p)
     for (int i = 0; i < kWords; ++i) {
       const uint32_t r = i < 4 ? a[p][i] : b[p][i - 4];
-      words[p * kWords + i] =
-          __float_as_uint(E::value(r)) |
-          uint64_t{__float_as_uint(E::value(r >> 16))} << 32;
+      words[2 + p * kWords + i] = pair(E::value(r), E::value(r >> 16));
     }
   uint64_t *result = nullptr;
   bool form = false;
-  const uint64_t *w =
-      ::kvc::emu::publishShared(kFullMask, words, N * kWords, &result, &form);
-  // Sums of product p, half h: d[p][h][row][column].
-  auto *d = reinterpret_cast<float(*)[2][16][8]>(result);
-  if (form)
+  const uint64_t *w = ::kvc::emu::publishShared(kFullMask, words,
+                                                2 + N * kWords, &result, &form);
+  // The warp's C, row by row.
+  auto *tile = reinterpret_cast<float(*)[8]>(result);
+  const auto lo = [](uint64_t x) {
+    return __uint_as_float(static_cast<uint32_t>(x));
+  };
+  const auto hi = [](uint64_t x) {
+    return __uint_as_float(static_cast<uint32_t>(x >> 32));
+  };
+  if (form) {
+    for (int l = 0; l < kWarpSize; ++l) {
+      const uint64_t *x = w + l * ::kvc::emu::kPublishWords;
+      const int row = l / 4, col = 2 * (l % 4);
+      tile[row][col] = lo(x[0]);
+      tile[row][col + 1] = hi(x[0]);
+      tile[row + 8][col] = lo(x[1]);
+      tile[row + 8][col + 1] = hi(x[1]);
+    }
     for (int p = 0; p < N; ++p) {
       float A[16][16], B[16][8];
       for (int l = 0; l < kWarpSize; ++l) {
+        const uint64_t *x = w + l * ::kvc::emu::kPublishWords + 2 + p * kWords;
         const int row = l / 4, k = 2 * (l % 4);
-        float f[2 * kWords];
-        for (int i = 0; i < kWords; ++i) {
-          const uint64_t x =
-              w[l * ::kvc::emu::kPublishWords + p * kWords + i];
-          f[2 * i] = __uint_as_float(static_cast<uint32_t>(x));
-          f[2 * i + 1] = __uint_as_float(static_cast<uint32_t>(x >> 32));
-        }
-        for (int e = 0; e < 2; ++e) {
-          A[row][k + e] = f[e];
-          A[row + 8][k + e] = f[2 + e];
-          A[row][k + 8 + e] = f[4 + e];
-          A[row + 8][k + 8 + e] = f[6 + e];
-          B[k + e][row] = f[8 + e];
-          B[k + 8 + e][row] = f[10 + e];
-        }
+        A[row][k] = lo(x[0]);
+        A[row][k + 1] = hi(x[0]);
+        A[row + 8][k] = lo(x[1]);
+        A[row + 8][k + 1] = hi(x[1]);
+        A[row][k + 8] = lo(x[2]);
+        A[row][k + 9] = hi(x[2]);
+        A[row + 8][k + 8] = lo(x[3]);
+        A[row + 8][k + 9] = hi(x[3]);
+        B[k][row] = lo(x[4]);
+        B[k + 1][row] = hi(x[4]);
+        B[k + 8][row] = lo(x[5]);
+        B[k + 9][row] = hi(x[5]);
       }
       for (int h = 0; h < halves; ++h)
         for (int row = 0; row < 16; ++row) {
@@ -2293,16 +2307,14 @@ __device__ __forceinline__ void mmaEmulated(float *const (&c)[N],
               sum[n] += A[row][k] * B[k][n] + A[row][k + 1] * B[k + 1][n];
           }
           for (int n = 0; n < 8; ++n)
-            d[p][h][row][n] = sum[n];
+            tile[row][n] += sum[n];
         }
     }
-  for (int p = 0; p < N; ++p)
-    for (int h = 0; h < halves; ++h) {
-      c[p][0] += d[p][h][g][2 * t];
-      c[p][1] += d[p][h][g][2 * t + 1];
-      c[p][2] += d[p][h][g + 8][2 * t];
-      c[p][3] += d[p][h][g + 8][2 * t + 1];
-    }
+  }
+  c[0] = tile[g][2 * t];
+  c[1] = tile[g][2 * t + 1];
+  c[2] = tile[g + 8][2 * t];
+  c[3] = tile[g + 8][2 * t + 1];
 }
 #endif
 
@@ -2326,9 +2338,8 @@ __device__ __forceinline__ void mmaK8(float (&c)[4], uint32_t a0, uint32_t a1,
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(b0));
 #elif defined(KVC_CUDA_EMULATED)
-  float *const acc[1] = {c};
   const uint32_t a[1][4] = {{a0, a1, 0u, 0u}}, b[1][2] = {{b0, 0u}};
-  mmaEmulated<S, 1>(acc, a, b, 1);
+  mmaEmulated<S, 1>(c, a, b, 1);
 #else
   // Elsewhere (devices before sm_80, the host pass): the same products
   // from the warp's registers. Row g of A is in lanes 4g .. 4g+3, column n
@@ -2369,9 +2380,8 @@ __device__ __forceinline__ void mmaK16(float (&c)[4], const uint32_t (&a)[4],
                    "r"(b1));
 #elif defined(KVC_CUDA_EMULATED)
   // Columns 0-7 of A with rows 0-7 of B, then the rest.
-  float *const acc[1] = {c};
   const uint32_t as[1][4] = {{a[0], a[1], a[2], a[3]}}, b[1][2] = {{b0, b1}};
-  mmaEmulated<S, 1>(acc, as, b, 2);
+  mmaEmulated<S, 1>(c, as, b, 2);
 #else
   // Columns 0-7 of A with rows 0-7 of B, then the rest.
   mmaK8<S>(c, a[0], a[1], b0);
@@ -2393,8 +2403,7 @@ __device__ __forceinline__ void mmaK16Split(float (&c)[4],
                             {aHi[0], aHi[1], aHi[2], aHi[3]},
                             {aHi[0], aHi[1], aHi[2], aHi[3]}};
   const uint32_t b[3][2] = {{bh0, bh1}, {bl0, bl1}, {bh0, bh1}};
-  float *const acc[3] = {c, c, c};
-  mmaEmulated<Storage::BF16, 3>(acc, a, b, 2);
+  mmaEmulated<Storage::BF16, 3>(c, a, b, 2);
 #else
   mmaK16<Storage::BF16>(c, aLo, bh0, bh1);
   mmaK16<Storage::BF16>(c, aHi, bl0, bl1);
@@ -2421,10 +2430,12 @@ __device__ __forceinline__ void mmaK32U8(int32_t (&c)[4],
                  "r"(b1));
 #elif defined(KVC_CUDA_EMULATED)
   // On the emulator the first lane back from the exchange forms the 16 x 8
-  // sums of the tile once (exact integers: any order) and every lane adds
-  // its four to C, as mmaEmulated. Lane 4r + s holds k 4s .. 4s+3 of rows r
+  // sums of the tile once (exact integers: any order; see mmaEmulated) and
+  // every lane adds its four to C. Lane 4r + s holds k 4s .. 4s+3 of rows r
   // and r + 8 (a0, a1) and k 4s+16 .. 4s+19 (a2, a3), and the same k of
   // column r of B (b0, b1).
+  static_assert(16 * 8 <= 2 * ::kvc::emu::kSharedWords,
+                "the tile's sums fit the exchange");
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const uint64_t words[3] = {a[0] | uint64_t{a[1]} << 32,
                              a[2] | uint64_t{a[3]} << 32,
@@ -6074,7 +6085,6 @@ __device__ __forceinline__ void mmaSplit(float (&c)[4],
   static_assert(D / 16 % kSteps == 0, "whole exchanges of steps");
   for (int s0 = 0; s0 < D / 16; s0 += kSteps) {
     uint32_t a[3 * kSteps][4], b[3 * kSteps][2];
-    float *acc[3 * kSteps];
     for (int x = 0; x < kSteps; ++x) {
       const int s = s0 + x;
       const uint32_t bh0 = *reinterpret_cast<const uint32_t *>(hi + 16 * s);
@@ -6092,9 +6102,8 @@ __device__ __forceinline__ void mmaSplit(float (&c)[4],
       b[3 * x][1] = b[3 * x + 2][1] = bh1;
       b[3 * x + 1][0] = bl0;
       b[3 * x + 1][1] = bl1;
-      acc[3 * x] = acc[3 * x + 1] = acc[3 * x + 2] = c;
     }
-    mmaEmulated<Storage::BF16, 3 * kSteps>(acc, a, b, 2);
+    mmaEmulated<Storage::BF16, 3 * kSteps>(c, a, b, 2);
   }
 #else
 #pragma unroll

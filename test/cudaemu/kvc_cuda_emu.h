@@ -136,7 +136,7 @@ void syncWarp(unsigned mask);
 /// read only lanes below lanes().
 const uint64_t *publish(unsigned mask, uint64_t value);
 /// The most words a lane stores in one publishWords.
-constexpr int kPublishWords = 72;
+constexpr int kPublishWords = 74;
 /// publish of `count` (1 to kPublishWords) words per lane in one barrier:
 /// lane i's words are at [i * kPublishWords, i * kPublishWords + count).
 /// For the emulated tensor-core operations, whose operands span several
@@ -144,7 +144,7 @@ constexpr int kPublishWords = 72;
 const uint64_t *publishWords(unsigned mask, const uint64_t *values,
                              int count);
 /// The words of the warp's result that publishShared holds.
-constexpr int kSharedWords = 1536;
+constexpr int kSharedWords = 64;
 /// publishWords for a warp operation whose result every lane reads from
 /// one place (an emulated mma.sync: the tile's products, formed once
 /// instead of once per lane): also returns the warp's kSharedWords words
