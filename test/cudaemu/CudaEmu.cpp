@@ -148,9 +148,9 @@ struct BlockRun {
   // until they too pass the next barrier.
   std::vector<uint64_t> words[2];
   // The same for publishWords, kPublishWords per thread, and the warps'
-  // results of publishShared (one of ExchangePool's sets). publishWords
-  // shares the lanes' parity with publish: a lane can be at most one
-  // collective ahead of the slowest, whichever kind each is.
+  // results of publishShared (`exchanges`, one set per block slot).
+  // publishWords shares the lanes' parity with publish: a lane can be at
+  // most one collective ahead of the slowest, whichever kind each is.
   Exchange *exchange = nullptr;
   void *scheduler = nullptr;   // the scheduler's saved stack pointer
   // The scheduler's stack (the calling thread's), for AddressSanitizer.
