@@ -27,7 +27,17 @@
 //  - `partial-mask`: a collective with a partial mask;
 //  - `device-overflow` and `shared-overflow` (the AddressSanitizer build):
 //    a write one element past a cudaMalloc'd buffer, and past a __shared__
-//    array.
+//    array;
+//  - `misaligned-vector`, `wide-shift` and `float-cast` (the same build,
+//    under UBSan's alignment, shift and float-cast-overflow checks): three
+//    operations that a device and the host do differently, so that a
+//    kernel that passes on the emulator could fail or differ on a GPU: a
+//    16-byte load from an address 4 bytes past a 16-byte boundary (a
+//    misaligned address fault on a device, a plain load on x86), a shift
+//    of a 32-bit word by 32 (0 on a device, whose shifts clamp; the word
+//    itself on x86, whose shifts take the count mod 32), and a float
+//    beyond int's range converted to int (saturated on a device,
+//    INT_MIN on x86).
 //
 //===----------------------------------------------------------------------===//
 
@@ -141,6 +151,17 @@ __global__ void partialMask(int *out) {
 }
 
 __global__ void writeAt(int *out, int index) { out[index] = 1; }
+
+__global__ void misalignedVector(const int *in, int offset, int *out) {
+  const uint4 v = *reinterpret_cast<const uint4 *>(in + offset);
+  *out = static_cast<int>(v.x + v.y + v.z + v.w);
+}
+
+__global__ void wideShift(uint32_t word, int bits, int *out) {
+  *out = static_cast<int>(word >> bits);
+}
+
+__global__ void floatCast(float x, int *out) { *out = static_cast<int>(x); }
 
 __global__ void sharedOverflow(int index, int *out) {
   __shared__ int staged[32];
@@ -758,6 +779,12 @@ int main(int argc, char **argv) {
       writeAt<<<1, 1>>>(d, 32);
     else if (!std::strcmp(argv[1], "shared-overflow"))
       sharedOverflow<<<1, 32>>>(32, d);
+    else if (!std::strcmp(argv[1], "misaligned-vector"))
+      misalignedVector<<<1, 1>>>(d, 1, d + 16);
+    else if (!std::strcmp(argv[1], "wide-shift"))
+      wideShift<<<1, 1>>>(0x80000000u, 32, d);
+    else if (!std::strcmp(argv[1], "float-cast"))
+      floatCast<<<1, 1>>>(3.0e9f, d);
     else {
       std::printf("unknown case %s\n", argv[1]);
       return 2;
