@@ -509,6 +509,15 @@ static std::string protectionGuess(ProtectOp protect) {
          std::to_string(protect ? protect.getRecent() : 0) + ", position)";
 }
 
+/// Every line of `text` indented by two more spaces (empty lines stay
+/// empty).
+static std::string indented(StringRef text) {
+  std::string r;
+  for (StringRef line : llvm::split(text.rtrim('\n'), '\n'))
+    r += (line.empty() ? "" : "  ") + line.str() + "\n";
+  return r;
+}
+
 void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   // The steps of a periodic kernel's window (its fold, and the prefetch for
   // it) and the step that ends a period (its selection's summaries).
@@ -524,7 +533,7 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   const bool scanInFold =
       oneVictim && !periodic &&
       (attention.getAccumulate() || attention.getPersistence());
-  const std::string selection = "&w.selection[h * foldBlocks + blockIdx.y]";
+  const std::string selection = "&w.selection[h * foldBlocks + range]";
   auto summaryComment = [&]() {
     os << "  // The block's summary for takeOneVictim, which settles the "
           "selection in\n  // "
@@ -548,13 +557,13 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
             oneVictimScore + "); }";
   }
   if (attention.getAccumulate())
-    os << "  kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(\n"
+    os << "  kvc::cuda::foldAccumulated<kGroup, kThreads>(\n"
           "      positions, t.state, r, logits, stride, maxLogit, invSum, "
           "kDecay, "
        << reduceEnumerator("cuda", *attention.getReduce())
        << (attention.getPersistence() ? "" : visit) << ");\n";
   if (attention.getPersistence())
-    os << "  kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(\n"
+    os << "  kvc::cuda::foldPersistence<kGroup, kThreads>(\n"
           "      positions, t.history, r, logits, stride, maxLogit, invSum, "
           "kThreshold,\n      "
        << reduceEnumerator("cuda", *attention.getPersistenceReduce()) << visit
@@ -565,11 +574,11 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
           "  if ("
        << inWindow
        << ")\n"
-          "    kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(\n"
+          "    kvc::cuda::foldWindowSum<kGroup, kThreads>(\n"
           "        positions, t.state, r, logits, stride, maxLogit, invSum,\n"
           "        position % kPeriod == kPeriod - kWindow);\n";
   if (needsProbs)
-    os << "  kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(\n"
+    os << "  kvc::cuda::writeProbabilities<kGroup, kThreads>(\n"
           "      logits, stride, r, maxLogit, invSum, probs);\n";
   // The block's logits are read by nothing after its statistics (the
   // ranges are the blocks' own, and no stage reads logits): their lines
@@ -578,10 +587,10 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   if (foldsStatistics())
     os << "  // Nothing reads the block's logits again: their lines leave L2 "
           "without a\n  // write to device memory.\n"
-          "  kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(\n"
+          "  kvc::cuda::discardRowLines<kThreads>(\n"
           "      w.logits + h * kGroup * stride, kGroup, stride, r);\n";
   if (scanInFold) {
-    os << "  scan.summarize<kvc::cuda::kFoldThreads>(r, " << selection
+    os << "  scan.summarize<kThreads>(r, " << selection
        << ");\n";
   } else if (oneVictim) {
     if (periodic)
@@ -589,7 +598,7 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
             "  if ((position + 1) % kPeriod != 0)\n"
             "    return;\n";
     summaryComment();
-    os << "  kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(\n"
+    os << "  kvc::cuda::summarizeSelection<kThreads>(\n"
           "      positions, r, "
        << selectionArgs() << ",\n      [&](int32_t i) { return "
        << oneVictimScore
@@ -621,18 +630,17 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       indent = "    ";
     }
     bs << indent
-       << "kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(\n"
+       << "kvc::cuda::prefetchSlotLines<kThreads>(\n"
        << indent
-       << "    kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),\n"
+       << "    kvc::cuda::firstPasses<kGroup, kThreads>(r),\n"
        << indent << "    {"
        << llvm::join(arrays, ",\n" + indent + "        ") << "});\n";
   }
-  // Launched as a dependent of the attention kernel (launchDependent):
-  // what the block reads before this is the uploaded HeadTables and L2
-  // hints, what it reads after it the attention's logits and records.
-  bs << "  // The attention kernel's logits and split records from here on "
-        "(launchDependent).\n"
-        "  kvc::cuda::awaitPriorGrids();\n";
+  // What the block reads before the wait is the uploaded HeadTables and
+  // L2 hints, what it reads after it the attention's logits and records.
+  bs << "  // The attention's logits and split records of head h from here "
+        "on.\n"
+        "  wait(t);\n";
   if (foldsStatistics() || attention.getOutput())
     bs << "  __shared__ float maxLogit[kGroup], invSum[kGroup];\n"
           "  kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, "
@@ -640,24 +648,23 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
   if (attention.getOutput())
     bs << "  // The output rows of the group, spread over the head's "
           "blocks.\n"
-          "  kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(\n"
-          "      w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, "
+          "  kvc::cuda::mergeOutput<kGroup, kHeadDim, kThreads>(\n"
+          "      w.partials, numSplits, h, out, maxLogit, invSum, range, "
           "foldBlocks);\n";
   bs << slotWork;
   if (stagesInFold)
     bs << "  // The last of the head's blocks to finish runs the policy's "
           "stages for it.\n"
-          "  if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))\n"
+          "  if (kvc::cuda::lastArrival(t.arrivals, arrivals + foldBlocks))\n"
           "    "
-       << deviceName("Stages") << "<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, "
-       << (attention.getOutput() ? "out" : "/*out=*/nullptr") << ");\n";
+       << deviceName("Stages") << "<kThreads>(w, stride, foldBlocks, layer, "
+       << (attention.getOutput() ? "out" : "/*out=*/nullptr") << ", h);\n";
 
   SmallVector<std::pair<std::string, std::string>> decls;
-  decls.push_back({"h", "  // Head h of the batch, slots of fold range blockIdx.y.\n"
-                        "  const int32_t h = blockIdx.x;\n"});
   decls.push_back({"t", "  const kvc::cuda::HeadTable t = w.heads[h];\n"});
   decls.push_back({"r", "  const kvc::cuda::SlotRange r = "
-                        "kvc::cuda::foldRange(t.numSlots, slotsPerBlock);\n"});
+                        "kvc::cuda::foldRange(t.numSlots, slotsPerBlock, "
+                        "range);\n"});
   decls.push_back({"positions", "  const int32_t *positions = t.positions;\n"});
   decls.push_back(
       {"position", "  const int32_t position = t.queryPosition;\n"});
@@ -665,21 +672,50 @@ void CudaKernelEmitter::emitFoldKernel(raw_ostream &out) {
       {"logits", "  const float *logits = w.logits + h * kGroup * stride;\n"});
   decls.push_back(
       {"probs", "  float *probs = w.probs + h * kGroup * stride;\n"});
+  const std::string ranges = camel + "FoldRanges";
+  out << "/// " << ranges
+      << ": the exact merge of the splits and the statistics over the\n/// "
+         "slots of fold range `range` of head `h` of the batch, in kThreads "
+         "threads"
+      << (oneVictim ? ",\n/// and the range's summary of the selection" : "")
+      << (stagesInFold ? "; the last range of a head to end runs its stages"
+                       : "")
+      << ".\n/// `wait(t)` returns once the attention's logits and split "
+         "records of the\n/// head (HeadTable t) may be read: "
+      << deviceName("Fold")
+      << "'s awaitPriorGrids, or\n/// kvc::cuda::decodeAttentionFold's wait "
+         "for the head's splits.\n"
+      << "struct " << ranges << " {\n  " << camel
+      << "Workspace w;\n  int64_t stride;\n  int32_t numSplits, foldBlocks, "
+         "slotsPerBlock;\n"
+      << (stagesInFold
+              ? "  /// Arrivals at a head's counter before its ranges': the "
+                "attention's splits\n  /// in decodeAttentionFold, none in " +
+                    deviceName("Fold") + ".\n  int32_t arrivals;\n"
+                    "  int32_t layer;\n"
+              : std::string())
+      << (attention.getOutput() ? "  float *out;\n" : "")
+      << "\n  template <int kThreads, typename Wait>\n"
+         "  __device__ void run(int32_t h, int32_t range, Wait wait) const {\n"
+      << indented(usedDeclarations(decls, body) + body) << "  }\n};\n\n";
+  // Not compiled where the attention grid folds instead (KVC_CUDA_FOLD_IN_GRID,
+  // every storage but KIVI's; emitDecodeEntry).
+  if (!kivi)
+    out << "#if !KVC_CUDA_FOLD_IN_GRID\n";
   out << "/// " << name
-      << ": the exact merge of the splits and the\n/// statistics over the "
-         "slots, blocks of whole slot ranges per head of the batch\n/// "
-         "(FoldPlan)"
-      << (oneVictim ? ",\n/// and the summaries of the selection" : "")
-      << (stagesInFold ? "; the last block of a head runs its stages" : "")
-      << ".\n"
+      << ": " << ranges << " in blocks of whole slot ranges per head of the "
+         "batch\n/// (FoldPlan): head blockIdx.x, range blockIdx.y, after "
+         "the attention kernel\n/// (launchDependent).\n"
       << "__global__ void __launch_bounds__(kvc::cuda::kFoldThreads, "
          "kvc::cuda::kFoldBlocksPerSM)\n    "
-      << deviceName("Fold") << "(" << camel
-      << "Workspace w, int64_t stride, int32_t numSplits, int32_t "
-         "foldBlocks, int32_t slotsPerBlock"
-      << (stagesInFold ? ", int32_t layer" : "")
-      << (attention.getOutput() ? ", float *out" : "") << ") {\n"
-      << usedDeclarations(decls, body) << body << "}\n\n";
+      << deviceName("Fold") << "(" << ranges << " f) {\n"
+      << "  f.run<kvc::cuda::kFoldThreads>(\n"
+         "      blockIdx.x, blockIdx.y,\n"
+         "      [](const kvc::cuda::HeadTable &) { "
+         "kvc::cuda::awaitPriorGrids(); });\n}\n";
+  if (!kivi)
+    out << "#endif\n";
+  out << "\n";
 }
 
 void CudaKernelEmitter::emitGatherStage(raw_ostream &os) {
@@ -1458,16 +1494,23 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
   };
 
   if (stagesInFold) {
+    // Head h is a parameter: the fold range that runs the stages has it.
+    std::string decls = prologue(body);
+    const std::string hDecl = "  // Head h of the batch: kv-head h % kKvHeads "
+                              "of sequence h / kKvHeads.\n"
+                              "  const int32_t h = blockIdx.x;\n";
+    if (size_t at = decls.find(hDecl); at != std::string::npos)
+      decls.erase(at, hDecl.size());
     out << "/// The stages of " << name
-        << " for head blockIdx.x of the batch, in the order of\n/// the "
-           "policy: run by the last of the head's fold blocks, kStageThreads "
-           "threads\n/// (numBlocks: the fold blocks of a head, one "
-           "selection summary each).\n"
+        << " for head h of the batch (kv-head h % kKvHeads of\n/// sequence "
+           "h / kKvHeads), in the order of the policy: run by the last of "
+           "the\n/// head's fold ranges, kStageThreads threads (numBlocks: "
+           "the fold ranges of a\n/// head, one selection summary each).\n"
         << "template <int kStageThreads>\n__device__ void " << fn << "("
         << camel
         << "Workspace w, int64_t stride, int32_t numBlocks, int32_t layer, "
-           "float *out) {\n"
-        << prologue(body) << body << "}\n\n";
+           "float *out,\n    int32_t h) {\n"
+        << decls << body << "}\n\n";
   }
   if (foldKernel)
     emitFoldKernel(out);
@@ -2181,6 +2224,21 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
     return std::string("kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, "
                        "kStorage, kvc::cuda::kDecodeThreads>");
   };
+  // A decode whose fold kernel may instead fold in the attention grid
+  // (KVC_CUDA_FOLD_IN_GRID, decodeAttentionFold): every one but KIVI's.
+  const bool inGrid = foldKernel && !kivi;
+  const std::string ranges = camel + "FoldRanges";
+  auto foldedKernel = [&](int at) {
+    std::string pad(at, ' ');
+    return "kvc::cuda::decodeAttentionFold<kGroup, kHeadDim, kStorage, "
+           "kvc::cuda::kDecodeThreads,\n" +
+           pad + (mixed ? "kLowBits, kLowGroup, " : "0, 0, ") + ranges + ">";
+  };
+  auto residentOf = [&](const std::string &kernel) {
+    return "    KVC_CUDA_TRY((kvc::cuda::residentBlocks<\n        &" + kernel +
+           ",\n        kvc::cuda::kDecodeThreads>(\"" + name +
+           "\", &resident)));\n";
+  };
   out << "    " << opComment(attention) << "\n"
       << "    // Split-KV: one block per (split, head of the batch) reads "
          "every key and value\n    // once, in as many splits as whole "
@@ -2188,12 +2246,14 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
          "\n"
          "    int32_t multiprocessors = 0, resident = 0;\n"
          "    KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors(\""
-      << name << "\", &multiprocessors));\n"
-      << "    KVC_CUDA_TRY((kvc::cuda::residentBlocks<\n        &"
-      << attentionKernel(kivi ? 40 : 41)
-      << ",\n        kvc::cuda::kDecodeThreads>(\"" << name
-      << "\", &resident)));\n"
-         "    const kvc::cuda::SplitPlan plan = kvc::cuda::planSplits(\n"
+      << name << "\", &multiprocessors));\n";
+  if (inGrid)
+    out << "#if KVC_CUDA_FOLD_IN_GRID\n"
+        << residentOf(foldedKernel(40)) << "#else\n"
+        << residentOf(attentionKernel(41)) << "#endif\n";
+  else
+    out << residentOf(attentionKernel(kivi ? 40 : 41));
+  out << "    const kvc::cuda::SplitPlan plan = kvc::cuda::planSplits(\n"
          "        "
       << planned
       << ", kMaxSplits, kMinSlotsPerSplit, heads,\n"
@@ -2231,6 +2291,40 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
     out << "    // Mixed precision: the low pages (tagged by DeviceTables) hold "
            "grouped int\n"
            "    // codes, dequantized in registers.\n";
+  // The fold's fields past its workspace, stride and ranges.
+  auto foldFields = [&](StringRef arrivals) {
+    return (stagesInFold ? (", /*arrivals=*/" + arrivals + ", layer").str()
+                         : std::string()) +
+           (attention.getOutput() ? ", out" : "");
+  };
+  if (inGrid)
+    out << "#if KVC_CUDA_FOLD_IN_GRID\n"
+        << "    // The statistics in the same grid: its blocks take (head, "
+           "split) items in\n    // order, and each folds a range of a head "
+           "that ended about a wave of\n    // blocks before (GridFold), "
+        << (stagesInFold ? "the last of a head's ranges running the policy's\n"
+                           "    // stages for it, "
+                         : "")
+        << "while the others stream the cache.\n"
+        << "    const kvc::cuda::GridFold grid = kvc::cuda::planGridFold(\n"
+           "        plan, heads, "
+        << planned
+        << ", static_cast<int64_t>(multiprocessors) * resident,\n"
+           "        kvc::cuda::DeviceTables::stepItems(w.heads, heads));\n"
+           "    const kvc::cuda::FoldPlan fold{grid.ranges, "
+           "grid.slotsPerRange};\n"
+           "    const "
+        << ranges
+        << " ranges{w, stride, plan.splits, fold.blocks, fold.slotsPerBlock"
+        << foldFields("plan.splits") << "};\n"
+        << "    // Its blocks may start while the kernel before it ends, and "
+           "wait for it\n    // (launchDependent).\n"
+        << "    KVC_CUDA_TRY((kvc::cuda::launchDependent<\n        &"
+        << foldedKernel(40) << ">(\n        \"" << name
+        << "\", dim3(static_cast<unsigned>(kvc::cuda::gridFoldItems(grid, "
+           "plan.splits))),\n        kvc::cuda::kDecodeThreads, s, args, "
+           "grid, ranges)));\n"
+        << "#else\n";
   out << "    // Its blocks may start while the kernel before it ends, and wait "
          "for it\n    // (launchDependent).\n"
       << "    KVC_CUDA_TRY((kvc::cuda::launchDependent<\n        &"
@@ -2249,16 +2343,18 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
         << "    const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(\n"
            "        plan, heads, "
         << planned << ", multiprocessors);\n"
+        << "    const " << ranges
+        << " ranges{w, stride, plan.splits, fold.blocks, fold.slotsPerBlock"
+        << foldFields("0") << "};\n"
         << "    // Its blocks may start while the attention ends, and wait "
            "for it.\n"
         << "    KVC_CUDA_TRY(kvc::cuda::launchDependent<&" << deviceName("Fold")
         << ">(\n        \"" << name
-        << "\", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, "
-           "stride, plan.splits,\n"
-        << "        fold.blocks, fold.slotsPerBlock"
-        << (stagesInFold ? ", layer" : "")
-        << (attention.getOutput() ? ", out" : "") << "));\n";
+        << "\", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, "
+           "ranges));\n";
   }
+  if (inGrid)
+    out << "#endif\n";
   if (mergeInAttention)
     out << "    // The last of each head's blocks merges the head's splits "
            "(mergeOut): no kernel\n    // follows.\n";
@@ -2271,13 +2367,6 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
         << "    " << fn << "<<<heads, kStageThreads, 0, s>>>(w, stride, "
         << (foldKernel ? "fold.blocks" : "plan.splits") << ", layer, "
         << outArg << ");\n";
-  // Indents every line of `text` by two more spaces.
-  auto nested = [](const std::string &text) {
-    std::string r;
-    for (StringRef line : llvm::split(StringRef(text).rtrim('\n'), '\n'))
-      r += (line.empty() ? "" : "  ") + line.str() + "\n";
-    return r;
-  };
   // "Some sequence of the batch is at a step where `condition` (of
   // `position`) holds."
   auto anySequence = [](const std::string &var, const std::string &cond) {
@@ -2305,7 +2394,7 @@ void CudaKernelEmitter::emitDecodeEntry(raw_ostream &out, DecodePart part) {
        << "stride, " << (foldKernel ? "fold.blocks" : "plan.splits")
        << ", layer, " << outArg << ");\n";
     if (periodic)
-      out << "    if (periodEnds) {\n" << nested(launches) << "    }\n";
+      out << "    if (periodEnds) {\n" << indented(launches) << "    }\n";
     else
       out << launches;
   }

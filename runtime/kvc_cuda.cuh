@@ -131,6 +131,12 @@
 //    that the kernel's stream of cache lines evicts them last and the fold
 //    reads them from L2 and drops them unwritten; 0 stores them with the
 //    default policy.
+//  - KVC_CUDA_FOLD_IN_GRID (default 0): a decode with statistics folds
+//    them in its attention grid (decodeAttentionFold: each block folds a
+//    range of a head that ended about a wave of blocks before its own,
+//    while the other blocks stream the cache), not in a fold kernel after
+//    the whole grid; 1 takes it (docs/codegen-cuda.md, "The fold in the
+//    attention grid"). KIVI storage keeps the fold kernel either way.
 #ifndef KVC_CUDA_TENSOR_CORES
 #define KVC_CUDA_TENSOR_CORES 1
 #endif
@@ -169,6 +175,9 @@
 #endif
 #ifndef KVC_CUDA_LOGITS_EVICT_LAST
 #define KVC_CUDA_LOGITS_EVICT_LAST 1
+#endif
+#ifndef KVC_CUDA_FOLD_IN_GRID
+#define KVC_CUDA_FOLD_IN_GRID 0
 #endif
 #if KVC_CUDA_TENSOR_CORES != 0 && KVC_CUDA_TENSOR_CORES != 1
 #error "KVC_CUDA_TENSOR_CORES must be 0 or 1"
@@ -209,6 +218,9 @@
 #if KVC_CUDA_LOGITS_EVICT_LAST != 0 && KVC_CUDA_LOGITS_EVICT_LAST != 1
 #error "KVC_CUDA_LOGITS_EVICT_LAST must be 0 or 1"
 #endif
+#if KVC_CUDA_FOLD_IN_GRID != 0 && KVC_CUDA_FOLD_IN_GRID != 1
+#error "KVC_CUDA_FOLD_IN_GRID must be 0 or 1"
+#endif
 // A build with overrides puts every entity of kvc::cuda into an inline
 // namespace named after them, so that its kernels and block functions are
 // other symbols than the defaults' when both link into one program (a
@@ -220,23 +232,26 @@
     KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
     KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1 ||              \
     KVC_CUDA_MMA_TRANSPOSED_VALUES != 1 || KVC_CUDA_DISCARD_LOGITS != 1 ||     \
-    KVC_CUDA_LOGITS_EVICT_LAST != 1
+    KVC_CUDA_LOGITS_EVICT_LAST != 1 || KVC_CUDA_FOLD_IN_GRID != 0
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
-                                 ahead, pdl, foldahead, sq, tv, discard, last) \
+                                 ahead, pdl, foldahead, sq, tv, discard, last, \
+                                 grid)                                         \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
       fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead##   \
-      _sq##sq##_tv##tv##_discard##discard##_last##last
+      _sq##sq##_tv##tv##_discard##discard##_last##last##_grid##grid
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
-                                ahead, pdl, foldahead, sq, tv, discard, last)  \
+                                ahead, pdl, foldahead, sq, tv, discard, last,  \
+                                grid)                                          \
   KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
-                           pdl, foldahead, sq, tv, discard, last)
+                           pdl, foldahead, sq, tv, discard, last, grid)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
       KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN, KVC_CUDA_SPLIT_PLAN,           \
       KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD,    \
       KVC_CUDA_MMA_SHARED_QUERY, KVC_CUDA_MMA_TRANSPOSED_VALUES,               \
-      KVC_CUDA_DISCARD_LOGITS, KVC_CUDA_LOGITS_EVICT_LAST) {
+      KVC_CUDA_DISCARD_LOGITS, KVC_CUDA_LOGITS_EVICT_LAST,                     \
+      KVC_CUDA_FOLD_IN_GRID) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -1070,6 +1085,61 @@ __device__ inline bool lastArrival(int32_t *arrivals, int32_t blocks) {
   }
   __syncthreads();
   return last;
+}
+
+/// Counts the calling block in at `*counter` once every thread of the
+/// block has called it, after all of the block's writes, for the blocks
+/// that wait for the count (awaitCount). Every thread fences its own
+/// writes before the block's barrier, as in lastArrival.
+__device__ inline void countIn(int32_t *counter) {
+  fenceDevice();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fenceDevice();
+    atomicAdd(counter, 1);
+  }
+}
+
+/// Waits until `*counter` holds at least `target` (blocks counting in with
+/// countIn or lastArrival); after it every thread of the block reads what
+/// the counted blocks wrote before they counted in. Every thread calls it.
+/// Only for counts whose blocks have all started, or will start whatever
+/// the waiting blocks hold (claimItem's items before the caller's): a
+/// device runs blocks in no promised order, so a wait for a block that
+/// has not started may never end.
+__device__ inline void awaitCount(const int32_t *counter, int32_t target) {
+  __shared__ bool reached;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      reached = *static_cast<const volatile int32_t *>(counter) >= target;
+      if (reached)
+        fenceDevice();
+    }
+    __syncthreads();
+    if (reached)
+      break;
+#if defined(KVC_CUDA_EMULATED)
+    ::kvc::emu::awaitOthers();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(256);
+#endif
+    // Every thread has read `reached` before thread 0 writes it again.
+    __syncthreads();
+  }
+  __syncthreads();
+}
+
+/// The calling block's item of a grid whose blocks take their work from a
+/// counter (decodeAttentionFold): the count of blocks that took one
+/// before it. Every thread calls it and gets the same item. An item's
+/// block has started, so a block may wait for what blocks of earlier
+/// items write (awaitCount).
+__device__ inline int32_t claimItem(int32_t *items) {
+  __shared__ int32_t item;
+  if (threadIdx.x == 0)
+    item = atomicAdd(items, 1);
+  __syncthreads();
+  return item;
 }
 
 /// Programmatic dependent launch (compute capability 9.0 and above;
@@ -2943,20 +3013,17 @@ constexpr int DecodeMinBlocks =
 /// kLowGroup channels) that each lane dequantizes in registers into the
 /// same channels as a high row; the cache is read as stored, never
 /// expanded. With kLowBits == 0 (one class) none of it is compiled in.
+///
+/// decodeSplit is the work of one block, split `split` of head `h` of the
+/// batch: the kernel decodeAttentionSplit runs it at (blockIdx.x,
+/// blockIdx.y), decodeAttentionFold at the item its block claims.
 template <int G, int D, Storage S, int kThreads, int kLowBits = 0,
           int kLowGroup = 0>
-__global__ void __launch_bounds__(kThreads,
-                                  DecodeMinBlocks<G, D, S, kThreads, kLowBits>)
-    decodeAttentionSplit(DecodeSplitArgs a) {
+__device__ void decodeSplit(const DecodeSplitArgs &a, int32_t h,
+                            int32_t split) {
   using Shape = RowShape<D, S>;
   constexpr bool kMixed = kLowBits != 0;
   using Low = LowRow<D, S, kLowBits, kLowGroup>;
-  // Launched as a dependent of the step's stores (launchDependent): their
-  // rows and table words first; then the fold may start its blocks.
-  awaitPriorGrids();
-  releaseDependents();
-  // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
-  const int32_t h = blockIdx.x, split = blockIdx.y;
   const HeadTable t = a.heads[h];
   const int32_t begin = split * a.splitSlots;
   const int32_t end = min(begin + a.splitSlots, t.numSlots);
@@ -3049,8 +3116,93 @@ __global__ void __launch_bounds__(kThreads,
   mergeInLastSplit<G, D, kThreads>(a, t, h);
 }
 
+template <int G, int D, Storage S, int kThreads, int kLowBits = 0,
+          int kLowGroup = 0>
+__global__ void __launch_bounds__(kThreads,
+                                  DecodeMinBlocks<G, D, S, kThreads, kLowBits>)
+    decodeAttentionSplit(DecodeSplitArgs a) {
+  // Launched as a dependent of the step's stores (launchDependent): their
+  // rows and table words first; then the fold may start its blocks.
+  awaitPriorGrids();
+  releaseDependents();
+  // Heads in x (up to 2^31 - 1 of them: any batch), splits in y (<= 64).
+  decodeSplit<G, D, S, kThreads, kLowBits, kLowGroup>(a, blockIdx.x,
+                                                      blockIdx.y);
+}
+
 /// Threads per block of decodeAttentionSplit.
 constexpr int kDecodeThreads = 128;
+
+/// Whether a decode with statistics folds them in its attention grid
+/// (decodeAttentionFold) rather than in a fold kernel after it
+/// (KVC_CUDA_FOLD_IN_GRID; the generated decode entries read it).
+constexpr bool kFoldInGrid = KVC_CUDA_FOLD_IN_GRID != 0;
+
+/// The items of decodeAttentionFold's grid: `heads` x `splits` attention
+/// items, head-major (item i: split i % splits of head i / splits), then
+/// `lag` x `ranges` fold items. Attention item (h, s) also folds range s
+/// (when s < ranges) of head h - lag (when h >= lag); fold item k folds
+/// range k % ranges of head heads - lag + k / ranges. A fold of head h'
+/// waits until h''s splits have all counted in: every item of head h' is
+/// before the folding item, so its block has started (claimItem) and the
+/// wait ends.
+struct GridFold {
+  /// The step's item counter (DeviceTables::stepItems), zero when the step's
+  /// tables are uploaded.
+  int32_t *items;
+  int32_t heads;
+  /// Fold ranges per head (<= the attention's splits) and their slots, a
+  /// multiple of 32 (whole 128-byte lines of 4-byte elements).
+  int32_t ranges, slotsPerRange;
+  /// Heads between the head an attention item reads and the one it folds
+  /// (1 <= lag <= heads).
+  int32_t lag;
+};
+
+/// The items of a GridFold's grid.
+inline int64_t gridFoldItems(const GridFold &g, int32_t splits) {
+  return static_cast<int64_t>(g.heads) * splits +
+         static_cast<int64_t>(g.lag) * g.ranges;
+}
+
+/// The decode attention of decodeAttentionSplit with the statistics folded
+/// in the same grid (KVC_CUDA_FOLD_IN_GRID): each block claims an item of
+/// `g` (claimItem), runs its split (decodeSplit) and counts in at the
+/// split's head (countIn on HeadTable::arrivals), then folds its range of
+/// a head `g.lag` heads back: `fold.run<kThreads>(head, range, wait)`, a
+/// policy's fold (the emitter's DecodeFoldRanges), which calls `wait(t)`
+/// before it reads the head's logits and split records. The splits' logits
+/// are read back one wave after they were written, not after the whole
+/// grid, and the fold's reads and instructions overlap the other blocks'
+/// streaming of the cache. Launched over gridFoldItems blocks.
+template <int G, int D, Storage S, int kThreads, int kLowBits, int kLowGroup,
+          typename Fold>
+__global__ void __launch_bounds__(kThreads,
+                                  DecodeMinBlocks<G, D, S, kThreads, kLowBits>)
+    decodeAttentionFold(DecodeSplitArgs a, GridFold g, Fold fold) {
+  awaitPriorGrids();
+  releaseDependents();
+  const int32_t item = claimItem(g.items);
+  const int32_t attended = g.heads * a.numSplits;
+  int32_t head, range;
+  if (item < attended) {
+    const int32_t h = item / a.numSplits, split = item % a.numSplits;
+    decodeSplit<G, D, S, kThreads, kLowBits, kLowGroup>(a, h, split);
+    countIn(a.heads[h].arrivals);
+    head = h - g.lag;
+    range = split;
+  } else {
+    const int32_t k = item - attended;
+    head = g.heads - g.lag + k / g.ranges;
+    range = k % g.ranges;
+  }
+  if (head < 0 || range >= g.ranges)
+    return;
+  const int32_t splits = a.numSplits;
+  fold.template run<kThreads>(head, range, [splits](const HeadTable &t) {
+    awaitCount(t.arrivals, splits);
+  });
+}
 
 //===----------------------------------------------------------------------===//
 // KIVI on device pools: the work kvc_kivi_pending_work records
@@ -5455,14 +5607,15 @@ __device__ void mergeInLastSplit(const DecodeSplitArgs &a, const HeadTable &t,
 constexpr int kFoldThreads = 256;
 
 /// The slots [first, last) of one head that a block of the decode fold
-/// kernel covers: range `blockIdx.y` of `slotsPerBlock` slots
+/// kernel covers: range `range` of `slotsPerBlock` slots
 /// (FoldPlan::slotsPerBlock), cut at the head's `numSlots`.
 struct SlotRange {
   int32_t first, last;
 };
 
-__device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerBlock) {
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * slotsPerBlock;
+__device__ inline SlotRange foldRange(int32_t numSlots, int32_t slotsPerBlock,
+                                     int32_t range) {
+  const int64_t first = static_cast<int64_t>(range) * slotsPerBlock;
   const int64_t last = first + slotsPerBlock;
   return {static_cast<int32_t>(first < numSlots ? first : numSlots),
           static_cast<int32_t>(last < numSlots ? last : numSlots)};
@@ -8653,8 +8806,8 @@ inline kvc_status_t flushMirror(void *data, kvc_context_t *context,
 constexpr int64_t kTableWordsPerHead = 16;
 
 /// Workspace bytes of DeviceTables::upload for `heads` heads of at most
-/// `slots` slots: the HeadTables, their arrival counters and
-/// kTableWordsPerHead words per head plus
+/// `slots` slots: the HeadTables, their arrival counters, the step's item
+/// counter and kTableWordsPerHead words per head plus
 /// `slots` more (the pages that a long eviction released), plus, for KIVI
 /// storage with a window of `residual` rows, that many per head (a step
 /// whose block of keys leaves the window changes a word per member). It
@@ -8663,7 +8816,8 @@ constexpr int64_t kTableWordsPerHead = 16;
 inline uint64_t deviceTableBytes(int32_t heads, int64_t slots,
                                  int32_t residual = 0) {
   return TableMirror::align(sizeof(HeadTable) * static_cast<uint64_t>(heads)) +
-         TableMirror::align(sizeof(int32_t) * static_cast<uint64_t>(heads)) +
+         TableMirror::align(sizeof(int32_t) *
+                            (static_cast<uint64_t>(heads) + 1)) +
          sizeof(TableWord) *
              (static_cast<uint64_t>(heads) *
                   (kTableWordsPerHead + static_cast<uint64_t>(residual)) +
@@ -9130,11 +9284,22 @@ public:
     return KVC_STATUS_OK;
   }
 
-  /// Bytes of the HeadTables and their arrival counters of `tables` heads
-  /// at the start of upload's region, where its words begin.
+  /// Bytes of the HeadTables, their arrival counters and the step's item
+  /// counter (stepItems) of `tables` heads at the start of upload's region,
+  /// where its words begin.
   static uint64_t tableImageBytes(int32_t tables) {
     return TableMirror::align(sizeof(HeadTable) * tables) +
-           TableMirror::align(sizeof(int32_t) * tables);
+           TableMirror::align(sizeof(int32_t) * (tables + 1));
+  }
+
+  /// The step's item counter (GridFold::items) when upload's region (its
+  /// HeadTables) is at `tables` for a batch of `heads` heads: the word
+  /// after the heads' arrival counters, zeroed with them by every upload.
+  static int32_t *stepItems(const HeadTable *tables, int32_t heads) {
+    return reinterpret_cast<int32_t *>(
+               const_cast<char *>(reinterpret_cast<const char *>(tables)) +
+               TableMirror::align(sizeof(HeadTable) * heads)) +
+           heads;
   }
 
   /// The header word of a planned step's last chunk of words
@@ -9857,6 +10022,38 @@ inline FoldPlan planFold(const SplitPlan &split, int32_t heads,
   // The rounding may leave the last blocks without slots: not launched.
   blocks = std::max<int64_t>((maxSlots + per - 1) / per, 1);
   return FoldPlan{static_cast<int32_t>(blocks), static_cast<int32_t>(per)};
+}
+
+/// The GridFold of a decode step over `heads` heads of at most `maxSlots`
+/// slots in `split`'s splits, on a device that holds `wave` of the
+/// kernel's blocks at once (0: unknown). A range per split, rounded up to
+/// whole lines; a lag of the heads that one wave of attention items
+/// covers, plus one, so that the head an item folds has usually ended
+/// before the item starts (its wait then returns at once) while its
+/// logits, written one wave before, are still in L2.
+inline GridFold planGridFold(const SplitPlan &split, int32_t heads,
+                             int32_t maxSlots, int64_t wave,
+                             int32_t *items) {
+  const int64_t splits = split.splits > 0 ? split.splits : 1;
+  int64_t per = (static_cast<int64_t>(maxSlots) + splits - 1) / splits;
+  per = (per + 31) / 32 * 32;
+  if (per < 32)
+    per = 32;
+  int64_t ranges = (static_cast<int64_t>(maxSlots) + per - 1) / per;
+  if (ranges < 1)
+    ranges = 1;
+  int64_t lag = (wave > 0 ? (wave + splits - 1) / splits : 0) + 1;
+  if (lag > heads)
+    lag = heads;
+  if (lag < 1)
+    lag = 1;
+  GridFold g;
+  g.items = items;
+  g.heads = heads;
+  g.ranges = static_cast<int32_t>(ranges);
+  g.slotsPerRange = static_cast<int32_t>(per);
+  g.lag = static_cast<int32_t>(lag);
+  return g;
 }
 
 /// A count of the current device (*count) that `ask(device, &value)` (a

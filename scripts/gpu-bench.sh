@@ -23,8 +23,8 @@ csv=${out%.txt}.csv
 
 # shellcheck source=gpu-lib.sh
 . "$root/scripts/gpu-lib.sh"
-# The sweep's 100 policy libraries: 36 (6 policies x 6 geometries), and 64
-# kernel alternatives (16 at each of the 4 geometries with G >= 2).
+# The sweep's 104 policy libraries: 36 (6 policies x 6 geometries), and 68
+# kernel alternatives (17 at each of the 4 geometries with G >= 2).
 gpu_executables kvc-bench-gpu || exit 1
 bench=$bin/kvc-bench-gpu
 if [ ! -x "$bench" ]; then

@@ -2,8 +2,9 @@
 # Builds the GPU executables here and gathers them into one folder that a
 # machine with a GPU but without kvc's build tools (no LLVM, no MLIR) can
 # run from a copy of this repository:
-#   DIR/bin: kvc-gpu-kernel-* and kvc-gpu-tests-g1, -g3, -g8 (the GPU
-#            suite, check-kvc-gpu), kvc-bench-gpu (the sweep, 100 policy
+#   DIR/bin: kvc-gpu-kernel-*, kvc-gpu-tests-g1, -g3, -g8, -g3-grid and
+#            -g8-grid (the GPU suite, check-kvc-gpu), kvc-bench-gpu (the
+#            sweep, 104 policy
 #            libraries) and kvc-bench-gpu-smoke;
 #   DIR/lib: the CUDA runtime they were linked against (libcudart.so.*);
 #   DIR/MANIFEST: the commit, the toolkit and each file's SHA-256.
@@ -28,7 +29,7 @@
 #        architectures, and builds only the pack's targets there (the host
 #        code comes from ccache where build/ compiled it).
 #        KVC_GPU_PACK_SMOKE_ONLY=1 leaves out the full kvc-bench-gpu (its
-#        100 libraries take the longest to compile). KVC_GPU_PACK_ARCHIVE=FILE
+#        104 libraries take the longest to compile). KVC_GPU_PACK_ARCHIVE=FILE
 #        also writes DIR as a gzip tar archive (its members named as DIR
 #        is under the repository root, or by its own name elsewhere), for
 #        a transfer that limits its bytes (the device tool: 64 MiB with
@@ -74,7 +75,8 @@ fi
 targets=(kvc-gpu-kernel-mma-fragments kvc-gpu-kernel-kivi-decode
          kvc-gpu-kernel-decode-kernel
          kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots
-         kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8 kvc-bench-gpu-smoke)
+         kvc-gpu-tests-g1 kvc-gpu-tests-g3 kvc-gpu-tests-g8
+         kvc-gpu-tests-g3-grid kvc-gpu-tests-g8-grid kvc-bench-gpu-smoke)
 [ "${KVC_GPU_PACK_SMOKE_ONLY:-0}" = 1 ] || targets+=(kvc-bench-gpu)
 # shellcheck source=gpu-lib.sh
 . "$root/scripts/gpu-lib.sh"

@@ -4,25 +4,33 @@
 # kernels, the prefill bodies and the fold's slot work alone, each against
 # its double-precision host reference, as the CUDA emulator runs them), then
 # kvc-gpu-tests-g1, -g3 and -g8, every bundled policy's CUDA kernels side by
-# side with the CPU backend, one geometry each. Builds them first, unless
-# KVC_GPU_BIN names a folder of prebuilt executables (scripts/gpu-pack.sh).
+# side with the CPU backend, one geometry each, and kvc-gpu-tests-g3-grid
+# and -g8-grid, the policies with a decode fold built with their statistics
+# folded in the attention grid (KVC_CUDA_FOLD_IN_GRID=1). Builds them first,
+# unless KVC_GPU_BIN names a folder of prebuilt executables
+# (scripts/gpu-pack.sh).
 #
-# Usage: scripts/gpu-test.sh [kernels g1 g3 g8]   (default: all four)
+# Usage: scripts/gpu-test.sh [kernels g1 g3 g8 g3-grid g8-grid]
+#        (default: all six)
 # Environment: KVC_BUILD_DIR, KVC_GPU_BIN, KVC_GPU_TEST_POLICIES (a comma-
-#        separated subset of the policies; default every one; a name that
-#        is not a policy of the test fails the run).
+#        separated subset of the policies; default every one, and for the
+#        grid geometries those with a decode fold; a name that is not a
+#        policy of the test fails the run).
 # Exit status: 0 every geometry passed, 1 one failed, 77 no usable GPU.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVC_BUILD_DIR:-$root/build}
 geometries=("$@")
-[ ${#geometries[@]} -gt 0 ] || geometries=(kernels g1 g3 g8)
+[ ${#geometries[@]} -gt 0 ] || geometries=(kernels g1 g3 g8 g3-grid g8-grid)
 for g in "${geometries[@]}"; do
   case $g in
-    kernels | g1 | g3 | g8) ;;
-    *) echo "gpu-test: unknown geometry '$g' (kernels, g1, g3 or g8)" >&2; exit 2 ;;
+    kernels | g1 | g3 | g8 | g3-grid | g8-grid) ;;
+    *) echo "gpu-test: unknown geometry '$g' (kernels, g1, g3, g8, g3-grid or g8-grid)" >&2; exit 2 ;;
   esac
 done
+# The policies whose decode has a fold (kvc_gpu_grid_policies of
+# test/gpu/GpuPolicies.cmake; duo_small at G = 3 only).
+grid_policies=streaming_llm,h2o,tova,h2o_merge,d2o,scissorhands,rpc_small
 kernel_tests=(kvc-gpu-kernel-mma-fragments kvc-gpu-kernel-kivi-decode
               kvc-gpu-kernel-decode-kernel
               kvc-gpu-kernel-prefill-kernel kvc-gpu-kernel-fold-slots)
@@ -67,6 +75,12 @@ for g in "${geometries[@]}"; do
       echo "== $t =="
       run "$t" "$bin/$t"
     done
+  elif [ "${g%-grid}" != "$g" ]; then
+    policies=${KVC_GPU_TEST_POLICIES:-$grid_policies}
+    [ "$g" = g3-grid ] && [ -z "${KVC_GPU_TEST_POLICIES:-}" ] &&
+      policies=$policies,duo_small
+    echo "== kvc-gpu-tests-$g (policies: $policies) =="
+    KVC_GPU_TEST_POLICIES=$policies run "kvc-gpu-tests-$g" "$bin/kvc-gpu-tests-$g"
   else
     echo "== kvc-gpu-tests-$g (policies: ${KVC_GPU_TEST_POLICIES:-all}) =="
     run "kvc-gpu-tests-$g" "$bin/kvc-gpu-tests-$g"

@@ -66,9 +66,12 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   fused_norm  fused's decode with its logits stored under the default L2
 #               policy (KVC_CUDA_LOGITS_EVICT_LAST=0), against a share of
 #               them as large as half of L2 stored evict-last
+#   fused_grid  fused's decode with its statistics folded in the attention
+#               grid (KVC_CUDA_FOLD_IN_GRID=1, decodeAttentionFold), against
+#               a fold kernel after the attention
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
     fused_lru fused_split plain_len plain_late fused_serial fused_first
-    plain_regq plain_rowv kivi2_rowv fused_keep fused_norm)
+    plain_regq plain_rowv kivi2_rowv fused_keep fused_norm fused_grid)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -101,3 +104,5 @@ set(gpu_bench_alternative_policy_fused_keep ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_keep KVC_CUDA_DISCARD_LOGITS=0)
 set(gpu_bench_alternative_policy_fused_norm ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_norm KVC_CUDA_LOGITS_EVICT_LAST=0)
+set(gpu_bench_alternative_policy_fused_grid ${gpu_bench_policy_fused})
+set(gpu_bench_alternative_defines_fused_grid KVC_CUDA_FOLD_IN_GRID=1)

@@ -130,8 +130,9 @@ struct BenchGeometry {
   /// and with a fold that asks L2 for its first pass only (fused_first);
   /// plain's decode with the query fragments in registers (plain_regq)
   /// and with the weights as A of its value sums (plain_rowv); fused's
-  /// decode with a fold that leaves its logits in L2 (fused_keep) and
-  /// with its logits stored under the default L2 policy (fused_norm).
+  /// decode with a fold that leaves its logits in L2 (fused_keep), with
+  /// its logits stored under the default L2 policy (fused_norm) and with
+  /// its statistics folded in the attention grid (fused_grid).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
   ConfigureFn kivi2AltConfigure[3] = {};
@@ -161,6 +162,8 @@ struct BenchGeometry {
   DecodeFn fusedKeepDecode = nullptr;
   BatchBytesFn fusedNormBytes = nullptr;
   DecodeFn fusedNormDecode = nullptr;
+  BatchBytesFn fusedGridBytes = nullptr;
+  DecodeFn fusedGridDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
 };
 
@@ -204,7 +207,9 @@ struct BenchGeometry {
         KVC_GB(fused_keep, d, g, decode_batch_workspace_bytes),                \
         KVC_GB(fused_keep, d, g, decode_batch),                                \
         KVC_GB(fused_norm, d, g, decode_batch_workspace_bytes),                \
-        KVC_GB(fused_norm, d, g, decode_batch)                                 \
+        KVC_GB(fused_norm, d, g, decode_batch),                                \
+        KVC_GB(fused_grid, d, g, decode_batch_workspace_bytes),                \
+        KVC_GB(fused_grid, d, g, decode_batch)                                 \
   }
 #define KVC_BENCH_GEOMETRY_FIELDS(d, g)                                        \
     d, g,                                                                      \
@@ -1314,8 +1319,8 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
 /// fused_split's, plain_len's, plain_late's, fused_serial's, fused_first's,
-/// plain_regq's, plain_rowv's, kivi2_rowv's, fused_keep's and fused_norm's
-/// (GpuBenchPolicies.cmake).
+/// plain_regq's, plain_rowv's, kivi2_rowv's, fused_keep's, fused_norm's
+/// and fused_grid's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1334,14 +1339,15 @@ enum Alternative {
   kAltInt2Rowv = 14,
   kAltFusedKeep = 15,
   kAltFusedNorm = 16,
-  kNumAlternatives = 17
+  kAltFusedGrid = 17,
+  kNumAlternatives = 18
 };
 const char *kAlternativeNames[] = {
     "plain",       "plain_cc",   "int2",         "int2_cc",
     "int2_free",   "fused",      "fused_lru",    "fused_split",
     "plain_len",   "plain_late", "fused_serial", "fused_first",
     "plain_regq",  "plain_rowv", "int2_rowv",    "fused_keep",
-    "fused_norm"};
+    "fused_norm",  "fused_grid"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1349,7 +1355,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the seventeen decodes at one (geometry, batch, context), one after
+/// Times the eighteen decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1375,14 +1381,14 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
          g.plainLateBytes(batch, stride), g.fusedSerialBytes(batch, stride),
          g.fusedFirstBytes(batch, stride), g.plainRegqBytes(batch, stride),
          g.plainRowvBytes(batch, stride), g.fusedKeepBytes(batch, stride),
-         g.fusedNormBytes(batch, stride)}));
+         g.fusedNormBytes(batch, stride), g.fusedGridBytes(batch, stride)}));
     Batch in(buffers, batch, qHeads, g.dim);
     CUDA_CHECK(cudaDeviceSynchronize());
     EventTimer timer;
     for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltPlainLate,
                     kAltPlainRegq, kAltPlainRowv, kAltFused, kAltFusedLru,
                     kAltFusedSplit, kAltFusedSerial, kAltFusedFirst,
-                    kAltFusedKeep, kAltFusedNorm}) {
+                    kAltFusedKeep, kAltFusedNorm, kAltFusedGrid}) {
       const DecodeFn decode = alt == kAltPlain         ? g.plainDecode
                               : alt == kAltPlainCc     ? g.plainCcDecode
                               : alt == kAltPlainLen    ? g.plainLenDecode
@@ -1395,7 +1401,8 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
                               : alt == kAltFusedSerial ? g.fusedSerialDecode
                               : alt == kAltFusedFirst  ? g.fusedFirstDecode
                               : alt == kAltFusedKeep   ? g.fusedKeepDecode
-                                                       : g.fusedNormDecode;
+                              : alt == kAltFusedNorm   ? g.fusedNormDecode
+                                                       : g.fusedGridDecode;
       try {
         r.usPerStep[alt] = timeSteps(
             timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
@@ -1689,7 +1696,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_rowv (kivi2, "
                 "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), fused_keep (fused, "
                 "KVC_CUDA_DISCARD_LOGITS=0), fused_norm (fused, "
-                "KVC_CUDA_LOGITS_EVICT_LAST=0), contexts %s; "
+                "KVC_CUDA_LOGITS_EVICT_LAST=0), fused_grid (fused, "
+                "KVC_CUDA_FOLD_IN_GRID=1), contexts %s; "
                 "prefill_cc and h2o_cc (the plain and H2O prefills, "
                 "KVC_CUDA_PREFILL_MMA=0) in the prefill table\n",
                 joinList(o.alternativeContexts).c_str());
@@ -2088,22 +2096,26 @@ int main(int argc, char **argv) {
           "read in L2, to be written back, not dropped, and the attention "
           "stores them under the default L2 policy); norm us = fused_norm "
           "(KVC_CUDA_LOGITS_EVICT_LAST=0: the attention stores the logits "
-          "under the default L2 policy, not a share of them evict-last).\n"
+          "under the default L2 policy, not a share of them evict-last); "
+          "grid us = fused_grid (KVC_CUDA_FOLD_IN_GRID=1: the statistics "
+          "folded in the attention grid, each block folding a range of a "
+          "head about a wave behind its own, not in a fold kernel after the "
+          "grid).\n"
           "cc/tc, len/tc, lt/tc, rq/tc, rv/tc, cc/i2, fr/i2, rv/i2, lru/fu, "
-          "sp/fu, se/fu, fi/fu, kp/fu, no/fu = the "
+          "sp/fu, se/fu, fi/fu, kp/fu, no/fu, gr/fu = the "
           "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
       std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
                   "%9s %6s | %9s %9s %6s %9s %6s %10s %6s | %9s %9s %6s %9s "
-                  "%6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                  "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "len us", "len/tc", "late us", "lt/tc", "regq us",
                   "rq/tc", "rowv us", "rv/tc", "int2 us", "int2cc us",
                   "cc/i2", "free us", "fr/i2", "i2 rowv us", "rv/i2",
                   "fused us", "lru us", "lru/fu", "split us", "sp/fu",
                   "ser us", "se/fu", "first us", "fi/fu", "keep us", "kp/fu",
-                  "norm us", "no/fu");
+                  "norm us", "no/fu", "grid us", "gr/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
@@ -2132,7 +2144,7 @@ int main(int argc, char **argv) {
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
                 "%9s %6s | %9s %9s %6s %9s %6s %10s %6s | %9s %9s %6s %9s "
-                "%6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
@@ -2157,7 +2169,9 @@ int main(int argc, char **argv) {
                 us(kAltFusedKeep).c_str(),
                 ratio(kAltFusedKeep, kAltFused).c_str(),
                 us(kAltFusedNorm).c_str(),
-                ratio(kAltFusedNorm, kAltFused).c_str());
+                ratio(kAltFusedNorm, kAltFused).c_str(),
+                us(kAltFusedGrid).c_str(),
+                ratio(kAltFusedGrid, kAltFused).c_str());
             for (int a = 0; a < kNumAlternatives; ++a) {
               if (!r.ok[a])
                 std::printf("     %s: %s\n", kAlternativeNames[a],

@@ -8,7 +8,8 @@
 // RUN: kvc-opt %s --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
 // RUN: FileCheck %s --input-file=%t/kvc_h2o_kivi_cuda.cu
 
-// CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
+// CHECK: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out,
+// CHECK-NEXT: int32_t h) {
 // CHECK: kvc::cuda::compactIndices<kStageThreads>(
 // CHECK-NEXT: n, [&](int32_t i) { return victim[i] != 0; }, t.victims + 1, t.victims);
 // CHECK: kvc::cuda::clearEvicted<kStageThreads>(t, victim, n);

@@ -31,15 +31,15 @@ kvc.policy @last_per_head {
 // CHECK-NEXT: // leave L2 without a write to device memory.
 // CHECK-NEXT: kvc::cuda::discardRowLines<kStageThreads>(probs, kGroup, stride, {0, n});
 // CHECK-NEXT: }
-// CHECK-LABEL: decodeFold(
-// CHECK: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
-// CHECK: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// CHECK-LABEL: struct DecodeFoldRanges {
+// CHECK: kvc::cuda::writeProbabilities<kGroup, kThreads>(
+// CHECK: kvc::cuda::discardRowLines<kThreads>(
 // CHECK-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // CHECK-NOT: probs
-// CHECK: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
-// CHECK-NEXT: decodeStages<kvc::cuda::kFoldThreads>(
+// CHECK: if (kvc::cuda::lastArrival(t.arrivals, arrivals + foldBlocks))
+// CHECK-NEXT: decodeStages<kThreads>(
 
-// PTX-LABEL: .entry {{.*}}decodeFoldENS_15DecodeWorkspace
+// PTX-LABEL: .entry {{.*}}decodeFoldENS_16DecodeFoldRanges
 // PTX: discard.global.L2 [{{%rd[0-9]+}}], 128;
 // PTX: atom.add.u32
 // PTX: discard.global.L2 [{{%rd[0-9]+}}], 128;

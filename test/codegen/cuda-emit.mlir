@@ -74,14 +74,15 @@
 // The stages, run by the last fold block of each head (ahead of the fold
 // kernel that calls them): the one-victim check ahead of the full stages,
 // each path ending with the head's victim row for the host.
-// CHECK: /// the policy: run by the last of the head's fold blocks, kStageThreads threads
-// CHECK-NEXT: /// (numBlocks: the fold blocks of a head, one selection summary each).
+// CHECK: /// sequence h / kKvHeads), in the order of the policy: run by the last of the
+// CHECK-NEXT: /// head's fold ranges, kStageThreads threads (numBlocks: the fold ranges of a
+// CHECK-NEXT: /// head, one selection summary each).
 // CHECK-NEXT: template <int kStageThreads>
-// CHECK-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
+// CHECK-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out,
+// CHECK-NEXT: int32_t h) {
 // The prologue declares what the body reads; a comment that names a
-// variable ("the head's victim row") does not keep it.
-// CHECK-NEXT: // Head h of the batch: kv-head h % kKvHeads of sequence h / kKvHeads.
-// CHECK-NEXT: const int32_t h = blockIdx.x;
+// variable ("the head's victim row") does not keep it. The head is the
+// fold range's (a parameter).
 // CHECK-NEXT: const kvc::cuda::HeadTable t = w.heads[h];
 // CHECK: // kvc.attention_pass output accumulate 9.000000e-01 reduce sum
 // CHECK-NEXT: // The fold kernel merged the splits and formed the statistics.
@@ -107,26 +108,35 @@
 // CHECK-NEXT: // The head's victim row for the host (no download launch).
 // CHECK-NEXT: kvc::cuda::publishVictims<kStageThreads>(t);
 // CHECK-NEXT: }
-// CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlocksPerSM)
-// CHECK-NEXT: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, int32_t layer, float *out) {
-// CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerBlock);
+// The fold of one range of one head, for the fold kernel and for the
+// attention grid (KVC_CUDA_FOLD_IN_GRID) alike.
+// CHECK: struct DecodeFoldRanges {
+// CHECK-NEXT: DecodeWorkspace w;
+// CHECK-NEXT: int64_t stride;
+// CHECK-NEXT: int32_t numSplits, foldBlocks, slotsPerBlock;
+// CHECK: int32_t arrivals;
+// CHECK-NEXT: int32_t layer;
+// CHECK-NEXT: float *out;
+// CHECK: template <int kThreads, typename Wait>
+// CHECK-NEXT: __device__ void run(int32_t h, int32_t range, Wait wait) const {
+// CHECK: const kvc::cuda::SlotRange r = kvc::cuda::foldRange(t.numSlots, slotsPerBlock, range);
 // The lines of the first passes of slots the fold reads, asked of L2 ahead
 // of the merge:
 // CHECK: // The lines of the block's first passes of slots into L2 while the splits'
 // CHECK-NEXT: // records load.
-// CHECK-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
+// CHECK-NEXT: kvc::cuda::prefetchSlotLines<kThreads>(
+// CHECK-NEXT: kvc::cuda::firstPasses<kGroup, kThreads>(r),
 // CHECK-NEXT: {kvc::cuda::slotArray(positions),
 // CHECK-NEXT: kvc::cuda::slotArray(t.state),
 // CHECK-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
-// Then the wait for the attention kernel, before anything reads its outputs.
-// CHECK-NEXT: // The attention kernel's logits and split records from here on (launchDependent).
-// CHECK-NEXT: kvc::cuda::awaitPriorGrids();
+// Then the wait for the attention, before anything reads its outputs.
+// CHECK-NEXT: // The attention's logits and split records of head h from here on.
+// CHECK-NEXT: wait(t);
 // CHECK-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // CHECK: kvc::cuda::splitStatistics<kGroup, kHeadDim>(w.partials, numSplits, h, maxLogit, invSum);
 // CHECK-NEXT: // The output rows of the group, spread over the head's blocks.
-// CHECK-NEXT: kvc::cuda::mergeOutput<kGroup, kHeadDim, kvc::cuda::kFoldThreads>(
-// CHECK-NEXT: w.partials, numSplits, h, out, maxLogit, invSum, blockIdx.y, foldBlocks);
+// CHECK-NEXT: kvc::cuda::mergeOutput<kGroup, kHeadDim, kThreads>(
+// CHECK-NEXT: w.partials, numSplits, h, out, maxLogit, invSum, range, foldBlocks);
 // The selection's summary is taken in the fold's pass over the slots: no
 // second pass reads their positions and state.
 // CHECK-NEXT: // The block's summary for takeOneVictim, which settles the selection in
@@ -135,17 +145,28 @@
 // CHECK-NEXT: // Each live slot goes into it as the fold below stores the slot's new
 // CHECK-NEXT: // state.
 // CHECK-NEXT: kvc::cuda::SelectionScan scan(kvc::cuda::guessProtection(4, 16, position), true);
-// CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: kvc::cuda::foldAccumulated<kGroup, kThreads>(
 // CHECK-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum, kDecay, kvc::cuda::Reduce::Sum,
 // CHECK-NEXT: [&](int32_t i, int32_t at) { scan.add(i, at, t.state[i]); });
 // CHECK-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
 // CHECK-NEXT: // write to device memory.
-// CHECK-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: kvc::cuda::discardRowLines<kThreads>(
 // CHECK-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
-// CHECK-NEXT: scan.summarize<kvc::cuda::kFoldThreads>(r, &w.selection[h * foldBlocks + blockIdx.y]);
+// CHECK-NEXT: scan.summarize<kThreads>(r, &w.selection[h * foldBlocks + range]);
+// The last range to count in (after the splits in the attention grid)
+// runs the stages.
 // CHECK-NEXT: // The last of the head's blocks to finish runs the policy's stages for it.
-// CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
-// CHECK-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
+// CHECK-NEXT: if (kvc::cuda::lastArrival(t.arrivals, arrivals + foldBlocks))
+// CHECK-NEXT: decodeStages<kThreads>(w, stride, foldBlocks, layer, out, h);
+// CHECK-NEXT: }
+// CHECK-NEXT: };
+// The fold kernel: head blockIdx.x, range blockIdx.y, after the attention
+// kernel's end.
+// CHECK: __global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlocksPerSM)
+// CHECK-NEXT: decodeFold(DecodeFoldRanges f) {
+// CHECK-NEXT: f.run<kvc::cuda::kFoldThreads>(
+// CHECK-NEXT: blockIdx.x, blockIdx.y,
+// CHECK-NEXT: [](const kvc::cuda::HeadTable &) { kvc::cuda::awaitPriorGrids(); });
 // CHECK-NEXT: }
 // No stages kernel of their own.
 // CHECK-NOT: __global__ void __launch_bounds__(kStageThreads)
@@ -201,9 +222,17 @@
 // CHECK-NEXT: // allow (planSplits).
 // CHECK-NEXT: int32_t multiprocessors = 0, resident = 0;
 // CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::deviceMultiprocessors("kvc_heavy_cuda_decode_batch", &multiprocessors));
+// Under KVC_CUDA_FOLD_IN_GRID, the waves of decodeAttentionFold's blocks.
+// CHECK-NEXT: #if KVC_CUDA_FOLD_IN_GRID
+// CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::residentBlocks<
+// CHECK-NEXT: &kvc::cuda::decodeAttentionFold<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
+// CHECK-NEXT: 0, 0, DecodeFoldRanges>,
+// CHECK-NEXT: kvc::cuda::kDecodeThreads>("kvc_heavy_cuda_decode_batch", &resident)));
+// CHECK-NEXT: #else
 // CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::residentBlocks<
 // CHECK-NEXT: &kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>,
 // CHECK-NEXT: kvc::cuda::kDecodeThreads>("kvc_heavy_cuda_decode_batch", &resident)));
+// CHECK-NEXT: #endif
 // CHECK-NEXT: const kvc::cuda::SplitPlan plan = kvc::cuda::planSplits(
 // CHECK-NEXT: tables.maxSlots(), kMaxSplits, kMinSlotsPerSplit, heads,
 // CHECK-NEXT: static_cast<int64_t>(multiprocessors) * resident);
@@ -217,9 +246,25 @@
 // CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::deviceL2Bytes("kvc_heavy_cuda_decode_batch", &l2Bytes));
 // CHECK-NEXT: args.logitsKeep = kvc::cuda::logitsKeepFraction(
 // CHECK-NEXT: static_cast<int64_t>(heads) * kGroup * tables.maxSlots() * 4, l2Bytes);
-// The attention and the fold are launched as dependents of the kernel
-// before each (programmatic dependent launch where the device has it).
-// CHECK: // Its blocks may start while the kernel before it ends, and wait for it
+// Under KVC_CUDA_FOLD_IN_GRID: one grid of head-major items, each folding
+// a range of a head GridFold's lag behind; the stages after the splits and
+// ranges of a head count in.
+// CHECK-NEXT: #if KVC_CUDA_FOLD_IN_GRID
+// CHECK: const kvc::cuda::GridFold grid = kvc::cuda::planGridFold(
+// CHECK-NEXT: plan, heads, tables.maxSlots(), static_cast<int64_t>(multiprocessors) * resident,
+// CHECK-NEXT: kvc::cuda::DeviceTables::stepItems(w.heads, heads));
+// CHECK-NEXT: const kvc::cuda::FoldPlan fold{grid.ranges, grid.slotsPerRange};
+// CHECK-NEXT: const DecodeFoldRanges ranges{w, stride, plan.splits, fold.blocks, fold.slotsPerBlock, /*arrivals=*/plan.splits, layer, out};
+// CHECK: KVC_CUDA_TRY((kvc::cuda::launchDependent<
+// CHECK-NEXT: &kvc::cuda::decodeAttentionFold<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads,
+// CHECK-NEXT: 0, 0, DecodeFoldRanges>>(
+// CHECK-NEXT: "kvc_heavy_cuda_decode_batch", dim3(static_cast<unsigned>(kvc::cuda::gridFoldItems(grid, plan.splits))),
+// CHECK-NEXT: kvc::cuda::kDecodeThreads, s, args, grid, ranges)));
+// CHECK-NEXT: #else
+// Otherwise the attention and the fold are launched as dependents of the
+// kernel before each (programmatic dependent launch where the device has
+// it).
+// CHECK-NEXT: // Its blocks may start while the kernel before it ends, and wait for it
 // CHECK-NEXT: // (launchDependent).
 // CHECK-NEXT: KVC_CUDA_TRY((kvc::cuda::launchDependent<
 // CHECK-NEXT: &kvc::cuda::decodeAttentionSplit<kGroup, kHeadDim, kStorage, kvc::cuda::kDecodeThreads>>(
@@ -228,10 +273,11 @@
 // CHECK: // the last block of a head runs the policy's stages for it.
 // CHECK-NEXT: const kvc::cuda::FoldPlan fold = kvc::cuda::planFold<kGroup>(
 // CHECK-NEXT: plan, heads, tables.maxSlots(), multiprocessors);
+// CHECK-NEXT: const DecodeFoldRanges ranges{w, stride, plan.splits, fold.blocks, fold.slotsPerBlock, /*arrivals=*/0, layer, out};
 // CHECK-NEXT: // Its blocks may start while the attention ends, and wait for it.
 // CHECK-NEXT: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeFold>(
-// CHECK-NEXT: "kvc_heavy_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
-// CHECK-NEXT: fold.blocks, fold.slotsPerBlock, layer, out));
+// CHECK-NEXT: "kvc_heavy_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, ranges));
+// CHECK-NEXT: #endif
 // CHECK-NOT: decodeStages<<<
 // No synchronization in the step: the victims stay in the device tables.
 // CHECK-NOT: cudaStreamSynchronize
@@ -259,9 +305,9 @@
 // UNFUSED: kvc_status_t kvc_heavy_cuda_prefill_scoring(
 // UNFUSED: kvc::cuda::kPrefillThreads, 0, s>>>(n, q, k, v, kSoftmaxScale, w.scratchOut, w.lse);
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring_batch(kvc_context_t *context, int32_t batch, const uint64_t *sequences, int32_t layer, const float *q, const int32_t *positions, void *workspace, uint64_t workspace_bytes, void *stream) {
+// UNFUSED: const DecodeScoringFoldRanges ranges{w, stride, plan.splits, fold.blocks, fold.slotsPerBlock, /*arrivals=*/0, layer};
 // UNFUSED: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeScoringFold>(
-// UNFUSED-NEXT: "kvc_heavy_cuda_decode_scoring_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
-// UNFUSED-NEXT: fold.blocks, fold.slotsPerBlock, layer));
+// UNFUSED-NEXT: "kvc_heavy_cuda_decode_scoring_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, ranges));
 // UNFUSED-NOT: decodeScoringStages<<<
 // UNFUSED: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 // UNFUSED: kvc_status_t kvc_heavy_cuda_decode_scoring(kvc_context_t *context, uint64_t sequence, int32_t layer, const float *q, int32_t position, void *workspace, uint64_t workspace_bytes, void *stream) {
@@ -279,9 +325,8 @@
 // DUO-NEXT: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<kv_head>
 // DUO-NEXT: kvc::cuda::selectVictims<kStageThreads>(s1, positions, n, budget0, true, victim);
 // DUO: __constant__ int8_t kDecodeHeadClasses0[kLayers][kKvHeads] =
-// DUO: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
-// DUO-NEXT: // Head h of the batch: kv-head h % kKvHeads of sequence h / kKvHeads.
-// DUO-NEXT: const int32_t h = blockIdx.x;
+// DUO: decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out,
+// DUO-NEXT: int32_t h) {
 // DUO-NEXT: const int32_t head = h % kKvHeads;
 // DUO: const int64_t budget0 = kDecodeHeadClasses0[layer][head] ? INT64_MAX : 260;
 
@@ -298,17 +343,23 @@
 // TOVA: // %3 = kvc.topk %1, %2 tie recent : !kvc.score<layer>
 // TOVA-NEXT: kvc::cuda::selectVictims<kStageThreads>(layerScore, positions, n, budget0, true, victim);
 // TOVA-LABEL: //===--- kvc_tova_cuda_decode: device part ---===//
-// TOVA: decodeFold(DecodeWorkspace w, int64_t stride, int32_t numSplits, int32_t foldBlocks, int32_t slotsPerBlock, float *out) {
-// TOVA: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// TOVA-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
+// TOVA: struct DecodeFoldRanges {
+// TOVA-NEXT: DecodeWorkspace w;
+// TOVA-NEXT: int64_t stride;
+// TOVA-NEXT: int32_t numSplits, foldBlocks, slotsPerBlock;
+// TOVA-NEXT: float *out;
+// TOVA: kvc::cuda::prefetchSlotLines<kThreads>(
+// TOVA-NEXT: kvc::cuda::firstPasses<kGroup, kThreads>(r),
 // TOVA-NEXT: {kvc::cuda::slotArray(logits, kGroup, stride)});
-// TOVA: kvc::cuda::writeProbabilities<kGroup, kvc::cuda::kFoldThreads>(
+// TOVA: kvc::cuda::writeProbabilities<kGroup, kThreads>(
 // TOVA-NEXT: logits, stride, r, maxLogit, invSum, probs);
 // TOVA-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
 // TOVA-NEXT: // write to device memory.
-// TOVA-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// TOVA-NEXT: kvc::cuda::discardRowLines<kThreads>(
 // TOVA-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // TOVA-NEXT: }
+// TOVA-NEXT: };
+// TOVA: decodeFold(DecodeFoldRanges f) {
 // The fold kernel merges the splits: no per-head stages kernel before the
 // cross-head op.
 // TOVA-NOT: decodeStages(
@@ -336,8 +387,10 @@
 // TOVA-NEXT: prefillStagesAcrossHeads<<<1, kStageThreads, 0, s>>>(w, n, layer);
 // TOVA-NEXT: prefillStagesAfterHeads<<<kKvHeads, kStageThreads, 0, s>>>(w, n, layer, k, v);
 // TOVA: KVC_CUDA_TRY(tables.upload(positions, newSlots.data(), numPages.data(), /*sameEntries=*/true, w.tables,
+// TOVA: const DecodeFoldRanges ranges{w, stride, plan.splits, fold.blocks, fold.slotsPerBlock, out};
 // TOVA: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeFold>(
-// TOVA-NEXT: "kvc_tova_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
+// TOVA-NEXT: "kvc_tova_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, ranges));
+// TOVA-NEXT: #endif
 // TOVA: decodeStagesAcrossHeads<<<batch, kStageThreads, 0, s>>>(w, stride, layer);
 // TOVA-NEXT: decodeStagesAfterHeads<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
 
@@ -412,24 +465,24 @@
 // SCISSORHANDS-NEXT: s0[i] = positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory));
 // SCISSORHANDS: kvc::cuda::publishVictims<kStageThreads>(t);
 // SCISSORHANDS-NEXT: }
-// SCISSORHANDS: decodeFold(
-// SCISSORHANDS: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// SCISSORHANDS-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
+// SCISSORHANDS: struct DecodeFoldRanges {
+// SCISSORHANDS: kvc::cuda::prefetchSlotLines<kThreads>(
+// SCISSORHANDS-NEXT: kvc::cuda::firstPasses<kGroup, kThreads>(r),
 // SCISSORHANDS-NEXT: {kvc::cuda::slotArray(positions),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(t.history),
 // SCISSORHANDS-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
 // SCISSORHANDS: kvc::cuda::SelectionScan scan(kvc::cuda::guessProtection(0, 64, position), true);
-// SCISSORHANDS-NEXT: kvc::cuda::foldPersistence<kGroup, kvc::cuda::kFoldThreads>(
+// SCISSORHANDS-NEXT: kvc::cuda::foldPersistence<kGroup, kThreads>(
 // SCISSORHANDS-NEXT: positions, t.history, r, logits, stride, maxLogit, invSum, kThreshold,
 // SCISSORHANDS-NEXT: kvc::cuda::Reduce::Mean,
 // SCISSORHANDS-NEXT: [&](int32_t i, int32_t at) { scan.add(i, at, static_cast<float>(kvc::cuda::countRecentBits(t.history[i], kHistory))); });
 // SCISSORHANDS-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
 // SCISSORHANDS-NEXT: // write to device memory.
-// SCISSORHANDS-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// SCISSORHANDS-NEXT: kvc::cuda::discardRowLines<kThreads>(
 // SCISSORHANDS-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
-// SCISSORHANDS-NEXT: scan.summarize<kvc::cuda::kFoldThreads>(r, &w.selection[h * foldBlocks + blockIdx.y]);
-// SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, foldBlocks))
-// SCISSORHANDS-NEXT: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
+// SCISSORHANDS-NEXT: scan.summarize<kThreads>(r, &w.selection[h * foldBlocks + range]);
+// SCISSORHANDS: if (kvc::cuda::lastArrival(t.arrivals, arrivals + foldBlocks))
+// SCISSORHANDS-NEXT: decodeStages<kThreads>(w, stride, foldBlocks, layer, out, h);
 // SCISSORHANDS-LABEL: extern "C" {
 // SCISSORHANDS: kvc::cuda::prefillColumnStats<kGroup, kHeadDim>
 // SCISSORHANDS-NEXT: <<<
@@ -453,27 +506,27 @@
 // RPC-NOT: prefillStages(
 // RPC-LABEL: //===--- kvc_rpc_cuda_decode: device part ---===//
 // The window folds at every step; the summaries only at a period's end.
-// RPC: decodeFold(
+// RPC: struct DecodeFoldRanges {
 // The prefetch only at the window's steps, where the fold reads the slots.
 // RPC: if (position % kPeriod >= kPeriod - kWindow)
-// RPC-NEXT: kvc::cuda::prefetchSlotLines<kvc::cuda::kFoldThreads>(
-// RPC-NEXT: kvc::cuda::firstPasses<kGroup, kvc::cuda::kFoldThreads>(r),
+// RPC-NEXT: kvc::cuda::prefetchSlotLines<kThreads>(
+// RPC-NEXT: kvc::cuda::firstPasses<kGroup, kThreads>(r),
 // RPC-NEXT: {kvc::cuda::slotArray(positions),
 // RPC-NEXT: kvc::cuda::slotArray(t.state),
 // RPC-NEXT: kvc::cuda::slotArray(logits, kGroup, stride)});
-// RPC-NEXT: // The attention kernel's logits and split records from here on (launchDependent).
-// RPC-NEXT: kvc::cuda::awaitPriorGrids();
+// RPC-NEXT: // The attention's logits and split records of head h from here on.
+// RPC-NEXT: wait(t);
 // RPC-NEXT: __shared__ float maxLogit[kGroup], invSum[kGroup];
 // RPC: // The window: the group-mean weights of the last kWindow queries of
 // RPC-NEXT: // each period, summed in the score state.
 // RPC-NEXT: if (position % kPeriod >= kPeriod - kWindow)
-// RPC-NEXT: kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(
+// RPC-NEXT: kvc::cuda::foldWindowSum<kGroup, kThreads>(
 // RPC-NEXT: positions, t.state, r, logits, stride, maxLogit, invSum,
 // RPC-NEXT: position % kPeriod == kPeriod - kWindow);
 // At every step, the window's or not (the attention wrote the logits).
 // RPC-NEXT: // Nothing reads the block's logits again: their lines leave L2 without a
 // RPC-NEXT: // write to device memory.
-// RPC-NEXT: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// RPC-NEXT: kvc::cuda::discardRowLines<kThreads>(
 // RPC-NEXT: w.logits + h * kGroup * stride, kGroup, stride, r);
 // RPC-NEXT: // The selection runs once every kPeriod positions.
 // RPC-NEXT: if ((position + 1) % kPeriod != 0)
@@ -503,8 +556,8 @@
 // RPC-NEXT: /*withState=*/true, /*withHistory=*/false,
 // RPC-NEXT: /*withVictims=*/true, "kvc_rpc_cuda_decode_batch"));
 // RPC: KVC_CUDA_TRY(kvc::cuda::launchDependent<&decodeFold>(
-// RPC-NEXT: "kvc_rpc_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, w, stride, plan.splits,
-// RPC-NEXT: fold.blocks, fold.slotsPerBlock, out));
+// RPC-NEXT: "kvc_rpc_cuda_decode_batch", dim3(heads, fold.blocks), kvc::cuda::kFoldThreads, s, ranges));
+// RPC-NEXT: #endif
 // The stages read the fold blocks' summaries.
 // RPC: decodeStages<<<heads, kStageThreads, 0, s>>>(w, stride, fold.blocks, layer, out);
 // RPC-NEXT: KVC_CUDA_CHECK("kvc_rpc_cuda_decode_batch", cudaGetLastError());
@@ -518,9 +571,9 @@
 // RPC-NEXT: KVC_CUDA_TRY(tables.checkIn(/*victimsPublished=*/true));
 
 // RPC-UNFUSED: // Kernels: prefill decode decode_scoring.
-// RPC-UNFUSED: decodeScoringFold(
-// RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kvc::cuda::kFoldThreads>(
-// RPC-UNFUSED: kvc::cuda::discardRowLines<kvc::cuda::kFoldThreads>(
+// RPC-UNFUSED: struct DecodeScoringFoldRanges {
+// RPC-UNFUSED: kvc::cuda::foldWindowSum<kGroup, kThreads>(
+// RPC-UNFUSED: kvc::cuda::discardRowLines<kThreads>(
 // RPC-UNFUSED: decodeScoringStages(
 // RPC-UNFUSED: kvc_status_t kvc_rpc_cuda_decode_scoring_batch(
 // The scoring kernel appends nothing; its tables keep the victims.
@@ -632,5 +685,6 @@ kvc.policy @heavy {
 // FOLDSTAGES: constexpr int32_t kMinSlotsPerSplit = 256;
 // FOLDSTAGES-NOT: constexpr int kStageThreads
 // FOLDSTAGES: template <int kStageThreads>
-// FOLDSTAGES-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out) {
-// FOLDSTAGES: decodeStages<kvc::cuda::kFoldThreads>(w, stride, foldBlocks, layer, out);
+// FOLDSTAGES-NEXT: __device__ void decodeStages(DecodeWorkspace w, int64_t stride, int32_t numBlocks, int32_t layer, float *out,
+// FOLDSTAGES-NEXT: int32_t h) {
+// FOLDSTAGES: decodeStages<kThreads>(w, stride, foldBlocks, layer, out, h);

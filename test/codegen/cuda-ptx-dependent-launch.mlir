@@ -33,7 +33,7 @@
 // SM90-LABEL: .entry _ZN3kvc4cuda13storeAppendedILi64E
 // SM90-NOT: ld.global
 // SM90: griddepcontrol.launch_dependents;
-// SM90-LABEL: decodeFoldENS_15DecodeWorkspaceE
+// SM90-LABEL: decodeFoldENS_16DecodeFoldRangesE
 // SM90-NOT: ld.global.f32
 // SM90-NOT: ld.global.v{{[24]}}.f32
 // SM90-NOT: atom

@@ -26,7 +26,7 @@
 // RUN: FileCheck %s --check-prefix=OFF < %t/tova-off.ptx
 
 // ON-NOT: discard.global.L2
-// ON-LABEL: decodeFoldENS_15DecodeWorkspace
+// ON-LABEL: decodeFoldENS_16DecodeFoldRanges
 // ON: ld.global.f32
 // ON: discard.global.L2 [{{%rd[0-9]+}}], 128;
 // ON: atom.add.u32
@@ -35,7 +35,7 @@
 // OFF-NOT: discard.global
 
 // TOVA-NOT: discard.global.L2
-// TOVA-LABEL: decodeFoldENS_15DecodeWorkspace
+// TOVA-LABEL: decodeFoldENS_16DecodeFoldRanges
 // TOVA: discard.global.L2 [{{%rd[0-9]+}}], 128;
 // TOVA-LABEL: decodeStagesAcrossHeadsENS_15DecodeWorkspace
 // TOVA: ld.global.f32

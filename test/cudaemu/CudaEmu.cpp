@@ -167,6 +167,8 @@ struct BlockRun {
   // atomic asks it to pause at its next barrier.
   uint3 index{};
   bool started = false, pauseAsked = false;
+  // Whether other blocks are in flight beside it (runConcurrent).
+  bool inFlight = false;
 };
 
 BlockRun *active = nullptr;
@@ -474,6 +476,13 @@ bool inSharedMemory(const void *address) {
 void afterAtomic(const void *address) {
   if (active && !inSharedMemory(address))
     active->pauseAsked = true;
+}
+
+void awaitOthers() {
+  if (!active || !active->inFlight)
+    fatal("a block waits for a count that other blocks write, but blocks run "
+          "one at a time (the count's blocks started after it, or never)");
+  active->pauseAsked = true;
 }
 
 namespace {
@@ -889,6 +898,7 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
     run.exchange->fit(threads);
     run.schedulerBottom = bottom;
     run.schedulerBytes = bottomBytes;
+    run.inFlight = runs.size() > 1;
   }
   blockDimension = block;
   gridDimension = grid;
@@ -1196,6 +1206,22 @@ const char *cudaGetErrorString(cudaError_t error) {
   }
 }
 
+namespace {
+/// A count of the emulated device that `variable` sets (1 to 65536; unset
+/// or empty: `fallback`).
+int settingCount(const char *variable, int fallback) {
+  const char *v = std::getenv(variable);
+  if (!v || !*v)
+    return fallback;
+  char *end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (*v < '0' || *v > '9' || errno != 0 || *end || n < 1 || n > 65536)
+    ::kvc::emu::badSetting(variable, v, "a count from 1 to 65536");
+  return static_cast<int>(n);
+}
+} // namespace
+
 cudaError_t cudaGetDeviceCount(int *count) {
   *count = 1;
   return cudaSuccess;
@@ -1229,7 +1255,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr,
     return fail(cudaErrorInvalidDevice);
   switch (attr) {
   case cudaDevAttrMultiProcessorCount:
-    *value = 132;
+    *value = settingCount("KVC_EMU_SMS", 132);
     return cudaSuccess;
   case cudaDevAttrMaxThreadsPerBlock:
     *value = 1024;
@@ -1263,7 +1289,8 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
       (flags != cudaOccupancyDefault &&
        flags != cudaOccupancyDisableCachingOverride))
     return fail(cudaErrorInvalidValue);
-  *numBlocks = std::min(32, 2048 / blockSize);
+  *numBlocks = std::min(settingCount("KVC_EMU_SM_BLOCKS", 32),
+                        2048 / blockSize);
   return cudaSuccess;
 }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(

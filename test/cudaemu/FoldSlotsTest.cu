@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kThreads)
     invSum[threadIdx.x] = invIn[threadIdx.x];
   }
   __syncthreads();
-  const kvc::cuda::SlotRange r = kvc::cuda::foldRange(numSlots, slotsPerSplit);
+  const kvc::cuda::SlotRange r =
+      kvc::cuda::foldRange(numSlots, slotsPerSplit, blockIdx.y);
   kvc::cuda::foldAccumulated<G, kThreads>(positions, state, r, logits, stride,
                                           maxLogit, invSum, decay, kind);
   kvc::cuda::foldPersistence<G, kThreads>(positions, bits, r, logits, stride,
@@ -156,7 +157,8 @@ __global__ void __launch_bounds__(kThreads)
     invSum[threadIdx.x] = 1.0f;
   }
   __syncthreads();
-  const kvc::cuda::SlotRange r = kvc::cuda::foldRange(numSlots, slotsPerBlock);
+  const kvc::cuda::SlotRange r =
+      kvc::cuda::foldRange(numSlots, slotsPerBlock, blockIdx.y);
   kvc::cuda::prefetchSlotLines<kThreads>(
       kvc::cuda::firstPasses<G, kThreads>(r),
       {kvc::cuda::slotArray(positions), kvc::cuda::slotArray(values),

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlock
                   int32_t sinks, int32_t recent, bool tieRecent,
                   kvc::cuda::SelectionSummary *summaries) {
   const kvc::cuda::SlotRange r =
-      kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
+      kvc::cuda::foldRange(t.numSlots, slotsPerSplit, blockIdx.y);
   kvc::cuda::summarizeSelection<kvc::cuda::kFoldThreads>(
       t.positions, r,
       kvc::cuda::guessProtection(sinks, recent, t.queryPosition), tieRecent,
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kvc::cuda::kFoldThreads, kvc::cuda::kFoldBlock
                 const float *logits, int32_t sinks, int32_t recent,
                 bool tieRecent, kvc::cuda::SelectionSummary *summaries) {
   const kvc::cuda::SlotRange r =
-      kvc::cuda::foldRange(t.numSlots, slotsPerSplit);
+      kvc::cuda::foldRange(t.numSlots, slotsPerSplit, blockIdx.y);
   __shared__ float maxLogit[1], invSum[1];
   if (threadIdx.x == 0) {
     maxLogit[0] = 0.0f;

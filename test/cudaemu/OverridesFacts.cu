@@ -39,7 +39,12 @@ KernelFacts defaultFacts() {
           Kivi::kTransposedValues, kDiscardLogits, kLogitsEvictLast,
           {logitsKeepFraction(int64_t{64} * 4 * 32768 * 4, kL2),
            logitsKeepFraction(int64_t{1} << 20, kL2),
-           logitsKeepFraction(int64_t{1} << 40, kL2)}};
+           logitsKeepFraction(int64_t{1} << 40, kL2)},
+          kFoldInGrid,
+          planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr).ranges,
+          planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr)
+              .slotsPerRange,
+          planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr).lag};
 }
 
 } // namespace kvc::test

@@ -59,6 +59,12 @@ struct KernelFacts {
   /// 32768 logits (32 MiB), of 1 MiB and of 1 TiB under a 50 MiB L2.
   bool logitsEvictLast;
   float logitsKeep[3];
+  /// kFoldInGrid: whether a decode with statistics folds them in its
+  /// attention grid (decodeAttentionFold); and planGridFold's ranges,
+  /// range slots and lag for 64 heads of 32769 slots in 64 splits, 528
+  /// blocks at once.
+  bool foldInGrid;
+  int32_t gridRanges, gridRangeSlots, gridLag;
 };
 
 KernelFacts defaultFacts();

@@ -4,8 +4,8 @@
 // KVC_CUDA_PREFILL_MMA, KVC_CUDA_EVICT_FIRST, KVC_CUDA_FOLD_PLAN,
 // KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH,
 // KVC_CUDA_FOLD_AHEAD, KVC_CUDA_MMA_SHARED_QUERY,
-// KVC_CUDA_MMA_TRANSPOSED_VALUES and KVC_CUDA_DISCARD_LOGITS
-// (docs/codegen-cuda.md, "Build-time overrides"): a translation unit built with
+// KVC_CUDA_MMA_TRANSPOSED_VALUES, KVC_CUDA_DISCARD_LOGITS,
+// KVC_CUDA_LOGITS_EVICT_LAST and KVC_CUDA_FOLD_IN_GRID (docs/codegen-cuda.md, "Build-time overrides"): a translation unit built with
 // them selects the CUDA-core decodes, no KIVI launch bounds, the CUDA-core
 // prefill attention (16-query tiles), the default L2 policy for the cache's
 // reads, a fold block per attention split, splits by length, a staged tile's
@@ -103,6 +103,16 @@ int main() {
              overridden.logitsKeep[1] == 0.0f,
          "KVC_CUDA_LOGITS_EVICT_LAST=0 stores the logits with the default "
          "policy");
+  expect(!shipped.foldInGrid,
+         "the defaults fold a decode's statistics in a kernel after the "
+         "attention");
+  expect(overridden.foldInGrid,
+         "KVC_CUDA_FOLD_IN_GRID=1 folds them in the attention grid");
+  expect(shipped.gridRanges == 61 && shipped.gridRangeSlots == 544 &&
+             shipped.gridLag == 10,
+         "64 heads of 32769 slots in 64 splits, 528 blocks at once: 61 fold "
+         "ranges of 544 slots a head (513 rounded up to whole lines), folded "
+         "10 heads behind (the 9 heads of a wave, plus one)");
   expect(!overridden.sharedQuery && overridden.mmaMinBlocks == 0,
          "KVC_CUDA_MMA_SHARED_QUERY=0 keeps the query fragments in "
          "registers, with no launch bounds");

@@ -47,6 +47,13 @@
 //    that a queued copy has not read yet, or two streams that use each
 //    other's data without a wait between them, get other bytes than a
 //    device would give in some runs, and a suite run so fails;
+//  - the device has 132 SMs, and an SM holds as many blocks of a kernel as
+//    its 2,048 threads allow, at most 32, whatever the kernel's registers
+//    and shared memory; KVC_EMU_SMS=N and KVC_EMU_SM_BLOCKS=N (read at
+//    every query) make it a device of N SMs and of at most N blocks an SM,
+//    for the plans that size a grid by the blocks the device holds at once
+//    (a small device: few splits' waves, folds in the attention grid that
+//    follow a head or two behind);
 //  - a stream capture (cudaStreamBeginCapture) records the kernels, copies
 //    and memsets its stream is given, in order, and a graph launch gives a
 //    stream that work again with the arguments it was captured with; while
@@ -167,6 +174,14 @@ void waitCopies(int newest);
 /// then pauses at its next __syncthreads (or its end), and another block
 /// in flight may run on; an atomic on shared memory does not pause.
 void afterAtomic(const void *address);
+/// The calling thread's block waits for what other blocks write (a count
+/// that awaitCount of runtime/kvc_cuda.cuh reads short of its target):
+/// under KVC_EMU_CONCURRENT_BLOCKS it pauses at its next __syncthreads, so
+/// that the blocks in flight run on; with one block at a time it is a
+/// fatal error, since nothing else runs until the block ends (a kernel
+/// whose blocks wait only for blocks that started before them never waits
+/// so).
+void awaitOthers();
 /// An L2 prefetch of the calling thread (prefetchL2 of
 /// runtime/kvc_cuda.cuh): a hint that changes no result. While a log is set
 /// (setPrefetchLog), the address is appended to it, so that a test can

@@ -40,6 +40,43 @@ function(kvc_gpu_test_policies var g)
   set(${var} ${names} PARENT_SCOPE)
 endfunction()
 
+# kvc_gpu_grid_policies(<var> <geometry>): the policies of a geometry's test
+# whose decode has a fold, which the grid suites (kvc-gpu-tests-<g>-grid,
+# kvc-cudaemu-tests-<g>-grid) build with KVC_CUDA_FOLD_IN_GRID=1 and run
+# alone; they link the other policies' libraries as they are.
+function(kvc_gpu_grid_policies var g)
+  set(names streaming_llm h2o tova h2o_merge d2o scissorhands rpc_small)
+  if(g STREQUAL "g3")
+    list(APPEND names duo_small)
+  endif()
+  set(${var} ${names} PARENT_SCOPE)
+endfunction()
+
+# kvc_gpu_grid_libraries(<libs var> <run var> <geometry> <prefix> <make>):
+# the libraries a grid suite links, in the order of kvc_gpu_test_policies:
+# <prefix>_<policy>_<g>_grid, made by the function <make>(<target> <policy
+# file> <geometry options>), for the policies of kvc_gpu_grid_policies, and
+# <prefix>_<policy>_<g> (the default build's) for the others, each with its
+# CPU library; <run var>: the grid policies, comma-separated.
+function(kvc_gpu_grid_libraries libs_var run_var g prefix make)
+  kvc_gpu_test_geometry(geometry ${g})
+  kvc_gpu_test_policies(names ${g})
+  kvc_gpu_grid_policies(grid ${g})
+  set(libs)
+  foreach(name IN LISTS names)
+    set(lib ${prefix}_${name}_${g})
+    if(name IN_LIST grid)
+      kvc_gpu_test_policy_file(file ${name})
+      set(lib ${lib}_grid)
+      cmake_language(CALL ${make} ${lib} ${file} "${geometry}")
+    endif()
+    list(APPEND libs ${lib} kvc_test_${name}_${g})
+  endforeach()
+  list(JOIN grid "," run)
+  set(${libs_var} ${libs} PARENT_SCOPE)
+  set(${run_var} ${run} PARENT_SCOPE)
+endfunction()
+
 # The five numbers of geometry g as layers, qh, kvh, dim and dtype in the
 # caller's scope.
 macro(kvc_gpu_test_geometry_parts g)

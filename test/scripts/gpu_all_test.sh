@@ -56,6 +56,11 @@ printf '#!/bin/sh\necho "sdpa_baseline: SKIP: stand-in"\nexit 77\n' > "$scratch/
 for g in g1 g8; do
   printf '#!/bin/sh\necho "PASSED: 0 failure(s)"\n' > "$scratch/bin/kvc-gpu-tests-$g"
 done
+# The grid suites print the policies they were given.
+for g in g3-grid g8-grid; do
+  printf '#!/bin/sh\necho "%s stand-in: $KVC_GPU_TEST_POLICIES"\necho "PASSED: 0 failure(s)"\n' \
+    "$g" > "$scratch/bin/kvc-gpu-tests-$g"
+done
 # The kernel tests, which scripts/gpu-test.sh runs before the policies.
 for t in mma-fragments kivi-decode decode-kernel prefill-kernel fold-slots; do
   printf '#!/bin/sh\necho "kernel test stand-in %s: ok"\n' "$t" \
@@ -92,8 +97,12 @@ for t in mma-fragments kivi-decode decode-kernel prefill-kernel fold-slots; do
   grep -q "^kernel test stand-in $t: ok" "$scratch/all/test.log" ||
     fail "test.log lacks the kernel test $t"
 done
-grep -q "^gpu-test: 8 passed, 0 skipped, 0 failed" "$scratch/all/test.log" ||
-  fail "the suite's tally is not 8 passed: $(grep '^gpu-test:' "$scratch/all/test.log")"
+grep -q "^g3-grid stand-in: streaming_llm,h2o,tova,h2o_merge,d2o,scissorhands,rpc_small,duo_small$" \
+  "$scratch/all/test.log" || fail "the G = 3 grid suite's policies: $(grep 'grid stand-in' "$scratch/all/test.log")"
+grep -q "^g8-grid stand-in: streaming_llm,h2o,tova,h2o_merge,d2o,scissorhands,rpc_small$" \
+  "$scratch/all/test.log" || fail "the G = 8 grid suite's policies: $(grep 'grid stand-in' "$scratch/all/test.log")"
+grep -q "^gpu-test: 10 passed, 0 skipped, 0 failed" "$scratch/all/test.log" ||
+  fail "the suite's tally is not 10 passed: $(grep '^gpu-test:' "$scratch/all/test.log")"
 grep -q "sdpa_baseline: SKIP: stand-in" "$scratch/all/gpu-bench.txt" ||
   fail "gpu-bench.txt lacks the SDPA baseline's output"
 
