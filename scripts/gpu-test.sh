@@ -45,6 +45,14 @@ for g in "${geometries[@]}"; do
     targets+=("kvc-gpu-tests-$g")
   fi
 done
+# The G = 8 grid suite is built where KVC_TEST_GRID_G8 is on (the pack
+# turns it on; CI builds G = 3 only): turn it on in this build when asked.
+if [ -z "${KVC_GPU_BIN:-}" ] && [ -f "$build/CMakeCache.txt" ] &&
+   [[ " ${geometries[*]} " == *" g8-grid "* ]] &&
+   ! grep -q '^KVC_TEST_GRID_G8:BOOL=ON$' "$build/CMakeCache.txt"; then
+  echo "gpu-test: turning KVC_TEST_GRID_G8 on in $build for g8-grid" >&2
+  cmake -DKVC_TEST_GRID_G8=ON "$build" >/dev/null || exit 1
+fi
 gpu_executables "${targets[@]}" || exit 1
 
 passed=0

@@ -33,17 +33,29 @@ tool_dirs = [config.kvc_tools_dir, config.llvm_tools_dir]
 tools = ["kvc-opt"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)
 
+# The RUN lines' compilers go through ccache where the build does
+# (CMakeLists.txt), with the cache scripts/build.sh uses: the nvcc lines
+# compile the same generated sources on every run (ccache passes -ptx
+# compiles through uncached, and the result is nvcc's either way).
+launcher = ""
+if config.ccache and os.path.exists(config.ccache):
+    launcher = config.ccache + " "
+    config.environment["CCACHE_DIR"] = os.environ.get(
+        "CCACHE_DIR", os.path.expanduser("~/.cache/kvc-ccache")
+    )
+    config.environment["CCACHE_BASEDIR"] = config.kvc_src_root
+
 # The host C++ compiler, to compile generated CPU code that no bundled
 # policy exercises (the bundled ones are built and run by ctest).
 cxx = shutil.which("c++") or shutil.which("g++")
 if cxx:
     config.available_features.add("cxx")
-    config.substitutions.append(("%cxx", cxx))
+    config.substitutions.append(("%cxx", launcher + cxx))
 
 if config.cuda_nvcc and os.path.exists(config.cuda_nvcc):
     config.available_features.add("nvcc")
     # nvcc 13 accepts g++-12 as host compiler; prefer it where it exists.
-    nvcc = config.cuda_nvcc
+    nvcc = launcher + config.cuda_nvcc
     if shutil.which("g++-12"):
         nvcc += " -ccbin g++-12"
     config.substitutions.append(("%nvcc", nvcc))

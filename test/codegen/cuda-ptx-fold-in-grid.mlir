@@ -12,7 +12,7 @@
 //    once the count is reached;
 //  - the fold kernel (decodeFold) is not compiled: nothing launches it.
 // Built without it, the library has no decodeAttentionFold, and its fold
-// kernel is there. The emulated suites cudaemu.g3.grid and cudaemu.g8.grid
+// kernel is there. The emulated suites cudaemu.g3.grid and cudaemu.g3.grid.reordered
 // run these decodes against the CPU backend. No GPU is needed (nvcc -ptx).
 //
 // REQUIRES: nvcc
