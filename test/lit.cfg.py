@@ -44,6 +44,11 @@ if config.ccache and os.path.exists(config.ccache):
         "CCACHE_DIR", os.path.expanduser("~/.cache/kvc-ccache")
     )
     config.environment["CCACHE_BASEDIR"] = config.kvc_src_root
+    # ccache 4.7 hashes nvcc's working directory (its log says so), which
+    # ties the cached objects to one checkout's path: a fresh clone
+    # elsewhere missed them all. The RUN lines compile without debug
+    # information, the only output that would name the directory.
+    config.environment["CCACHE_NOHASHDIR"] = "1"
 
 # The host C++ compiler, to compile generated CPU code that no bundled
 # policy exercises (the bundled ones are built and run by ctest).
