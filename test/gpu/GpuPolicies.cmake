@@ -40,10 +40,6 @@ function(kvc_gpu_test_policies var g)
   set(${var} ${names} PARENT_SCOPE)
 endfunction()
 
-# kvc_gpu_grid_policies(<var> <geometry>): the policies of a geometry's test
-# whose decode has a fold, which the grid suites (kvc-gpu-tests-<g>-grid,
-# kvc-cudaemu-tests-<g>-grid) build with KVC_CUDA_FOLD_IN_GRID=1 and run
-# alone; they link the other policies' libraries as they are.
 # kvc_gpu_grid_geometries(<var>): the geometries of the grid suites: g3,
 # and g8 with KVC_TEST_GRID_G8 (scripts/gpu-pack.sh; the G = 8 suites
 # differ from G = 3 in the group's constants only, so CI builds them once).
@@ -55,6 +51,10 @@ function(kvc_gpu_grid_geometries var)
   set(${var} ${gs} PARENT_SCOPE)
 endfunction()
 
+# kvc_gpu_grid_policies(<var> <geometry>): the policies of a geometry's test
+# whose decode has a fold, which the grid suites (kvc-gpu-tests-<g>-grid,
+# kvc-cudaemu-tests-<g>-grid) build with KVC_CUDA_FOLD_IN_GRID=1 and run
+# alone; they link the other policies' libraries as they are.
 function(kvc_gpu_grid_policies var g)
   set(names streaming_llm h2o tova h2o_merge d2o scissorhands rpc_small)
   if(g STREQUAL "g3")
