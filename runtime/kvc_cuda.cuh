@@ -2294,97 +2294,84 @@ __device__ __forceinline__ void mmaK8Products(float (&c)[4],
 #endif
 
 #if defined(KVC_CUDA_EMULATED)
+/// M accumulators C_j, each with N products C_j += A_i B_{j,i} (i = 0 ..
+/// N-1, in order) of mmaK8 (halves = 1) or mmaK16 (halves = 2), on the
+/// emulator, with one exchange for all of them: the A operands are the same
+/// for every accumulator (O += P V over M tiles of channels). Each lane
+/// publishes its accumulators and its registers converted to float (a[i]:
+/// A_i's pairs, b[j][i]: B_{j,i}'s; publishShared); the first lane back
+/// gathers each C_j (16 x 8), each A_i (16 x 16) once and each B_{j,i} (16
+/// x 8), forms each product's sums per half in the order of mmaK8Products
+/// (per sum, the pairs' products added, then the pair to the sum) and adds
+/// them to C_j in turn (kvc::emu::formMmaTiles, in the emulator's library,
+/// compiled with its optimization); every lane then takes its four of each
+/// C_j. The
+/// results are those of M N mmaK8Products calls bit for bit, without a warp
+/// barrier per product, forming each product in four lanes, or converting a
+/// 16-bit element once for every lane that reads it. c[first + j] is C_j.
+template <Storage S, int M, int N, int T>
+__device__ __forceinline__ void mmaEmulatedColumns(float (&c)[T][4], int first,
+                                                   const uint32_t (&a)[N][4],
+                                                   const uint32_t (&b)[M][N][2],
+                                                   int halves) {
+  using E = MmaElement<S>;
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  // Words 0 .. 2M-1: the C_j's pairs (two per j); then per A_i four words,
+  // its registers' pairs (floats 0-7, low element first); then per B_{j,i}
+  // two words.
+  constexpr int kA = 2 * M, kB = kA + 4 * N, kWords = kB + 2 * M * N;
+  static_assert(kWords <= ::kvc::emu::kPublishWords &&
+                    M * 16 * 8 <= 2 * ::kvc::emu::kSharedWords,
+                "the operands and the tiles fit the exchange");
+  const auto pair = [](float lo, float hi) {
+    return __float_as_uint(lo) | uint64_t{__float_as_uint(hi)} << 32;
+  };
+  uint64_t words[kWords];
+  for (int j = 0; j < M; ++j) {
+    words[2 * j] = pair(c[first + j][0], c[first + j][1]);
+    words[2 * j + 1] = pair(c[first + j][2], c[first + j][3]);
+  }
+  for (int i = 0; i < N; ++i)
+    for (int r = 0; r < 4; ++r)
+      words[kA + 4 * i + r] = pair(E::value(a[i][r]), E::value(a[i][r] >> 16));
+  for (int j = 0; j < M; ++j)
+    for (int i = 0; i < N; ++i)
+      for (int r = 0; r < 2; ++r)
+        words[kB + 2 * (j * N + i) + r] =
+            pair(E::value(b[j][i][r]), E::value(b[j][i][r] >> 16));
+  uint64_t *result = nullptr;
+  bool form = false;
+  const uint64_t *w = ::kvc::emu::publishShared(kFullMask, words, kWords,
+                                                &result, &form);
+  // The warp's C_j, row by row, one tile after another.
+  auto *tiles = reinterpret_cast<float(*)[16][8]>(result);
+  if (form)
+    ::kvc::emu::formMmaTiles(w, M, N, halves, &tiles[0][0][0]);
+  for (int j = 0; j < M; ++j) {
+    c[first + j][0] = tiles[j][g][2 * t];
+    c[first + j][1] = tiles[j][g][2 * t + 1];
+    c[first + j][2] = tiles[j][g + 8][2 * t];
+    c[first + j][3] = tiles[j][g + 8][2 * t + 1];
+  }
+}
+
 /// N products C += A_i B_i (i = 0 .. N-1, in order) of mmaK8 (halves = 1)
 /// or mmaK16 (halves = 2) on the emulator, with one exchange for all of
-/// them. Each lane publishes its accumulators and its registers converted
-/// to float (a[i]: A_i's pairs, b[i]: B_i's; publishShared); the first
-/// lane back gathers C (16 x 8), each A_i (16 x 16) and B_i (16 x 8),
-/// forms each product's sums per half in the order of mmaK8Products (per
-/// sum, the pairs' products added, then the pair to the sum) and adds them
-/// to C in turn; every lane then takes its four of C. The results are
-/// those of N mmaK8Products calls bit for bit, without a warp barrier per
-/// product, forming each product in four lanes, or converting a 16-bit
-/// element once for every lane that reads it.
+/// them: mmaEmulatedColumns of one accumulator.
 template <Storage S, int N>
 __device__ __forceinline__ void mmaEmulated(float (&c)[4],
                                             const uint32_t (&a)[N][4],
                                             const uint32_t (&b)[N][2],
                                             int halves) {
-  using E = MmaElement<S>;
-  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
-  // Words 0-1: c's pairs; per product, floats 0-7: a[i][0..3]'s pairs (low
-  // element first), 8-11: b[i][0..1]'s.
-  constexpr int kWords = 6;
-  static_assert(2 + N * kWords <= ::kvc::emu::kPublishWords &&
-                    16 * 8 <= 2 * ::kvc::emu::kSharedWords,
-                "the operands and the tile fit the exchange");
-  const auto pair = [](float lo, float hi) {
-    return __float_as_uint(lo) | uint64_t{__float_as_uint(hi)} << 32;
-  };
-  uint64_t words[2 + N * kWords];
-  words[0] = pair(c[0], c[1]);
-  words[1] = pair(c[2], c[3]);
-  for (int p = 0; p < N; ++p)
-    for (int i = 0; i < kWords; ++i) {
-      const uint32_t r = i < 4 ? a[p][i] : b[p][i - 4];
-      words[2 + p * kWords + i] = pair(E::value(r), E::value(r >> 16));
-    }
-  uint64_t *result = nullptr;
-  bool form = false;
-  const uint64_t *w = ::kvc::emu::publishShared(kFullMask, words,
-                                                2 + N * kWords, &result, &form);
-  // The warp's C, row by row.
-  auto *tile = reinterpret_cast<float(*)[8]>(result);
-  const auto lo = [](uint64_t x) {
-    return __uint_as_float(static_cast<uint32_t>(x));
-  };
-  const auto hi = [](uint64_t x) {
-    return __uint_as_float(static_cast<uint32_t>(x >> 32));
-  };
-  if (form) {
-    for (int l = 0; l < kWarpSize; ++l) {
-      const uint64_t *x = w + l * ::kvc::emu::kPublishWords;
-      const int row = l / 4, col = 2 * (l % 4);
-      tile[row][col] = lo(x[0]);
-      tile[row][col + 1] = hi(x[0]);
-      tile[row + 8][col] = lo(x[1]);
-      tile[row + 8][col + 1] = hi(x[1]);
-    }
-    for (int p = 0; p < N; ++p) {
-      float A[16][16], B[16][8];
-      for (int l = 0; l < kWarpSize; ++l) {
-        const uint64_t *x = w + l * ::kvc::emu::kPublishWords + 2 + p * kWords;
-        const int row = l / 4, k = 2 * (l % 4);
-        A[row][k] = lo(x[0]);
-        A[row][k + 1] = hi(x[0]);
-        A[row + 8][k] = lo(x[1]);
-        A[row + 8][k + 1] = hi(x[1]);
-        A[row][k + 8] = lo(x[2]);
-        A[row][k + 9] = hi(x[2]);
-        A[row + 8][k + 8] = lo(x[3]);
-        A[row + 8][k + 9] = hi(x[3]);
-        B[k][row] = lo(x[4]);
-        B[k + 1][row] = hi(x[4]);
-        B[k + 8][row] = lo(x[5]);
-        B[k + 9][row] = hi(x[5]);
-      }
-      for (int h = 0; h < halves; ++h)
-        for (int row = 0; row < 16; ++row) {
-          float sum[8] = {};
-          for (int s = 0; s < 4; ++s) {
-            const int k = 8 * h + 2 * s;
-            for (int n = 0; n < 8; ++n)
-              sum[n] += A[row][k] * B[k][n] + A[row][k + 1] * B[k + 1][n];
-          }
-          for (int n = 0; n < 8; ++n)
-            tile[row][n] += sum[n];
-        }
-    }
+  float cs[1][4] = {{c[0], c[1], c[2], c[3]}};
+  uint32_t bs[1][N][2];
+  for (int i = 0; i < N; ++i) {
+    bs[0][i][0] = b[i][0];
+    bs[0][i][1] = b[i][1];
   }
-  c[0] = tile[g][2 * t];
-  c[1] = tile[g][2 * t + 1];
-  c[2] = tile[g + 8][2 * t];
-  c[3] = tile[g + 8][2 * t + 1];
+  mmaEmulatedColumns<S, 1, N>(cs, 0, a, bs, halves);
+  for (int r = 0; r < 4; ++r)
+    c[r] = cs[0][r];
 }
 #endif
 
@@ -2478,6 +2465,35 @@ __device__ __forceinline__ void mmaK16Split(float (&c)[4],
   mmaK16<Storage::BF16>(c, aLo, bh0, bh1);
   mmaK16<Storage::BF16>(c, aHi, bl0, bl1);
   mmaK16<Storage::BF16>(c, aHi, bh0, bh1);
+#endif
+}
+
+/// mmaK16Split into M accumulators with the same A: c[first + j] += A
+/// B_j (j = 0 .. M-1, in order), B_j's registers bh0[j], bh1[j] (hi) and
+/// bl0[j], bl1[j] (lo): O += P V over M tiles of eight channels. On the
+/// emulator one exchange for the 3 M products.
+template <int M, int T>
+__device__ __forceinline__ void mmaK16SplitColumns(
+    float (&c)[T][4], int first, const uint32_t (&aHi)[4],
+    const uint32_t (&aLo)[4], const uint32_t (&bh0)[M],
+    const uint32_t (&bh1)[M], const uint32_t (&bl0)[M],
+    const uint32_t (&bl1)[M]) {
+#if defined(KVC_CUDA_EMULATED)
+  const uint32_t a[3][4] = {{aLo[0], aLo[1], aLo[2], aLo[3]},
+                            {aHi[0], aHi[1], aHi[2], aHi[3]},
+                            {aHi[0], aHi[1], aHi[2], aHi[3]}};
+  uint32_t b[M][3][2];
+  for (int j = 0; j < M; ++j) {
+    b[j][0][0] = b[j][2][0] = bh0[j];
+    b[j][0][1] = b[j][2][1] = bh1[j];
+    b[j][1][0] = bl0[j];
+    b[j][1][1] = bl1[j];
+  }
+  mmaEmulatedColumns<Storage::BF16, M, 3>(c, first, a, b, 2);
+#else
+#pragma unroll
+  for (int j = 0; j < M; ++j)
+    mmaK16Split(c[first + j], aHi, aLo, bh0[j], bh1[j], bl0[j], bl1[j]);
 #endif
 }
 
@@ -6421,11 +6437,7 @@ __device__ void prefillAttentionMma(int32_t n, const float *q, const float *k,
         loadTransposed(reinterpret_cast<const uint8_t *>(
                            &valueParts[1][16 * c + 8][0]),
                        kPitchBytes, 32 * cb, vl1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float(&acc)[4] = o[4 * cb + i];
-          mmaK16Split(acc, aHi, aLo, vh0[i], vh1[i], vl0[i], vl1[i]);
-        }
+        mmaK16SplitColumns<4>(o, 4 * cb, aHi, aLo, vh0, vh1, vl0, vl1);
       }
     }
   }

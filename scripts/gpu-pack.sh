@@ -55,11 +55,17 @@ cached() { # cached VARIABLE: its value in the pack build's CMake cache
 configured() {
   [ "$(cached CMAKE_CUDA_ARCHITECTURES)" = "$archs" ] &&
     [ "$(cached KVC_GPU_TEST_ARCHITECTURES)" = "$archs" ] &&
-    [ "$(cached KVC_TEST_GRID_G8)" = ON ]
+    [ "$(cached KVC_GPU_BENCH_ARCHITECTURES)" = "$archs" ] &&
+    [ "$(cached KVC_TEST_GRID_G8)" = ON ] &&
+    [ "$(cached KVC_TEST_GPU_G3)" = ON ]
 }
-# The pack holds the G = 8 grid suite too (KVC_TEST_GRID_G8; CI builds G = 3).
+# The pack holds the suites that CI leaves out of its build too: the G = 8
+# grid suite (KVC_TEST_GRID_G8; CI builds G = 3 on the emulator) and the
+# G = 3 suites for the GPU (KVC_TEST_GPU_G3).
 arch_options=(-DCMAKE_CUDA_ARCHITECTURES="$archs"
-              -DKVC_GPU_TEST_ARCHITECTURES="$archs" -DKVC_TEST_GRID_G8=ON)
+              -DKVC_GPU_TEST_ARCHITECTURES="$archs"
+              -DKVC_GPU_BENCH_ARCHITECTURES="$archs"
+              -DKVC_TEST_GRID_G8=ON -DKVC_TEST_GPU_G3=ON)
 if [ ! -f "$build/build.ninja" ]; then
   "$root/scripts/setup.sh" >&2
   KVC_BUILD_DIR=$build KVC_BUILD_CONFIGURE_ONLY=1 \
@@ -71,7 +77,9 @@ if ! configured; then
   echo "gpu-pack: $build is not configured for $archs" \
        "(CMAKE_CUDA_ARCHITECTURES $(cached CMAKE_CUDA_ARCHITECTURES)," \
        "KVC_GPU_TEST_ARCHITECTURES $(cached KVC_GPU_TEST_ARCHITECTURES)," \
-       "KVC_TEST_GRID_G8 $(cached KVC_TEST_GRID_G8))" >&2
+       "KVC_GPU_BENCH_ARCHITECTURES $(cached KVC_GPU_BENCH_ARCHITECTURES)," \
+       "KVC_TEST_GRID_G8 $(cached KVC_TEST_GRID_G8)," \
+       "KVC_TEST_GPU_G3 $(cached KVC_TEST_GPU_G3))" >&2
   exit 1
 fi
 

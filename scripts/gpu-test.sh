@@ -45,14 +45,25 @@ for g in "${geometries[@]}"; do
     targets+=("kvc-gpu-tests-$g")
   fi
 done
-# The G = 8 grid suite is built where KVC_TEST_GRID_G8 is on (the pack
-# turns it on; CI builds G = 3 only): turn it on in this build when asked.
-if [ -z "${KVC_GPU_BIN:-}" ] && [ -f "$build/CMakeCache.txt" ] &&
-   [[ " ${geometries[*]} " == *" g8-grid "* ]] &&
-   ! grep -q '^KVC_TEST_GRID_G8:BOOL=ON$' "$build/CMakeCache.txt"; then
-  echo "gpu-test: turning KVC_TEST_GRID_G8 on in $build for g8-grid" >&2
-  cmake -DKVC_TEST_GRID_G8=ON "$build" >/dev/null || exit 1
-fi
+# The G = 8 grid suite is built where KVC_TEST_GRID_G8 is on, the G = 3
+# suites where KVC_TEST_GPU_G3 is (the pack turns both on; CI's build
+# leaves them out): turn them on in this build when asked.
+# enable OPTION GEOMETRY...: OPTION on in $build if one of GEOMETRY is asked.
+enable() {
+  local option=$1 g
+  shift
+  [ -z "${KVC_GPU_BIN:-}" ] && [ -f "$build/CMakeCache.txt" ] || return 0
+  grep -q "^$option:BOOL=ON\$" "$build/CMakeCache.txt" && return 0
+  for g in "$@"; do
+    if [[ " ${geometries[*]} " == *" $g "* ]]; then
+      echo "gpu-test: turning $option on in $build for $g" >&2
+      cmake "-D$option=ON" "$build" >/dev/null || exit 1
+      return 0
+    fi
+  done
+}
+enable KVC_TEST_GRID_G8 g8-grid
+enable KVC_TEST_GPU_G3 g3 g3-grid
 gpu_executables "${targets[@]}" || exit 1
 
 passed=0

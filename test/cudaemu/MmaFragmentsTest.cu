@@ -7,7 +7,9 @@
 // kernels):
 //  - mmaK8 (m16n8k8) and mmaK16 (m16n8k16), f16 and bf16 operands, float
 //    accumulators; mmaK16Split (lo * hi + hi * lo + hi * hi of split
-//    operands) and mmaK32U8 (m16n8k32, unsigned bytes, 32-bit sums);
+//    operands), mmaK16SplitColumns (the same A split products into two
+//    accumulators, each with its B) and mmaK32U8 (m16n8k32, unsigned
+//    bytes, 32-bit sums);
 //  - a warp's run of products into one accumulator and into several,
 //    with shuffles between them, in four warps of a block at once (each
 //    warp's operands its own).
@@ -16,7 +18,7 @@
 // a result that differs by any amount names a misplaced element, printed
 // with its warp, row and column. Then, on the emulator only, operands of
 // every magnitude: its products are mmaK8Products' order of sums, bit for
-// bit, which a batched exchange (mmaEmulated) must keep; on a GPU those
+// bit, which a batched exchange (mmaEmulatedColumns) must keep; on a GPU those
 // results lie within a relative 2^-20 of the same sums in double.
 // Built for the emulator (cudaemu.mma-fragments, and again with blocks
 // shuffled and threads reversed, where another lane forms a warp's
@@ -43,7 +45,7 @@ constexpr int kWarps = 4;
 constexpr int kM = 16, kN = 8;
 
 /// The operation a launch runs.
-enum class Op { K8, K16, K16Split, Run };
+enum class Op { K8, K16, K16Split, K16SplitColumns, Run };
 
 /// Operand element (r, c) of a row-major matrix of `cols` columns.
 __device__ inline float at(const float *m, int cols, int r, int c) {
@@ -67,7 +69,9 @@ __device__ uint32_t fragmentB(const float *b, int g, int t, int i) {
 }
 
 /// Per warp w: A (16 x k) at a + w 16 k, B (k x 8) at b + w 8 k, C (16 x 8)
-/// at c + w 128; for K16Split, the lo parts at a2 and b2; for Run, `count`
+/// at c + w 128; for K16Split, the lo parts at a2 and b2; for
+/// K16SplitColumns the same with two B per warp (B_j at b + (2 w + j) 128,
+/// into accumulator j) and A at a + 2 w 256; for Run, `count`
 /// products of operand sets one after the other (A_j at a + (w count + j)
 /// 256, B_j likewise with 128), adding to accumulator j % 2 with a shuffle
 /// between products; results (16 x 8 per accumulator) at out.
@@ -108,6 +112,23 @@ __global__ void mmaKernel(const float *a, const float *a2, const float *b,
                            fragmentB<Storage::BF16>(hiB, g, t, 1),
                            fragmentB<Storage::BF16>(loB, g, t, 0),
                            fragmentB<Storage::BF16>(loB, g, t, 1));
+  } else if constexpr (kOp == Op::K16SplitColumns) {
+    const float *hiA = a + 2 * warp * kM * 16, *loA = a2 + 2 * warp * kM * 16;
+    uint32_t fh[4], fl[4];
+    for (int i = 0; i < 4; ++i) {
+      fh[i] = fragmentA<Storage::BF16>(hiA, 16, g, t, i);
+      fl[i] = fragmentA<Storage::BF16>(loA, 16, g, t, i);
+    }
+    uint32_t bh0[2], bh1[2], bl0[2], bl1[2];
+    for (int j = 0; j < 2; ++j) {
+      const float *hiB = b + (2 * warp + j) * 16 * kN,
+                  *loB = b2 + (2 * warp + j) * 16 * kN;
+      bh0[j] = fragmentB<Storage::BF16>(hiB, g, t, 0);
+      bh1[j] = fragmentB<Storage::BF16>(hiB, g, t, 1);
+      bl0[j] = fragmentB<Storage::BF16>(loB, g, t, 0);
+      bl1[j] = fragmentB<Storage::BF16>(loB, g, t, 1);
+    }
+    kvc::cuda::mmaK16SplitColumns<2>(acc, 0, fh, fl, bh0, bh1, bl0, bl1);
   } else if constexpr (kOp == Op::Run) {
     for (int j = 0; j < count; ++j) {
       const float *wa = a + (warp * count + j) * kM * 16;
@@ -354,6 +375,40 @@ void checkSplit(std::mt19937 &rng, bool wide) {
   compareOrder(what, got, emulatorOrder(c, products, 16, 1));
 }
 
+/// mmaK16SplitColumns into both accumulators: one A (hi, lo) per warp,
+/// stored twice so that the reference pairs it with either B.
+void checkSplitColumns(std::mt19937 &rng, bool wide) {
+  const int range = wide ? 0 : 8;
+  std::vector<double> scale;
+  auto twice = [](const std::vector<float> &x) {
+    std::vector<float> y;
+    for (int w = 0; w < kWarps; ++w)
+      for (int j = 0; j < 2; ++j)
+        y.insert(y.end(), x.begin() + w * kM * 16,
+                 x.begin() + (w + 1) * kM * 16);
+    return y;
+  };
+  using S = Storage;
+  const auto hiA = twice(operands<S::BF16>(rng, kWarps * kM * 16, range, wide));
+  const auto loA = twice(operands<S::BF16>(rng, kWarps * kM * 16, range, wide));
+  const auto hiB = operands<S::BF16>(rng, kWarps * 2 * 16 * kN, range, wide);
+  const auto loB = operands<S::BF16>(rng, kWarps * 2 * 16 * kN, range, wide);
+  const auto c = operands<S::BF16>(rng, kWarps * 2 * kM * kN, 1000, wide);
+  const auto got =
+      run<Op::K16SplitColumns, Storage::BF16>(hiA, loA, hiB, loB, c, 1);
+  std::vector<Product> products;
+  for (int j = 0; j < 2; ++j)
+    for (const Product &p : std::vector<Product>{{&loA, &hiB, j, j},
+                                                 {&hiA, &loB, j, j},
+                                                 {&hiA, &hiB, j, j}})
+      products.push_back(p);
+  const char *what = wide ? "mmaK16SplitColumns<2>, wide operands"
+                          : "mmaK16SplitColumns<2>, integer operands";
+  compare(what, got, reference(c, products, 16, 2, scale), scale,
+          wide ? kWideTolerance : 0.0);
+  compareOrder(what, got, emulatorOrder(c, products, 16, 2));
+}
+
 void checkBytes(std::mt19937 &rng) {
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_int_distribution<int32_t> start(-(1 << 24), 1 << 24);
@@ -405,7 +460,8 @@ int main() {
     checkProducts<Storage::F16>(rng, "f16", wide);
     checkProducts<Storage::BF16>(rng, "bf16", wide);
     checkSplit(rng, wide);
-    cases += 7;
+    checkSplitColumns(rng, wide);
+    cases += 8;
   }
   checkBytes(rng);
   ++cases;

@@ -150,8 +150,9 @@ constexpr int kPublishWords = 74;
 /// registers of every lane.
 const uint64_t *publishWords(unsigned mask, const uint64_t *values,
                              int count);
-/// The words of the warp's result that publishShared holds.
-constexpr int kSharedWords = 64;
+/// The words of the warp's result that publishShared holds: four 16 x 8
+/// float tiles (mmaEmulatedColumns of runtime/kvc_cuda.cuh).
+constexpr int kSharedWords = 256;
 /// publishWords for a warp operation whose result every lane reads from
 /// one place (an emulated mma.sync: the tile's products, formed once
 /// instead of once per lane): also returns the warp's kSharedWords words
@@ -160,6 +161,19 @@ constexpr int kSharedWords = 64;
 /// its next collective, and the other lanes read it before theirs.
 const uint64_t *publishShared(unsigned mask, const uint64_t *values,
                               int count, uint64_t **result, bool *form);
+/// The tiles of an emulated mma.sync (mmaEmulatedColumns of
+/// runtime/kvc_cuda.cuh), formed from a publishShared's words: per lane
+/// (kPublishWords apart), 2 words per accumulator C_j (its four floats as
+/// lane (g, t) holds them: C[g][2t, 2t+1], C[g+8][2t, 2t+1]), 4 per
+/// product's A_i (A[g][2t, 2t+1], A[g+8][2t, 2t+1], A[g][2t+8, 2t+9],
+/// A[g+8][2t+8, 2t+9]) and 2 per B_{j,i} (B[2t, 2t+1][g], B[2t+8,
+/// 2t+9][g]), i fastest; `tiles` receives each C_j + A_0 B_{j,0} + ... +
+/// A_{N-1} B_{j,N-1} (16 x 8 floats, row-major, one tile after another),
+/// each product's sums formed per half of k (halves: 1 for k = 8, 2 for k
+/// = 16) in the order of one lane's sums and then added to C_j. At most
+/// kPublishWords / 6 products.
+void formMmaTiles(const uint64_t *words, int accumulators, int products,
+                  int halves, float *tiles);
 /// cp.async of the calling thread: copyAsync records a copy of `bytes`
 /// (4, 8 or 16, both addresses aligned to it) into shared memory,
 /// commitCopies closes the group of the copies recorded since the last,

@@ -40,13 +40,33 @@ function(kvc_gpu_test_policies var g)
   set(${var} ${names} PARENT_SCOPE)
 endfunction()
 
-# kvc_gpu_grid_geometries(<var>): the geometries of the grid suites: g3,
-# and g8 with KVC_TEST_GRID_G8 (scripts/gpu-pack.sh; the G = 8 suites
-# differ from G = 3 in the group's constants only, so CI builds them once).
+# kvc_gpu_grid_geometries(<var> [GPU]): the geometries of the grid suites:
+# g3, and g8 with KVC_TEST_GRID_G8 (scripts/gpu-pack.sh; the G = 8 suites
+# differ from G = 3 in the group's constants only, so CI builds them once);
+# with GPU, those of the suites built with nvcc (kvc_gpu_test_geometries:
+# g3 only with KVC_TEST_GPU_G3).
 function(kvc_gpu_grid_geometries var)
-  set(gs g3)
+  cmake_parse_arguments(ARG "GPU" "" "" ${ARGN})
+  set(gs)
+  if(NOT ARG_GPU OR KVC_TEST_GPU_G3)
+    list(APPEND gs g3)
+  endif()
   if(KVC_TEST_GRID_G8)
     list(APPEND gs g8)
+  endif()
+  set(${var} ${gs} PARENT_SCOPE)
+endfunction()
+
+# kvc_gpu_test_geometries(<var>): the geometries of the GPU suites built
+# with nvcc (test/gpu): g8 and g1, and g3 with KVC_TEST_GPU_G3 (the GPU
+# pack). Without a GPU those builds only compile: every policy's kernels
+# for sm_80 at G = 1 and G = 8 here, and at G = 3 (the geometry of
+# smollm2-135m) for sm_90a in test/codegen/cuda-nvcc*.mlir; the emulator
+# runs all three (test/cudaemu).
+function(kvc_gpu_test_geometries var)
+  set(gs g8 g1)
+  if(KVC_TEST_GPU_G3)
+    list(INSERT gs 0 g3)
   endif()
   set(${var} ${gs} PARENT_SCOPE)
 endfunction()
