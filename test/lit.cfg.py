@@ -52,6 +52,9 @@ if config.ccache and os.path.exists(config.ccache):
 
 # The host C++ compiler, to compile generated CPU code that no bundled
 # policy exercises (the bundled ones are built and run by ctest).
+# The CMake of the build, for its script-mode files (codegen/*.cmake).
+config.substitutions.append(("%cmake", config.cmake_command))
+
 cxx = shutil.which("c++") or shutil.which("g++")
 if cxx:
     config.available_features.add("cxx")

@@ -5,16 +5,11 @@
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: kvc-opt %kvc_src_root/policies/int8.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_int8_cuda.cu -o %t/int8.o
 // RUN: kvc-opt %kvc_src_root/policies/fp8.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_fp8_cuda.cu -o %t/fp8.o
 // RUN: kvc-opt %kvc_src_root/policies/a2sf.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_a2sf_cuda.cu -o %t/a2sf.o
 // RUN: kvc-opt %kvc_src_root/policies/keydiff.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_keydiff_cuda.cu -o %t/keydiff.o
 // RUN: kvc-opt %kvc_src_root/policies/knorm.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_knorm_cuda.cu -o %t/knorm.o
 // RUN: kvc-opt %kvc_src_root/policies/snapkv_maxpool.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_snapkv_maxpool_cuda.cu -o %t/snapkv_maxpool.o
 // RUN: kvc-opt %kvc_src_root/policies/value_aware.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_value_aware_cuda.cu -o %t/value_aware.o
+// RUN: %cmake -DBACKEND=cuda "-DPOLICIES=int8;fp8;a2sf;keydiff;knorm;snapkv_maxpool;value_aware" -DOUTPUT=%t/kvc_bundle_cuda.cu -P %kvc_src_root/codegen/KvcPolicyBundle.cmake
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/kvc_bundle_cuda.cu -o %t/smollm2.o

@@ -8,9 +8,7 @@
 // REQUIRES: nvcc
 // RUN: rm -rf %t && mkdir -p %t/f16 %t/bf16 %t/f32
 // RUN: kvc-opt %kvc_src_root/policies/scissorhands.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_scissorhands_cuda.cu -o %t/scissorhands.o
 // RUN: kvc-opt %kvc_src_root/policies/rpc.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_rpc_cuda.cu -o %t/rpc.o
 // Unfused, G=8, head_dim 128, bf16: prefill_scoring and decode_scoring.
 // RUN: kvc-opt %kvc_src_root/policies/scissorhands.mlir "--kvc-specialize=layers=2 q-heads=8 kv-heads=1 head-dim=128 dtype=bf16" --kvc-form-kernels=unfused=1 --kvc-emit="target=cuda output-dir=%t/bf16" -o /dev/null
 // RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/bf16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/bf16/kvc_scissorhands_cuda.cu -o %t/scissorhands_unfused.o
@@ -21,7 +19,8 @@
 // entry point is host code over the runtime's metadata.
 // RUN: kvc-opt %kvc_src_root/policies/snapkv_global.mlir --kvc-specialize=model=smollm2-135m --kvc-form-kernels --kvc-emit="target=cuda output-dir=%t/f16" -o /dev/null
 // RUN: FileCheck %s --input-file=%t/f16/kvc_snapkv_global_cuda.cu
-// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_snapkv_global_cuda.cu -o %t/snapkv_global.o
+// RUN: %cmake -DBACKEND=cuda "-DPOLICIES=scissorhands;rpc;snapkv_global" -DOUTPUT=%t/f16/kvc_bundle_cuda.cu -P %kvc_src_root/codegen/KvcPolicyBundle.cmake
+// RUN: %nvcc -std=c++17 -I%kvc_src_root -I%t/f16 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a -c %t/f16/kvc_bundle_cuda.cu -o %t/f16.o
 
 // CHECK-LABEL: kvc_status_t kvc_snapkv_global_cuda_prefill(
 // CHECK:         cudaMemcpyAsync(storedScore.data(), w.s2,

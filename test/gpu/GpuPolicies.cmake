@@ -83,29 +83,52 @@ function(kvc_gpu_grid_policies var g)
   set(${var} ${names} PARENT_SCOPE)
 endfunction()
 
-# kvc_gpu_grid_libraries(<libs var> <run var> <geometry> <prefix> <make>):
-# the libraries a grid suite links, in the order of kvc_gpu_test_policies:
-# <prefix>_<policy>_<g>_grid, made by the function <make>(<target> <policy
-# file> <geometry options>), for the policies of kvc_gpu_grid_policies, and
-# <prefix>_<policy>_<g> (the default build's) for the others, each with its
-# CPU library; <run var>: the grid policies, comma-separated.
-function(kvc_gpu_grid_libraries libs_var run_var g prefix make)
+# kvc_gpu_test_bundles(<libs var> <geometry> <prefix> <make> [GRID <make>]
+#                      [RUN <run var>]): the libraries a geometry's suite
+# links: the policies of kvc_gpu_test_policies in two bundles (one
+# translation unit each: kvc_add_policy_library's POLICIES), each made by
+# <make>(<target> <geometry options> <policy file>...): <prefix>_<g>_fold,
+# the policies whose decode has a fold (kvc_gpu_grid_policies), and
+# <prefix>_<g>_rest, the others (made once, and shared with the grid
+# suite); then every policy's CPU library kvc_test_<policy>_<g>. With GRID,
+# the fold bundle is <prefix>_<g>_grid, made by the GRID function (the
+# same policies with KVC_CUDA_FOLD_IN_GRID=1). RUN: the fold policies,
+# comma-separated (the grid suites run those alone).
+function(kvc_gpu_test_bundles libs_var g prefix make)
+  cmake_parse_arguments(ARG "" "GRID;RUN" "" ${ARGN})
   kvc_gpu_test_geometry(geometry ${g})
   kvc_gpu_test_policies(names ${g})
   kvc_gpu_grid_policies(grid ${g})
-  set(libs)
+  set(fold_files)
+  set(rest_files)
+  set(fold_names)
+  set(cpu)
   foreach(name IN LISTS names)
-    set(lib ${prefix}_${name}_${g})
+    kvc_gpu_test_policy_file(file ${name})
     if(name IN_LIST grid)
-      kvc_gpu_test_policy_file(file ${name})
-      set(lib ${lib}_grid)
-      cmake_language(CALL ${make} ${lib} ${file} "${geometry}")
+      list(APPEND fold_files ${file})
+      list(APPEND fold_names ${name})
+    else()
+      list(APPEND rest_files ${file})
     endif()
-    list(APPEND libs ${lib} kvc_test_${name}_${g})
+    list(APPEND cpu kvc_test_${name}_${g})
   endforeach()
-  list(JOIN grid "," run)
-  set(${libs_var} ${libs} PARENT_SCOPE)
-  set(${run_var} ${run} PARENT_SCOPE)
+  set(fold ${prefix}_${g}_fold)
+  set(fold_make ${make})
+  if(ARG_GRID)
+    set(fold ${prefix}_${g}_grid)
+    set(fold_make ${ARG_GRID})
+  endif()
+  cmake_language(CALL ${fold_make} ${fold} "${geometry}" ${fold_files})
+  set(rest ${prefix}_${g}_rest)
+  if(NOT TARGET ${rest})
+    cmake_language(CALL ${make} ${rest} "${geometry}" ${rest_files})
+  endif()
+  set(${libs_var} ${fold} ${rest} ${cpu} PARENT_SCOPE)
+  if(ARG_RUN)
+    list(JOIN fold_names "," run)
+    set(${ARG_RUN} ${run} PARENT_SCOPE)
+  endif()
 endfunction()
 
 # The five numbers of geometry g as layers, qh, kvh, dim and dtype in the
