@@ -29,7 +29,7 @@
 #        architectures, and builds only the pack's targets there (the host
 #        code comes from ccache where build/ compiled it).
 #        KVC_GPU_PACK_SMOKE_ONLY=1 leaves out the full kvc-bench-gpu (its
-#        104 libraries take the longest to compile). KVC_GPU_PACK_ARCHIVE=FILE
+#        62 bundles, 104 policy libraries, take the longest to compile). KVC_GPU_PACK_ARCHIVE=FILE
 #        also writes DIR as a gzip tar archive (its members named as DIR
 #        is under the repository root, or by its own name elsewhere), for
 #        a transfer that limits its bytes (the device tool: 64 MiB with

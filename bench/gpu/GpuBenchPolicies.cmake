@@ -106,3 +106,40 @@ set(gpu_bench_alternative_policy_fused_norm ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_norm KVC_CUDA_LOGITS_EVICT_LAST=0)
 set(gpu_bench_alternative_policy_fused_grid ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_grid KVC_CUDA_FOLD_IN_GRID=1)
+
+# The libraries of one geometry are bundles, each compiled as one
+# translation unit (kvc_policy_bundle_source, codegen/KvcAddPolicyLibrary.
+# cmake), so that the kernels their policies share compile once: the
+# variants in one (key `defaults`), and the alternatives that take the same
+# overrides in one each (key: the overrides, lowercase, without KVC_CUDA_).
+# gpu_bench_bundles: the keys; gpu_bench_bundle_members_<key>: its variants
+# or alternatives; gpu_bench_bundle_defines_<key>: its overrides.
+set(gpu_bench_bundles defaults)
+set(gpu_bench_bundle_members_defaults ${gpu_bench_variants})
+set(gpu_bench_bundle_defines_defaults)
+foreach(alt IN LISTS gpu_bench_alternatives)
+  string(TOLOWER "${gpu_bench_alternative_defines_${alt}}" key)
+  string(REPLACE "kvc_cuda_" "" key "${key}")
+  string(REGEX REPLACE "[^a-z0-9]+" "_" key "${key}")
+  if(NOT key IN_LIST gpu_bench_bundles)
+    list(APPEND gpu_bench_bundles ${key})
+    set(gpu_bench_bundle_defines_${key} ${gpu_bench_alternative_defines_${alt}})
+  endif()
+  list(APPEND gpu_bench_bundle_members_${key} ${alt})
+endforeach()
+
+# kvc_gpu_bench_member(<file var> <form var> <variant or alternative>): its
+# policy file and kvc-opt's --kvc-form-kernels option.
+function(kvc_gpu_bench_member file_var form_var member)
+  set(form --kvc-form-kernels)
+  if(member IN_LIST gpu_bench_variants)
+    set(file ${gpu_bench_policy_${member}})
+    if(member STREQUAL "unfused")
+      set(form --kvc-form-kernels=unfused=1)
+    endif()
+  else()
+    set(file ${gpu_bench_alternative_policy_${member}})
+  endif()
+  set(${file_var} ${file} PARENT_SCOPE)
+  set(${form_var} ${form} PARENT_SCOPE)
+endfunction()
