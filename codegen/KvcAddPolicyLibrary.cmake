@@ -76,6 +76,25 @@ function(kvc_policy_bundle_source var backend suffix)
   set(${var} "${text}" PARENT_SCOPE)
 endfunction()
 
+# kvc_policy_bundle_sources(<var> <dir> <backend> <source suffix>
+#                           <policy>...): the sources of a bundle in <dir>:
+# writes kvc_bundle_<backend><source suffix> there (kvc_policy_bundle_source,
+# at generate time), marks each policy's generated source and header, which
+# the bundle includes, as not compiled on their own, and sets <var> to the
+# bundle followed by them.
+function(kvc_policy_bundle_sources var dir backend suffix)
+  kvc_policy_bundle_source(text ${backend} ${suffix} ${ARGN})
+  set(bundle "${dir}/kvc_bundle_${backend}${suffix}")
+  file(GENERATE OUTPUT "${bundle}" CONTENT "${text}")
+  set(members)
+  foreach(name IN LISTS ARGN)
+    list(APPEND members "${dir}/kvc_${name}_${backend}${suffix}"
+                        "${dir}/kvc_${name}_${backend}.h")
+  endforeach()
+  set_source_files_properties(${members} PROPERTIES HEADER_FILE_ONLY ON)
+  set(${var} "${bundle}" ${members} PARENT_SCOPE)
+endfunction()
+
 function(kvc_add_policy_library target)
   cmake_parse_arguments(ARG "UNFUSED" "POLICY;NAME" "POLICIES;TARGETS;GEOMETRY"
                         ${ARGN})
@@ -158,15 +177,12 @@ function(kvc_add_policy_library target)
         DEPENDS "${policy_file}" ${KVC_OPT_EXECUTABLE}
         COMMENT "kvc: compiling policy @${name} for ${t} into ${target}"
         VERBATIM)
-      list(APPEND sources ${source})
-      list(APPEND all_sources ${header})
+      list(APPEND sources ${source} ${header})
     endforeach()
     if(ARG_POLICIES)
       # The generated sources are compiled through the bundle only.
-      set_source_files_properties(${sources} PROPERTIES HEADER_FILE_ONLY ON)
-      kvc_policy_bundle_source(text ${t} ".${ext}" ${policy_names})
-      file(GENERATE OUTPUT "${out_dir}/kvc_bundle_${t}.${ext}" CONTENT "${text}")
-      list(APPEND sources "${out_dir}/kvc_bundle_${t}.${ext}")
+      kvc_policy_bundle_sources(sources ${out_dir} ${t} ".${ext}"
+                                ${policy_names})
     endif()
     list(APPEND all_sources ${sources})
   endforeach()
