@@ -1153,11 +1153,17 @@ __device__ inline int32_t claimItem(int32_t *items) {
 /// dependent, start its blocks once every block of this one has called it
 /// or ended: it orders nothing (the dependent still waits for this
 /// kernel's end), it only hides that kernel's launch. Both compile to
-/// nothing below sm_90 (and on the host, and in the CUDA emulator, which
-/// runs kernels one after another); launched as an ordinary kernel, a
-/// kernel's wait returns at once.
+/// nothing below sm_90 (and on the host); launched as an ordinary kernel, a
+/// kernel's wait returns at once. The CUDA emulator starts a dependent as
+/// early as an sm_90 device may (kvc_cuda_emu.h, with deferred device
+/// work): until its wait, a block reads what the kernel before wrote as it
+/// was before that kernel ran.
 __device__ __forceinline__ void awaitPriorGrids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVC_CUDA_DEPENDENT_LAUNCH
+#if defined(KVC_CUDA_EMULATED)
+#if KVC_CUDA_DEPENDENT_LAUNCH
+  ::kvc::emu::awaitPriorGrids();
+#endif
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVC_CUDA_DEPENDENT_LAUNCH
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
@@ -10142,7 +10148,7 @@ inline kvc_status_t residentBlocks(const char *name, int32_t *count) {
 /// above, where awaitPriorGrids is a wait: not the sm_80 PTX that the
 /// driver compiles for a newer device), asked of the runtime once per
 /// device. Always false under KVC_CUDA_DEPENDENT_LAUNCH=0 and in the CUDA
-/// emulator.
+/// emulator (where launchDependent tells the emulator instead).
 template <auto Kernel>
 inline kvc_status_t dependentLaunchApplies(const char *name, bool *applies) {
 #if KVC_CUDA_DEPENDENT_LAUNCH && !defined(KVC_CUDA_EMULATED)
@@ -10199,6 +10205,10 @@ inline kvc_status_t launchDependent(const char *name, dim3 grid, dim3 block,
     KVC_CUDA_CHECK(name, cudaLaunchKernelEx(&config, Kernel, args...));
     return KVC_STATUS_OK;
   }
+#elif KVC_CUDA_DEPENDENT_LAUNCH
+  // The emulator, a device of compute capability 9.0, starts it as early
+  // as such a device may (kvc_cuda_emu.h).
+  ::kvc::emu::markDependentLaunch();
 #endif
   Kernel<<<grid, block, 0, stream>>>(args...);
   KVC_CUDA_CHECK(name, cudaGetLastError());

@@ -107,7 +107,34 @@ constexpr int kWarpSize = 32;
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
+/// AtGridWait: at awaitPriorGrids, in a kernel launched as a programmatic
+/// dependent whose block still reads memory as it was before the kernel
+/// ahead of it ran (PriorWrites).
+enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, AtGridWait, Done };
+
+/// What a primary kernel (the kernel ahead of a programmatic dependent in
+/// its stream) changed in device memory: the ranges it changed, and for
+/// each the bytes of the view that memory does not show now. show(true)
+/// puts the bytes from before the primary ran back in place, show(false)
+/// its results; each exchanges the two, so that what a dependent writes
+/// in either view stays with that view.
+struct PriorWrites {
+  struct Range {
+    char *at;
+    size_t bytes;
+    size_t offset; // into `other`
+  };
+  std::vector<Range> ranges;
+  std::vector<char> other;
+  bool before = false; // memory shows the bytes from before the primary
+  void show(bool wantBefore) {
+    if (before == wantBefore)
+      return;
+    for (const Range &r : ranges)
+      std::swap_ranges(r.at, r.at + r.bytes, other.data() + r.offset);
+    before = wantBefore;
+  }
+};
 
 /// An asynchronous copy into shared memory (copyAsync), performed when a
 /// wait covers its group: as late as the device may perform it, so that a
@@ -170,7 +197,21 @@ struct BlockRun {
   bool started = false, pauseAsked = false;
   // Whether other blocks are in flight beside it (runConcurrent).
   bool inFlight = false;
+  // A programmatic dependent's launch: what the primary wrote, and whether
+  // the block has passed awaitPriorGrids (every thread that waits there
+  // goes on once no other live thread of the block can run before its own
+  // wait). Until then the block reads memory as it was before the primary.
+  PriorWrites *prior = nullptr;
+  bool waited = true;
 };
+
+/// Shows `run`'s block the memory it reads now: from before its launch's
+/// primary until the block has passed awaitPriorGrids, the primary's
+/// results after.
+void showMemory(BlockRun &run) {
+  if (run.prior)
+    run.prior->show(!run.waited);
+}
 
 BlockRun *active = nullptr;
 
@@ -374,6 +415,7 @@ void startBlock(BlockRun &run) {
   run.formed.assign(warps, 0);
   for (int i = 0; i < threads; ++i)
     ++run.liveLanes[i / kWarpSize];
+  run.waited = run.prior == nullptr;
 }
 
 /// Runs the block's warps one by one, each until it waits at
@@ -382,9 +424,25 @@ void startBlock(BlockRun &run) {
 bool runPhase(BlockRun &run) {
   const int threads = static_cast<int>(run.fibers.size());
   const int warps = (threads + kWarpSize - 1) / kWarpSize;
-  for (int k = 0; k < warps; ++k) {
-    const int w = kWarpSize * (run.reverseThreads ? warps - 1 - k : k);
-    runWarp(run, w, std::min(w + kWarpSize, threads));
+  for (;;) {
+    for (int k = 0; k < warps; ++k) {
+      const int w = kWarpSize * (run.reverseThreads ? warps - 1 - k : k);
+      runWarp(run, w, std::min(w + kWarpSize, threads));
+    }
+    // No thread can run on: those at awaitPriorGrids go on, and from now
+    // the block reads the primary's results (a thread still short of its
+    // wait waits at a barrier or collective that a waiting thread must
+    // reach first, or never waits).
+    bool waiting = false;
+    for (Fiber &f : run.fibers)
+      if (f.state == State::AtGridWait) {
+        f.state = State::Runnable;
+        waiting = true;
+      }
+    if (!waiting)
+      break;
+    run.waited = true;
+    showMemory(run);
   }
   run.current = nullptr;
   bool live = false, ready = true;
@@ -435,6 +493,13 @@ void syncWarp(unsigned mask) {
 }
 
 int laneId() { return active->current->linear % kWarpSize; }
+
+void awaitPriorGrids() {
+  if (!active || !active->current)
+    fatal("awaitPriorGrids outside a kernel");
+  if (!active->waited)
+    waitAt(State::AtGridWait);
+}
 
 namespace {
 /// Bytes of the program's own thread-local block (PT_TLS of the
@@ -847,6 +912,7 @@ void runConcurrent(std::vector<BlockRun> &runs,
         startBlock(r);
         r.started = true;
       }
+      showMemory(r);
       r.pauseAsked = false;
       while (more && !r.pauseAsked)
         more = runPhase(r);
@@ -858,15 +924,33 @@ void runConcurrent(std::vector<BlockRun> &runs,
   }
 }
 
+/// What a piece of device work is, for the programmatic dependents
+/// (markDependentLaunch): a kernel, a kernel launched as a dependent of the
+/// one before it, an event's record (which orders nothing in its stream),
+/// or anything else (a copy, a memset, a free).
+enum class WorkKind { Kernel, Dependent, Record, Other };
+
 /// Queues `work` on `stream` (KVC_EMU_DEVICE_WORK=deferred), or runs it
 /// now after any work still queued (the default). Defined with the
 /// runtime API below.
-void deviceWork(cudaStream_t stream, std::function<void()> work);
+void deviceWork(cudaStream_t stream, std::function<void()> work,
+                WorkKind kind = WorkKind::Other);
+
+/// markDependentLaunch was called for the next launch.
+bool dependentNext = false;
+
+/// The primary's writes for the launch that runs next, when it is a
+/// programmatic dependent that may start early (set by runWork).
+PriorWrites *launchPrior = nullptr;
 
 /// Runs the launch numbered `launch` (the seed of its block order).
 void execute(const char *file, int line, const char *kernel, dim3 grid,
              dim3 block, const std::function<void()> &body,
              uint64_t launch) {
+  PriorWrites *prior =
+      launchPrior && !launchPrior->ranges.empty() ? launchPrior : nullptr;
+  if (prior)
+    ++counterValues.earlyDependents;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   const BlockOrder order = blockOrder();
   const bool reverseThreads = reverseThreadOrder();
@@ -910,6 +994,7 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
     run.schedulerBottom = bottom;
     run.schedulerBytes = bottomBytes;
     run.inFlight = runs.size() > 1;
+    run.prior = prior;
   }
   blockDimension = block;
   gridDimension = grid;
@@ -924,6 +1009,7 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
                          static_cast<unsigned>(b / grid.x % grid.y),
                          static_cast<unsigned>(b / grid.x / grid.y)};
       startBlock(run);
+      showMemory(run);
       while (runPhase(run)) {
       }
     };
@@ -934,6 +1020,8 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
       for (uint64_t b : blockSequence(order, blocks, launch))
         runAt(b);
   }
+  if (prior)
+    prior->show(false);
   active = nullptr;
   counterValues.kernelSeconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -949,16 +1037,23 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 ||
       grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+    dependentNext = false;
     lastError = cudaErrorInvalidConfiguration;
     return;
   }
   if (active)
     fatal("kernel launched from inside a kernel");
   const uint64_t launch = counterValues.launches++;
-  deviceWork(stream, [=] {
-    execute(file, line, kernel, grid, block, body, launch);
-  });
+  const bool dependent = std::exchange(dependentNext, false);
+  if (dependent)
+    ++counterValues.dependentLaunches;
+  deviceWork(
+      stream,
+      [=] { execute(file, line, kernel, grid, block, body, launch); },
+      dependent ? WorkKind::Dependent : WorkKind::Kernel);
 }
+
+void markDependentLaunch() { dependentNext = true; }
 
 } // namespace kvc::emu
 
@@ -986,10 +1081,10 @@ struct CUmemPoolHandle_st {
 };
 /// A captured graph and its instance: the captured work, in order.
 struct CUgraph_st {
-  std::vector<std::function<void()>> work;
+  std::vector<std::pair<kvc::emu::WorkKind, std::function<void()>>> work;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<void()>> work;
+  std::vector<std::pair<kvc::emu::WorkKind, std::function<void()>>> work;
 };
 
 namespace kvc::emu {
@@ -1023,6 +1118,10 @@ struct QueuedWork {
   uint64_t number;
   StreamKey stream;
   std::function<void()> work;
+  WorkKind kind = WorkKind::Other;
+  /// A kernel that a programmatic dependent follows: what it writes, for
+  /// the dependent (primaryOf); a dependent: its primary's (dependentOn).
+  std::shared_ptr<PriorWrites> primaryOf, dependentOn;
 };
 
 /// The deferred work, in the order it was queued.
@@ -1033,6 +1132,76 @@ uint64_t queuedCount = 0;
 /// `immediate` (unset or empty) or `deferred`.
 bool deferred() {
   return switchedOn("KVC_EMU_DEVICE_WORK", "immediate", "deferred");
+}
+
+/// The device memory the program has allocated (cudaMalloc, pinned and
+/// pool allocations): its start and bytes.
+std::map<char *, size_t> allocations;
+
+/// Device memory as it was before a primary kernel ran.
+struct Snapshot {
+  std::vector<std::pair<char *, std::vector<char>>> copies;
+};
+
+Snapshot takeSnapshot() {
+  Snapshot s;
+  s.copies.reserve(allocations.size());
+  for (const auto &[at, bytes] : allocations)
+    s.copies.emplace_back(at, std::vector<char>(at, at + bytes));
+  return s;
+}
+
+/// What changed since `before`, in 64-byte pieces of each allocation
+/// (bytes that did not change are the same in both views).
+void changesSince(const Snapshot &before, PriorWrites &writes) {
+  constexpr size_t kPiece = 64;
+  writes.ranges.clear();
+  writes.other.clear();
+  writes.before = false;
+  for (const auto &[at, copy] : before.copies) {
+    const size_t bytes = copy.size();
+    size_t start = 0;
+    bool open = false;
+    for (size_t p = 0; p <= bytes; p += kPiece) {
+      const size_t n = std::min(kPiece, bytes - std::min(p, bytes));
+      const bool changed =
+          n > 0 && std::memcmp(at + p, copy.data() + p, n) != 0;
+      if (changed && !open) {
+        start = p;
+        open = true;
+      } else if (!changed && open) {
+        const size_t end = std::min(p, bytes);
+        writes.ranges.push_back({at + start, end - start,
+                                 writes.other.size()});
+        writes.other.insert(writes.other.end(), copy.data() + start,
+                            copy.data() + end);
+        open = false;
+      }
+      if (n < kPiece)
+        break;
+    }
+    if (open) {
+      writes.ranges.push_back({at + start, bytes - start,
+                               writes.other.size()});
+      writes.other.insert(writes.other.end(), copy.data() + start,
+                          copy.data() + bytes);
+    }
+  }
+}
+
+/// Runs one piece of queued work. A primary runs between a snapshot of
+/// device memory and its comparison, so that its dependent, which may
+/// start before it on a device, reads what it wrote as it was before until
+/// the dependent's awaitPriorGrids.
+void runWork(QueuedWork &w) {
+  Snapshot before;
+  if (w.primaryOf)
+    before = takeSnapshot();
+  launchPrior = w.dependentOn.get();
+  w.work();
+  launchPrior = nullptr;
+  if (w.primaryOf)
+    changesSince(before, *w.primaryOf);
 }
 
 /// Runs the queued work that work on `stream`, queued after the first
@@ -1055,17 +1224,17 @@ void finish(const StreamKey &stream, size_t end) {
         waiting.push_back(queue[i].stream);
     }
   }
-  std::vector<std::function<void()>> run;
+  std::vector<QueuedWork> run;
   std::vector<QueuedWork> rest;
   for (size_t i = 0; i < queue.size(); ++i) {
     if (i < end && due[i])
-      run.push_back(std::move(queue[i].work));
+      run.push_back(std::move(queue[i]));
     else
       rest.push_back(std::move(queue[i]));
   }
   queue.swap(rest);
-  for (std::function<void()> &work : run)
-    work();
+  for (QueuedWork &w : run)
+    runWork(w);
 }
 
 /// Runs everything queued (the device synchronized).
@@ -1073,7 +1242,7 @@ void finishAll() {
   std::vector<QueuedWork> run;
   run.swap(queue);
   for (QueuedWork &w : run)
-    w.work();
+    runWork(w);
 }
 
 /// Runs what `stream`'s work queued so far, and what it waits for.
@@ -1106,7 +1275,7 @@ bool eventQueued(const CUevent_st &event) {
 uint64_t queueRecord(cudaStream_t stream) {
   if (!deferred())
     return 0;
-  queue.push_back({++queuedCount, keyOf(stream), [] {}});
+  queue.push_back({++queuedCount, keyOf(stream), [] {}, WorkKind::Record});
   return queuedCount;
 }
 
@@ -1115,7 +1284,7 @@ uint64_t queueRecord(cudaStream_t stream) {
 struct Capture {
   uintptr_t stream;
   cudaStreamCaptureMode mode;
-  std::vector<std::function<void()>> work;
+  std::vector<std::pair<WorkKind, std::function<void()>>> work;
   /// A call that a device refuses during a capture was made: the capture
   /// ends with cudaErrorStreamCaptureInvalidated.
   bool invalidated = false;
@@ -1150,13 +1319,33 @@ bool refusedInCapture() {
   return refused;
 }
 
-void deviceWork(cudaStream_t stream, std::function<void()> work) {
+void deviceWork(cudaStream_t stream, std::function<void()> work,
+                WorkKind kind) {
   if (Capture *c = captureOf(stream)) {
-    c->work.push_back(std::move(work));
+    c->work.emplace_back(kind, std::move(work));
     return;
   }
   if (deferred()) {
-    queue.push_back({++queuedCount, keyOf(stream), std::move(work)});
+    QueuedWork w{++queuedCount, keyOf(stream), std::move(work), kind, {}, {}};
+    // A dependent may start while the work it follows still runs when that
+    // work is a kernel still queued in its stream (event records between
+    // them order nothing); after anything else, or once the kernel has
+    // run, it starts as an ordinary launch.
+    if (kind == WorkKind::Dependent)
+      for (size_t i = queue.size(); i-- > 0;) {
+        QueuedWork &q = queue[i];
+        if (!waitsFor(w.stream, q.stream))
+          continue;
+        if (q.kind == WorkKind::Record && q.stream.id == w.stream.id)
+          continue;
+        if (q.stream.id == w.stream.id && (q.kind == WorkKind::Kernel ||
+                                           q.kind == WorkKind::Dependent)) {
+          q.primaryOf = std::make_shared<PriorWrites>();
+          w.dependentOn = q.primaryOf;
+        }
+        break;
+      }
+    queue.push_back(std::move(w));
     return;
   }
   finishAll(); // what an earlier deferred setting left
@@ -1334,9 +1523,16 @@ cudaError_t allocateDevice(void **pointer, size_t bytes) {
     *pointer = nullptr;
     return fail(cudaErrorMemoryAllocation);
   }
-  if (bytes)
+  if (bytes) {
     std::memset(*pointer, kvc::emu::kFreshByte, bytes);
+    kvc::emu::allocations[static_cast<char *>(*pointer)] = bytes;
+  }
   return cudaSuccess;
+}
+
+void freeDevice(void *pointer) {
+  kvc::emu::allocations.erase(static_cast<char *>(pointer));
+  std::free(pointer);
 }
 } // namespace
 
@@ -1351,7 +1547,7 @@ cudaError_t cudaFree(void *pointer) {
     return cudaErrorStreamCaptureUnsupported;
   ++counterValues.allocations;
   finishAll(); // a free waits for the device
-  std::free(pointer);
+  freeDevice(pointer);
   return cudaSuccess;
 }
 // Pinned host memory is a device allocation whose range is remembered, so
@@ -1454,7 +1650,7 @@ cudaError_t cudaMallocFromPoolAsync(void **pointer, size_t bytes,
 }
 cudaError_t cudaFreeAsync(void *pointer, cudaStream_t stream) {
   ++counterValues.poolFrees;
-  deviceWork(stream, [pointer] { std::free(pointer); });
+  deviceWork(stream, [pointer] { freeDevice(pointer); });
   return cudaSuccess;
 }
 
@@ -1733,8 +1929,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (kvc::emu::captureOf(stream))
     return fail(cudaErrorStreamCaptureUnsupported);
   ++counterValues.graphLaunches;
-  for (const std::function<void()> &work : exec->work)
-    deviceWork(stream, work);
+  for (const auto &[kind, work] : exec->work)
+    deviceWork(stream, work, kind);
   return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {

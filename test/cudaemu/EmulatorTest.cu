@@ -20,7 +20,14 @@
 //    counting in that the last arrival misses;
 //  - deferred device work (KVC_EMU_DEVICE_WORK=deferred): what runs at
 //    each kind of wait, and what a copy reads from pinned and pageable
-//    memory.
+//    memory;
+//  - programmatic dependents (markDependentLaunch, awaitPriorGrids): with
+//    deferred work, a dependent of a queued kernel reads that kernel's
+//    results only after its wait (a thread that never waits, never), its
+//    waiting threads go on once the rest of the block waits at a barrier,
+//    an event record between the two changes nothing, and a copy between
+//    them, a wait for the stream, or immediate work makes it an ordinary
+//    launch; a graph's replay keeps the dependence.
 // With an argument, it runs one kernel that must be reported instead (ctest
 // matches the report):
 //  - `deadlock`: lanes of a warp wait at different barriers;
@@ -765,6 +772,132 @@ void checkCapture() {
     });
 }
 
+__global__ void fillWords(int *words, int value) {
+  words[threadIdx.x] = value;
+}
+
+/// Thread t reads word t before awaitPriorGrids and again after; the
+/// threads t % 4 == 3 never wait.
+__global__ void readAroundWait(const int *words, int *seen) {
+  const int t = threadIdx.x;
+  const int early = words[t];
+  if (t % 4 != 3)
+    kvc::emu::awaitPriorGrids();
+  seen[2 * t] = early;
+  seen[2 * t + 1] = words[t];
+}
+
+/// Thread 0 waits, then every thread reads its word after a barrier.
+__global__ void waitThenBarrier(const int *words, int *seen) {
+  const int t = threadIdx.x;
+  if (t == 0)
+    kvc::emu::awaitPriorGrids();
+  __syncthreads();
+  seen[t] = words[t];
+}
+
+/// KVC_EMU_DEVICE_WORK=deferred: a dependent launched behind a queued
+/// kernel (fillWords, which turns every word from 1 to 2) reads 1 before
+/// its wait and 2 after; whatever ends the kernel before the dependent may
+/// start makes it read 2 throughout.
+void checkDependentLaunch() {
+  constexpr int kThreads = 64;
+  int *words = nullptr, *seen = nullptr, *other = nullptr;
+  cudaMalloc(&words, kThreads * sizeof(int));
+  cudaMalloc(&seen, 2 * kThreads * sizeof(int));
+  cudaMalloc(&other, sizeof(int));
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t event = nullptr;
+  cudaEventCreate(&event);
+  const std::vector<int> ones(kThreads, 1);
+  // Runs `between` after the primary and before the dependent, and returns
+  // what each thread of the dependent read before and after its wait.
+  auto step = [&](auto between, bool dependent = true) {
+    cudaMemcpy(words, ones.data(), kThreads * sizeof(int),
+               cudaMemcpyHostToDevice);
+    fillWords<<<1, kThreads, 0, s>>>(words, 2);
+    between();
+    if (dependent)
+      kvc::emu::markDependentLaunch();
+    readAroundWait<<<1, kThreads, 0, s>>>(words, seen);
+    std::vector<int> read(2 * kThreads);
+    cudaMemcpyAsync(read.data(), seen, read.size() * sizeof(int),
+                    cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    return read;
+  };
+  auto early = [&](const std::vector<int> &read) {
+    bool ok = true;
+    for (int t = 0; t < kThreads; ++t)
+      ok &= read[2 * t] == 1 && read[2 * t + 1] == (t % 4 == 3 ? 1 : 2);
+    return ok;
+  };
+  auto ordinary = [&](const std::vector<int> &read) {
+    return std::all_of(read.begin(), read.end(),
+                       [](int v) { return v == 2; });
+  };
+  auto nothing = [] {};
+  withSetting("KVC_EMU_DEVICE_WORK", "deferred", [&] {
+    const uint64_t before = kvc::emu::counters().earlyDependents;
+    expect(early(step(nothing)),
+           "dependent: reads the primary's results only after its wait, a "
+           "thread that never waits never");
+    expect(kvc::emu::counters().earlyDependents == before + 1,
+           "dependent: counted as started early");
+    expect(ordinary(step(nothing, false)),
+           "dependent: an ordinary launch reads the results throughout");
+    expect(early(step([&] { cudaEventRecord(event, s); })),
+           "dependent: an event record between the two changes nothing");
+    expect(ordinary(step([&] {
+             cudaMemcpyAsync(other, ones.data(), sizeof(int),
+                             cudaMemcpyHostToDevice, s);
+           })),
+           "dependent: a copy between the two makes an ordinary launch");
+    expect(ordinary(step([&] { cudaStreamSynchronize(s); })),
+           "dependent: a wait for the primary makes an ordinary launch");
+    // Thread 0 waits, the others wait at the barrier: all read 2 after.
+    cudaMemcpy(words, ones.data(), kThreads * sizeof(int),
+               cudaMemcpyHostToDevice);
+    fillWords<<<1, kThreads, 0, s>>>(words, 2);
+    kvc::emu::markDependentLaunch();
+    waitThenBarrier<<<1, kThreads, 0, s>>>(words, seen);
+    std::vector<int> read(kThreads);
+    cudaMemcpyAsync(read.data(), seen, read.size() * sizeof(int),
+                    cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    expect(ordinary(read), "dependent: a thread past a barrier that a "
+                           "waiting thread reached reads the results");
+    // A graph of the two: its replays keep the dependence.
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    fillWords<<<1, kThreads, 0, s>>>(words, 2);
+    kvc::emu::markDependentLaunch();
+    readAroundWait<<<1, kThreads, 0, s>>>(words, seen);
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(s, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    cudaMemcpy(words, ones.data(), kThreads * sizeof(int),
+               cudaMemcpyHostToDevice);
+    cudaGraphLaunch(exec, s);
+    std::vector<int> replay(2 * kThreads);
+    cudaMemcpyAsync(replay.data(), seen, replay.size() * sizeof(int),
+                    cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    expect(early(replay), "dependent: a graph's replay keeps it");
+    cudaGraphExecDestroy(exec);
+    return 0;
+  });
+  expect(ordinary(step(nothing)),
+         "dependent: immediate work runs it as an ordinary launch");
+  cudaEventDestroy(event);
+  cudaStreamDestroy(s);
+  cudaFree(other);
+  cudaFree(seen);
+  cudaFree(words);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -804,6 +937,7 @@ int main(int argc, char **argv) {
   checkConcurrentBlocks();
   checkDeferredWork();
   checkCapture();
+  checkDependentLaunch();
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }

@@ -54,6 +54,21 @@
 //    for the plans that size a grid by the blocks the device holds at once
 //    (a small device: few splits' waves, folds in the attention grid that
 //    follow a head or two behind);
+//  - a kernel launched as a programmatic dependent (launchDependent of
+//    runtime/kvc_cuda.cuh, which tells the emulator: markDependentLaunch)
+//    runs, under KVC_EMU_DEVICE_WORK=deferred, as early as an sm_90 device
+//    may start it: when the work ahead of it in its stream is a kernel that
+//    has not run when the dependent is queued (event records between them
+//    order nothing), every byte that kernel (the primary) changes holds its
+//    earlier value for each block of the dependent until the block passes
+//    awaitPriorGrids, and a thread that waits there goes on only once no
+//    other live thread of its block can run (each has waited, ended, or
+//    waits at a barrier or collective). So a dependent that reads the
+//    primary's results before its wait reads stale bytes and fails its
+//    test; what it writes before the wait stays in the view it wrote (the
+//    primary's own ranges are exchanged, not copied). A primary costs a copy
+//    of every device allocation and a comparison after it. Immediate work
+//    runs a dependent after its primary, as an ordinary launch;
 //  - a stream capture (cudaStreamBeginCapture) records the kernels, copies
 //    and memsets its stream is given, in order, and a graph launch gives a
 //    stream that work again with the arguments it was captured with; while
@@ -208,6 +223,12 @@ void setPrefetchLog(std::vector<const void *> *log);
 /// shows in a test's results. A line that is not 128-byte aligned, or in
 /// shared memory, is a fatal error (undefined on a device).
 void discard(void *line);
+/// Programmatic dependent launch (see the top of this file): the next
+/// kernel launched is a dependent of the kernel before it in its stream
+/// (launchDependent), and awaitPriorGrids of the calling thread, which
+/// returns once the primary's results are what its block reads.
+void markDependentLaunch();
+void awaitPriorGrids();
 /// The number of lanes of the calling thread's warp (32 but in a last,
 /// partial warp).
 int lanes();
@@ -251,6 +272,10 @@ struct Counters {
   /// cudaGraphLaunch: the replays of captured work (whose kernels count in
   /// `launches` once, when captured).
   uint64_t graphLaunches = 0;
+  /// Launches as programmatic dependents (markDependentLaunch), and the
+  /// dependents' runs that started early: with bytes their primary changed
+  /// shown as they were before it until awaitPriorGrids.
+  uint64_t dependentLaunches = 0, earlyDependents = 0;
 };
 const Counters &counters();
 

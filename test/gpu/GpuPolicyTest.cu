@@ -1431,6 +1431,24 @@ int main() {
       runBatch(api, stream, /*graph=*/true);
     }
   cudaStreamDestroy(stream);
+#if defined(KVC_CUDA_EMULATED)
+  // With deferred device work the emulator starts each dependent (the
+  // decode steps' attention and fold kernels) before the kernel ahead of it
+  // has run, as an sm_90 device may (kvc_cuda_emu.h): a run whose
+  // dependents all started late checked nothing of their waits.
+  const kvc::emu::Counters &emulated = kvc::emu::counters();
+  std::printf("emulator: %llu programmatic dependent launches (a graph's "
+              "once), %llu runs of one started before the kernel ahead\n",
+              static_cast<unsigned long long>(emulated.dependentLaunches),
+              static_cast<unsigned long long>(emulated.earlyDependents));
+  const char *work = std::getenv("KVC_EMU_DEVICE_WORK");
+  if (work && !std::strcmp(work, "deferred") && emulated.dependentLaunches &&
+      !emulated.earlyDependents) {
+    std::printf("FAIL: deferred device work, and no dependent launch "
+                "started before the kernel ahead of it\n");
+    ++failures;
+  }
+#endif
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }
