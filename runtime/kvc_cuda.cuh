@@ -1169,7 +1169,11 @@ __device__ __forceinline__ void awaitPriorGrids() {
 }
 
 __device__ __forceinline__ void releaseDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVC_CUDA_DEPENDENT_LAUNCH
+#if defined(KVC_CUDA_EMULATED)
+#if KVC_CUDA_DEPENDENT_LAUNCH
+  ::kvc::emu::releaseDependents();
+#endif
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVC_CUDA_DEPENDENT_LAUNCH
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }

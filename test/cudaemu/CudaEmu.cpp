@@ -501,6 +501,16 @@ void awaitPriorGrids() {
     waitAt(State::AtGridWait);
 }
 
+void releaseDependents() {
+  if (!active || !active->current)
+    fatal("releaseDependents outside a kernel");
+  if (!active->waited)
+    fatal("releaseDependents before awaitPriorGrids in a programmatic "
+          "dependent that started early: its own dependents could start "
+          "before the kernel ahead of it has ended, which the emulator does "
+          "not model");
+}
+
 namespace {
 /// Bytes of the program's own thread-local block (PT_TLS of the
 /// executable, rounded up to its alignment): the thread-local __shared__

@@ -35,6 +35,8 @@
 //  - `device-overflow` and `shared-overflow` (the AddressSanitizer build):
 //    a write one element past a cudaMalloc'd buffer, and past a __shared__
 //    array;
+//  - `release-before-wait`: a dependent that started early releases its
+//    own dependents before its wait;
 //  - `misaligned-vector`, `wide-shift` and `float-cast` (the same build,
 //    under UBSan's alignment, shift and float-cast-overflow checks): three
 //    operations that a device and the host do differently, so that a
@@ -787,6 +789,14 @@ __global__ void readAroundWait(const int *words, int *seen) {
   seen[2 * t + 1] = words[t];
 }
 
+/// Lets its own dependents start before it has waited for the kernel
+/// ahead of it (the `release-before-wait` case).
+__global__ void releaseBeforeWait(int *words) {
+  kvc::emu::releaseDependents();
+  kvc::emu::awaitPriorGrids();
+  words[threadIdx.x] = 3;
+}
+
 /// Thread 0 waits, then every thread reads its word after a barrier.
 __global__ void waitThenBarrier(const int *words, int *seen) {
   const int t = threadIdx.x;
@@ -918,6 +928,13 @@ int main(int argc, char **argv) {
       wideShift<<<1, 1>>>(0x80000000u, 32, d);
     else if (!std::strcmp(argv[1], "float-cast"))
       floatCast<<<1, 1>>>(3.0e9f, d);
+    else if (!std::strcmp(argv[1], "release-before-wait")) {
+      setenv("KVC_EMU_DEVICE_WORK", "deferred", 1);
+      fillWords<<<1, 32>>>(d, 2);
+      kvc::emu::markDependentLaunch();
+      releaseBeforeWait<<<1, 32>>>(d);
+      cudaDeviceSynchronize();
+    }
     else {
       std::printf("unknown case %s\n", argv[1]);
       return 2;

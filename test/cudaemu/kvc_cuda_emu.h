@@ -67,8 +67,11 @@
 //    primary's results before its wait reads stale bytes and fails its
 //    test; what it writes before the wait stays in the view it wrote (the
 //    primary's own ranges are exchanged, not copied). A primary costs a copy
-//    of every device allocation and a comparison after it. Immediate work
-//    runs a dependent after its primary, as an ordinary launch;
+//    of every device allocation and a comparison after it. A dependent
+//    that started early and calls releaseDependents before its wait is
+//    reported (its dependents could overlap the work before it, which is
+//    not modelled). Immediate work runs a dependent after its primary, as
+//    an ordinary launch;
 //  - a stream capture (cudaStreamBeginCapture) records the kernels, copies
 //    and memsets its stream is given, in order, and a graph launch gives a
 //    stream that work again with the arguments it was captured with; while
@@ -229,6 +232,12 @@ void discard(void *line);
 /// returns once the primary's results are what its block reads.
 void markDependentLaunch();
 void awaitPriorGrids();
+/// releaseDependents of the calling thread. In a dependent that started
+/// early, a release before its block has passed awaitPriorGrids is a fatal
+/// error: its own dependents could then start before the kernel ahead of
+/// it has ended, which the emulator does not model (its dependents see the
+/// memory from before their own primary only).
+void releaseDependents();
 /// The number of lanes of the calling thread's warp (32 but in a last,
 /// partial warp).
 int lanes();
