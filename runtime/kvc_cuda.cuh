@@ -94,8 +94,12 @@
 //  - KVC_CUDA_ISSUE_AHEAD (default 1): a staged decode (decodeMmaRows,
 //    decodeStagedRows) issues the copies of its next tile before it waits
 //    for the tile it is about to read, so that all of its stages are in
-//    flight while it waits (nextStagedTile); 0 issues them after the wait,
-//    one stage fewer in flight and one barrier a tile fewer.
+//    flight while it waits (nextStagedTile), and a KIVI tile walk
+//    (decodeKiviTiles, decodeKiviMma) copies the positions and KIVI words
+//    of its next tile into shared memory as it enters a tile
+//    (KiviTileWalk); 0 issues the staged copies after the wait, one stage
+//    fewer in flight and one barrier a tile fewer, and loads a KIVI tile's
+//    words when it enters it.
 //  - KVC_CUDA_DEPENDENT_LAUNCH (default 1): a decode step's attention and
 //    fold kernels are launched as programmatic dependents of the kernel
 //    before them in the stream where the device and the kernel's code allow
@@ -278,7 +282,8 @@ constexpr bool kDiscardLogits = KVC_CUDA_DISCARD_LOGITS != 0;
 constexpr bool kLogitsEvictLast =
     KVC_CUDA_LOGITS_EVICT_LAST != 0 && kDiscardLogits;
 /// Whether a staged decode issues its next tile's copies before it waits
-/// for the current tile's (KVC_CUDA_ISSUE_AHEAD, nextStagedTile).
+/// for the current tile's (KVC_CUDA_ISSUE_AHEAD, nextStagedTile), and a
+/// KIVI tile walk copies its next tile's words ahead (KiviTileWalk).
 constexpr bool kIssueAhead = KVC_CUDA_ISSUE_AHEAD != 0;
 /// Whether a decode step's attention and fold kernels may start before the
 /// kernel ahead of them ends (KVC_CUDA_DEPENDENT_LAUNCH, launchDependent).
@@ -3868,7 +3873,8 @@ struct KiviTiles {
 /// The L2 prefetch of a KIVI tile of 32 slots (decodeKiviTiles,
 /// decodeKiviMma): its Tiles::kPrefetchLines lines, one per lane and
 /// round. Line 0 is the tile's positions (t.positions + base), line 1 its
-/// KIVI words (t.kiviRows + base), then its key codes, value codes, value
+/// KIVI words (t.kiviRows + base; neither asked for with kIssueAhead, where
+/// the walk loads them a tile ahead), then its key codes, value codes, value
 /// records and its block's key record, each a line of the tile's page at
 ///     page + 16 offset + (o0 >> shift) scale,
 /// o0 the tile's first slot's offset in the page: a lane's offset, shift
@@ -3941,7 +3947,9 @@ template <typename Tiles> struct KiviTilePrefetch {
                                                int lane) {
     if (!page)
       return;
-    prefetchL2If(lane < 2, (lane ? t.kiviRows : t.positions) + base);
+    // With kIssueAhead the walk has loaded the tile's positions and words.
+    if constexpr (!kIssueAhead)
+      prefetchL2If(lane < 2, (lane ? t.kiviRows : t.positions) + base);
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
       const uint2 e = entries()[warp][r][lane];
@@ -3964,7 +3972,13 @@ template <typename Tiles> struct KiviTilePrefetch {
 /// nothing else. Each tile's page address and offset in it are found with
 /// the tile before it (one division by the page size per tile), and
 /// prefetchNext() asks L2 for the lines of the tile after the current one
-/// (KiviTilePrefetch).
+/// (KiviTilePrefetch). With kIssueAhead the lane's position and KIVI word
+/// of the tile after the current one are copied into shared memory
+/// (copyAsync, no registers held) as the current one is entered, so that
+/// they arrive while it is worked on: a tile's loads of codes and records
+/// then wait for nothing, where they used to follow two dependent loads
+/// (the position, for whether a slot is live, then the word, for where its
+/// key and value are), each a round trip to L2 at least.
 template <int G, typename Tiles> struct KiviTileWalk {
   static constexpr int32_t kStride = Tiles::kWarps * kWarpSize;
   using Prefetch = KiviTilePrefetch<Tiles>;
@@ -3972,6 +3986,13 @@ template <int G, typename Tiles> struct KiviTileWalk {
   /// offset in the page.
   int32_t ahead, aheadOffset;
   uint64_t aheadPage;
+  /// With kIssueAhead: the position and KIVI word of lane l's slot of
+  /// warp w's `ahead` at [w][l][0] and [1] (KVC_POSITION_NONE and -1
+  /// outside the split), the lane's own copies (no barrier).
+  __device__ static int32_t (&held())[Tiles::kWarps][kWarpSize][2] {
+    __shared__ __align__(8) int32_t words[Tiles::kWarps][kWarpSize][2];
+    return words;
+  }
   /// The current tile: its first slot, its page, the lane's slot and its
   /// offset in the page, and what the slot holds.
   struct Tile {
@@ -3984,17 +4005,32 @@ template <int G, typename Tiles> struct KiviTileWalk {
   __device__ KiviTileWalk(const DecodeSplitArgs &a, const HeadTable &t,
                           int32_t begin, int32_t end, int warp, int lane)
       : ahead(begin / kWarpSize * kWarpSize + warp * kWarpSize) {
-    locateAhead(a, t, end);
+    locateAhead(a, t, begin, end, lane);
     Prefetch::set(a.layout, warp, lane);
   }
 
-  /// aheadPage and aheadOffset of `ahead`.
+  /// aheadPage and aheadOffset of `ahead` (and with kIssueAhead the copies
+  /// of the lane's held words, one group; the caller's enter waits for it
+  /// before it reads them or copies again).
   __device__ __forceinline__ void locateAhead(const DecodeSplitArgs &a,
                                               const HeadTable &t,
-                                              int32_t end) {
+                                              int32_t begin, int32_t end,
+                                              int lane) {
     const int32_t page = a.layout.pages.page(ahead);
     aheadOffset = ahead - page * a.layout.pages.size;
     aheadPage = ahead < end ? t.pages[page] : 0;
+    if constexpr (kIssueAhead) {
+      const int32_t slot = ahead + lane;
+      int32_t *words = held()[threadIdx.x / kWarpSize][lane];
+      if (slot >= begin && slot < end) {
+        copyAsync<4>(&words[0], t.positions + slot);
+        copyAsync<4>(&words[1], t.kiviRows + slot);
+      } else {
+        words[0] = KVC_POSITION_NONE;
+        words[1] = -1;
+      }
+      commitCopies();
+    }
   }
 
   /// Whether a tile is left.
@@ -4011,11 +4047,20 @@ template <int G, typename Tiles> struct KiviTileWalk {
     x.base = ahead;
     x.slot = x.base + lane;
     x.inRange = x.slot >= begin && x.slot < end;
-    x.live = x.inRange && t.positions[x.slot] != KVC_POSITION_NONE;
+    int32_t position = KVC_POSITION_NONE, heldWord = -1;
+    if constexpr (kIssueAhead) {
+      waitCopies<0>();
+      const int32_t *words = held()[threadIdx.x / kWarpSize][lane];
+      position = words[0];
+      heldWord = words[1];
+    } else if (x.inRange) {
+      position = t.positions[x.slot];
+    }
+    x.live = x.inRange && position != KVC_POSITION_NONE;
     const uint64_t here = aheadPage;
     const int32_t hereOffset = aheadOffset;
     ahead = x.base + kStride;
-    locateAhead(a, t, end);
+    locateAhead(a, t, begin, end, lane);
     if (__ballot_sync(kFullMask, x.live) == 0) {
       if (a.logits && x.inRange)
 #pragma unroll
@@ -4028,7 +4073,8 @@ template <int G, typename Tiles> struct KiviTileWalk {
     // A tile with a live slot has its page (and a block's slots share it).
     x.page = reinterpret_cast<const uint8_t *>(here);
     x.offset = static_cast<uint64_t>(hereOffset) + static_cast<uint64_t>(lane);
-    const int32_t word = x.live ? t.kiviRows[x.slot] : -1;
+    const int32_t word =
+        !x.live ? -1 : kIssueAhead ? heldWord : t.kiviRows[x.slot];
     x.keyFull = word >= 0 && (word & kKiviKeyFull);
     x.valueFull = word >= 0 && (word & kKiviValueFull);
     x.row = word & kKiviRowMask;

@@ -119,8 +119,9 @@ struct BenchGeometry {
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
-  /// (kivi2_free) and with the weights as A of its value sums
-  /// (kivi2_rowv); the plain prefill with CUDA-core attention
+  /// (kivi2_free), with the weights as A of its value sums (kivi2_rowv)
+  /// and with each tile's slot words loaded after it is entered
+  /// (kivi2_late); the plain prefill with CUDA-core attention
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
   /// statistics (h2o_cc); fused's decode reading the cache under the
   /// default L2 policy (fused_lru) and with one fold block per attention
@@ -135,9 +136,9 @@ struct BenchGeometry {
   /// its statistics folded in the attention grid (fused_grid).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
-  ConfigureFn kivi2AltConfigure[3] = {};
-  BatchBytesFn kivi2AltBytes[3] = {};
-  DecodeFn kivi2AltDecode[3] = {};
+  ConfigureFn kivi2AltConfigure[4] = {};
+  BatchBytesFn kivi2AltBytes[4] = {};
+  DecodeFn kivi2AltDecode[4] = {};
   BytesFn prefillCcBytes = nullptr;
   PrefillFn prefillCc = nullptr;
   BytesFn h2oCcBytes = nullptr;
@@ -177,13 +178,16 @@ struct BenchGeometry {
         KVC_GB(plain_cc, d, g, decode_batch),                                  \
         {KVC_GB(kivi2_cc, d, g, configure),                                    \
          KVC_GB(kivi2_free, d, g, configure),                                  \
-         KVC_GB(kivi2_rowv, d, g, configure)},                                 \
+         KVC_GB(kivi2_rowv, d, g, configure),                                  \
+         KVC_GB(kivi2_late, d, g, configure)},                                 \
         {KVC_GB(kivi2_cc, d, g, decode_batch_workspace_bytes),                 \
          KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes),               \
-         KVC_GB(kivi2_rowv, d, g, decode_batch_workspace_bytes)},              \
+         KVC_GB(kivi2_rowv, d, g, decode_batch_workspace_bytes),               \
+         KVC_GB(kivi2_late, d, g, decode_batch_workspace_bytes)},              \
         {KVC_GB(kivi2_cc, d, g, decode_batch),                                 \
          KVC_GB(kivi2_free, d, g, decode_batch),                               \
-         KVC_GB(kivi2_rowv, d, g, decode_batch)},                              \
+         KVC_GB(kivi2_rowv, d, g, decode_batch),                               \
+         KVC_GB(kivi2_late, d, g, decode_batch)},                              \
         KVC_GB(prefill_cc, d, g, prefill_workspace_bytes),                     \
         KVC_GB(prefill_cc, d, g, prefill),                                     \
         KVC_GB(h2o_cc, d, g, prefill_workspace_bytes),                         \
@@ -1319,8 +1323,8 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// blocks per SM), kivi2_cc's and kivi2_free's, fused's (the cache read
 /// evict-first, a fold of planFold's blocks), fused_lru's and
 /// fused_split's, plain_len's, plain_late's, fused_serial's, fused_first's,
-/// plain_regq's, plain_rowv's, kivi2_rowv's, fused_keep's, fused_norm's
-/// and fused_grid's (GpuBenchPolicies.cmake).
+/// plain_regq's, plain_rowv's, kivi2_rowv's, fused_keep's, fused_norm's,
+/// fused_grid's and kivi2_late's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1340,14 +1344,15 @@ enum Alternative {
   kAltFusedKeep = 15,
   kAltFusedNorm = 16,
   kAltFusedGrid = 17,
-  kNumAlternatives = 18
+  kAltInt2Late = 18,
+  kNumAlternatives = 19
 };
 const char *kAlternativeNames[] = {
     "plain",       "plain_cc",   "int2",         "int2_cc",
     "int2_free",   "fused",      "fused_lru",    "fused_split",
     "plain_len",   "plain_late", "fused_serial", "fused_first",
     "plain_regq",  "plain_rowv", "int2_rowv",    "fused_keep",
-    "fused_norm",  "fused_grid"};
+    "fused_norm",  "fused_grid", "int2_late"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1355,7 +1360,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the eighteen decodes at one (geometry, batch, context), one after
+/// Times the nineteen decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1417,10 +1422,13 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
       }
     }
   }
-  for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free, kAltInt2Rowv}) {
+  for (int alt :
+       {kAltInt2, kAltInt2Cc, kAltInt2Free, kAltInt2Rowv, kAltInt2Late}) {
     // kivi2 itself, or alternative i of kivi2 (0: _cc, 1: _free, 2:
-    // _rowv).
-    const int i = alt == kAltInt2Rowv ? 2 : alt - kAltInt2Cc;
+    // _rowv, 3: _late).
+    const int i = alt == kAltInt2Rowv   ? 2
+                  : alt == kAltInt2Late ? 3
+                                        : alt - kAltInt2Cc;
     const bool shipped = alt == kAltInt2;
     try {
       r.usPerStep[alt] =
@@ -1616,6 +1624,29 @@ int parseOptions(int argc, char **argv, Options &o) {
       return 2;
     }
   }
+  // Every table but the prefill's has a row per batch and context: without
+  // a batch those with contexts would print their headers and no row (a
+  // --batch=none meant to skip the decode table, which --context=none
+  // does, would leave them all empty).
+  if (o.batches.empty()) {
+    std::string tables;
+    auto add = [&](const std::vector<int> &contexts, const char *table) {
+      if (!contexts.empty())
+        tables += (tables.empty() ? "" : ", ") + std::string(table);
+    };
+    add(o.contexts, "decode and KIVI (--context)");
+    add(o.alternativeContexts, "kernel alternatives (--alt-context)");
+    add(o.modelContexts, "model step (--model-context)");
+    add(o.hostContexts, "host side (--host-context)");
+    if (!tables.empty()) {
+      std::fprintf(stderr,
+                   "%s: --batch=none leaves these tables without a row: %s; "
+                   "give their contexts 'none' too (--context=none skips the "
+                   "decode and KIVI tables)\n",
+                   argv[0], tables.c_str());
+      return 2;
+    }
+  }
   return -1;
 }
 
@@ -1694,7 +1725,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_FOLD_AHEAD=0), plain_regq (plain, "
                 "KVC_CUDA_MMA_SHARED_QUERY=0), plain_rowv (plain, "
                 "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_rowv (kivi2, "
-                "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), fused_keep (fused, "
+                "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_late (kivi2, "
+                "KVC_CUDA_ISSUE_AHEAD=0), fused_keep (fused, "
                 "KVC_CUDA_DISCARD_LOGITS=0), fused_norm (fused, "
                 "KVC_CUDA_LOGITS_EVICT_LAST=0), fused_grid (fused, "
                 "KVC_CUDA_FOLD_IN_GRID=1), contexts %s; "
@@ -2082,6 +2114,9 @@ int main(int argc, char **argv) {
           "kivi2_free (KVC_CUDA_KIVI_MMA_BLOCKS=0: tensor cores, registers "
           "left to ptxas); i2 rowv us = kivi2_rowv "
           "(KVC_CUDA_MMA_TRANSPOSED_VALUES=0, as rowv at head dim 128); "
+          "i2 late us = kivi2_late (KVC_CUDA_ISSUE_AHEAD=0: a tile's "
+          "positions and KIVI words loaded when it is entered, not a tile "
+          "ahead into shared memory); "
           "fused us = fused's decode (its cache read under "
           "an L2 evict-first policy, its fold in planFold's blocks); lru us "
           "= fused_lru (KVC_CUDA_EVICT_FIRST=0: the default policy); split "
@@ -2101,18 +2136,20 @@ int main(int argc, char **argv) {
           "folded in the attention grid, each block folding a range of a "
           "head about a wave behind its own, not in a fold kernel after the "
           "grid).\n"
-          "cc/tc, len/tc, lt/tc, rq/tc, rv/tc, cc/i2, fr/i2, rv/i2, lru/fu, "
+          "cc/tc, len/tc, lt/tc, rq/tc, rv/tc, cc/i2, fr/i2, rv/i2, lt/i2, "
+          "lru/fu, "
           "sp/fu, se/fu, fi/fu, kp/fu, no/fu, gr/fu = the "
           "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
       std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
-                  "%9s %6s | %9s %9s %6s %9s %6s %10s %6s | %9s %9s %6s %9s "
-                  "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                  "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s | %9s %9s "
+                  "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "len us", "len/tc", "late us", "lt/tc", "regq us",
                   "rq/tc", "rowv us", "rv/tc", "int2 us", "int2cc us",
                   "cc/i2", "free us", "fr/i2", "i2 rowv us", "rv/i2",
+                  "i2 late us", "lt/i2",
                   "fused us", "lru us", "lru/fu", "split us", "sp/fu",
                   "ser us", "se/fu", "first us", "fi/fu", "keep us", "kp/fu",
                   "norm us", "no/fu", "grid us", "gr/fu");
@@ -2143,8 +2180,8 @@ int main(int argc, char **argv) {
             };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
-                "%9s %6s | %9s %9s %6s %9s %6s %10s %6s | %9s %9s %6s %9s "
-                "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s | %9s %9s "
+                "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
@@ -2158,6 +2195,7 @@ int main(int argc, char **argv) {
                 us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
                 us(kAltInt2Rowv).c_str(), ratio(kAltInt2Rowv, kAltInt2).c_str(),
+                us(kAltInt2Late).c_str(), ratio(kAltInt2Late, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),
                 ratio(kAltFusedLru, kAltFused).c_str(),
                 us(kAltFusedSplit).c_str(),
