@@ -117,12 +117,13 @@
 //    registers, launch bounds); 0 keeps them in each thread's registers
 //    (158 to 162 at head dim 128: three blocks).
 //  - KVC_CUDA_MMA_TRANSPOSED_VALUES (default 1): the tensor-core decodes
-//    at G <= 4 (decodeMmaRows; decodeKiviMma at head dim 128 and above)
-//    sum their values as O^T += V^T P^T, the value rows (or the KIVI
-//    codes' units) as A and the weights as B, 16 channels an mma and half
-//    the accumulators, so that decodeMmaRows fits five blocks of 128
-//    threads an SM at head dim 128 (92 registers, launch bounds); 0 keeps
-//    the weights as A (8 channels an mma; four blocks).
+//    at G <= 4 (decodeMmaRows; decodeKiviMma at head dim 128 and above,
+//    where G > 4 takes it too, the heads as B's columns) sum their values
+//    as O^T += V^T P^T, the value rows (or the KIVI codes' units) as A and
+//    the weights as B, half the accumulators (and at G <= 4 16 channels an
+//    mma), so that decodeMmaRows fits five blocks of 128 threads an SM at
+//    head dim 128 (92 registers, launch bounds); 0 keeps the weights as A
+//    (8 channels an mma; four blocks).
 //  - KVC_CUDA_DISCARD_LOGITS (default 1): once a decode fold block has
 //    read its range of the attention's logits, it drops their lines from
 //    L2 without a write to device memory (discardRowLines), since nothing
@@ -2612,17 +2613,20 @@ __device__ __forceinline__ void mmaK32U8(int32_t (&c)[4],
 }
 
 /// The rescale of value sums held as columns (C fragments of O^T += V^T
-/// P^T, the tensor-core decodes at G <= 4): lane (g, t) holds columns 2t
-/// and 2t + 1, whose heads (2t % 4 and (2t + 1) % 4: rounded weights in
-/// columns 0-3, their remainders in 4-7) have their running maxima in
-/// lanes 4 head, each with its `rescale` (1 where the maximum stayed).
-/// The whole warp calls it, converged.
-template <int kBlocks>
+/// P^T, the tensor-core decodes at G <= 4 and decodeKiviMma at G > 4):
+/// lane (g, t) holds columns 2t and 2t + 1, whose heads (2t % kHeads and
+/// (2t + 1) % kHeads; kHeads = 4: rounded weights in columns 0-3, their
+/// remainders in 4-7; kHeads = 8: a head a column) have their running
+/// maxima in lanes 4 head, each with its `rescale` (1 where the maximum
+/// stayed). The whole warp calls it, converged.
+template <int kHeads = 4, int kBlocks>
 __device__ __forceinline__ void rescaleColumns(float (&o)[kBlocks][4],
                                                float rescale) {
+  static_assert(kHeads == 4 || kHeads == 8, "four or eight heads' columns");
   const int t = threadIdx.x % 4;
-  const float r0 = __shfl_sync(kFullMask, rescale, 8 * t % 16);
-  const float r1 = __shfl_sync(kFullMask, rescale, (8 * t + 4) % 16);
+  const float r0 = __shfl_sync(kFullMask, rescale, 8 * t % (4 * kHeads));
+  const float r1 =
+      __shfl_sync(kFullMask, rescale, (8 * t + 4) % (4 * kHeads));
   if (r0 != 1.0f || r1 != 1.0f)
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
@@ -2701,19 +2705,22 @@ template <int G, int D, Storage S, int kThreads> struct MmaDecode {
   static constexpr bool kSharedQuery = kMmaSharedQuery && D >= 128;
   /// Blocks of 128 threads per SM that the launch bounds ask for
   /// (DecodeMinBlocks): at head dim 128 with the query in shared memory,
-  /// five where the value sums are transposed (G <= 4: 91 to 92
+  /// five where the value sums are held as columns (G <= 4: 91 to 92
   /// registers, no spill; under a four-block bound ptxas takes 96 to 102,
   /// and the five blocks cost 5 to 44 instructions a tile of about 530,
-  /// by the translation unit) and four otherwise (126 to 128
-  /// registers); at head dim 64 with the value sums transposed, six (72
-  /// registers: seven blocks fit, as many as shared memory allows, and a
-  /// tile loop of 327 instructions, where ptxas left free takes 64 and
-  /// 341); none elsewhere (ptxas's choice).
+  /// by the translation unit; G = 8, the heads as columns: 93 registers,
+  /// no spill, a tile loop of 511 to 513 instructions, where the weights
+  /// as A took 127 registers, four blocks and 530 to 532) and four
+  /// otherwise (126 to 128 registers); at head dim 64 with the value sums
+  /// as columns, six (G <= 4: 72 registers, seven blocks fit, as many as
+  /// shared memory allows, and a tile loop of 327 instructions, where
+  /// ptxas left free takes 64 and 341; G = 8: 70 registers and 328, where
+  /// the weights as A took 80 and 347); none elsewhere (ptxas's choice).
   static constexpr int kMinBlocks =
       kSharedQuery && D == 128
-          ? (kMmaTransposedValues && G <= 4 ? 5 : 4) * 128 / kThreads
-      : D == 64 && kMmaTransposedValues && G <= 4 ? 6 * 128 / kThreads
-                                                  : 0;
+          ? (kMmaTransposedValues ? 5 : 4) * 128 / kThreads
+      : D == 64 && kMmaTransposedValues ? 6 * 128 / kThreads
+                                        : 0;
   /// Whether the value sums go as O^T += V^T P^T (G <= 4): the value rows
   /// as A (16 channels a block, the same ldmatrix .trans fragments), the
   /// weights as B (columns 0-3 the heads' rounded weights, 4-7 their
@@ -2723,9 +2730,18 @@ template <int G, int D, Storage S, int kThreads> struct MmaDecode {
   /// logits' A repeat the heads of rows 0-3 (KVC_CUDA_MMA_TRANSPOSED_VALUES
   /// = 0 keeps the weights as A for every G).
   static constexpr bool kTransposedValues = kMmaTransposedValues && G <= 4;
-  /// Accumulator blocks of 4 floats a lane: 16 channels each when
-  /// transposed, else 8.
-  static constexpr int kAccBlocks = kTransposedValues ? D / 16 : D / 8;
+  /// Whether the value sums go as O^T += V^T P^T with the heads as B's
+  /// columns (G > 4): lane (g, t) holds head g's weights of rows 2t and
+  /// 2t + 1, which are B's column g already, and the rounded weights and
+  /// their remainders go as two B operands into the same sums: as many
+  /// mmas as with the weights as A (two per 16 channels), half the
+  /// accumulators.
+  static constexpr bool kHeadColumns = kMmaTransposedValues && G > 4;
+  /// Whether the value sums are held as columns (either form above).
+  static constexpr bool kColumnSums = kTransposedValues || kHeadColumns;
+  /// Accumulator blocks of 4 floats a lane: 16 channels each when held as
+  /// columns, else 8.
+  static constexpr int kAccBlocks = kColumnSums ? D / 16 : D / 8;
   /// Query head of fragment row g (and g + 8) of the logits' A.
   __device__ static int queryHead(int g) {
     return kTransposedValues ? g % 4 : g;
@@ -2814,9 +2830,10 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   // same head's where P::kTransposedValues): m and z (the lane's rows'
   // share of z), and the value sums, times E::kWeightScale: of head g's
   // rounded (o[j][0..1]) and remainder (o[j][2..3]) weights, channels 8j +
-  // 2t, 8j + 2t + 1; transposed, of channels 16j + g (o[j][0..1]) and
-  // 16j + 8 + g (o[j][2..3]) for columns 2t, 2t + 1 (heads 2t, 2t + 1
-  // rounded at t < 2, heads 2t - 4, 2t - 3 remainders at t >= 2).
+  // 2t, 8j + 2t + 1; as columns, of channels 16j + g (o[j][0..1]) and
+  // 16j + 8 + g (o[j][2..3]) for columns 2t, 2t + 1 (transposed: heads 2t,
+  // 2t + 1 rounded at t < 2, heads 2t - 4, 2t - 3 remainders at t >= 2;
+  // kHeadColumns: heads 2t, 2t + 1, both parts).
   float m = kNegInf, z = 0.0f;
   float o[P::kAccBlocks][4];
 #pragma unroll
@@ -2909,7 +2926,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
         rescale = expf(m - mNew);
         m = mNew;
         z *= rescale;
-        if constexpr (!P::kTransposedValues)
+        if constexpr (!P::kColumnSums)
 #pragma unroll
           for (int j = 0; j < P::kAccBlocks; ++j)
 #pragma unroll
@@ -2922,13 +2939,14 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
         z += p[e];
       }
     }
-    if constexpr (P::kTransposedValues)
-      rescaleColumns(o, rescale);
+    if constexpr (P::kColumnSums)
+      rescaleColumns<P::kHeadColumns ? 8 : 4>(o, rescale);
     // The weights scaled by E::kWeightScale and split into their rounding
     // and its remainder. O += P V: rows g and g + 8 of A, the value rows
     // as B; transposed, O^T += V^T P^T: the value rows as A (ldmatrix's
     // blocks 2x and 2x + 1 as rows 0-7 and 8-15, 16 channels), the
-    // rounding (g < 4) or the remainder (g >= 4) as column g of B.
+    // rounding (g < 4) or the remainder (g >= 4) as column g of B; with
+    // kHeadColumns head g's rounding, then its remainder, as column g.
     const float w0 = p[0] * E::kWeightScale, w1 = p[1] * E::kWeightScale;
     const float r0 = E::round(w0), r1 = E::round(w1);
     const uint32_t pa = E::pack(r0, r1), pr = E::pack(w0 - r0, w1 - r1);
@@ -2937,7 +2955,12 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
     for (int j = 0; j < P::kNBlocks; j += 4) {
       uint32_t b[4];
       loadTransposed(valueRows, kPitch, 8 * j, b);
-      if constexpr (P::kTransposedValues) {
+      if constexpr (P::kHeadColumns) {
+        mmaK8<S>(o[j / 2], b[0], b[1], pa);
+        mmaK8<S>(o[j / 2], b[0], b[1], pr);
+        mmaK8<S>(o[j / 2 + 1], b[2], b[3], pa);
+        mmaK8<S>(o[j / 2 + 1], b[2], b[3], pr);
+      } else if constexpr (P::kTransposedValues) {
         const uint32_t column = g < 4 ? pa : pr;
         mmaK8<S>(o[j / 2], b[0], b[1], column);
         mmaK8<S>(o[j / 2 + 1], b[2], b[3], column);
@@ -2963,7 +2986,18 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
   waitCopies<0>();
   __syncthreads();
   float(*warpAcc)[G][D] = reinterpret_cast<float(*)[G][D]>(&tiles[0][0][0][0]);
-  if constexpr (P::kTransposedValues) {
+  if constexpr (P::kHeadColumns) {
+    // Column 2t + e: head 2t + e's sums of channels 16j + g, 16j + 8 + g.
+#pragma unroll
+    for (int j = 0; j < P::kAccBlocks; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int head = 2 * tq + x % 2;
+        if (head < G)
+          warpAcc[warp][head][16 * j + 8 * (x / 2) + g] =
+              o[j][x] / E::kWeightScale;
+      }
+  } else if constexpr (P::kTransposedValues) {
     // Column 2t + e (t < 2) and its remainder in column 2t + e + 4, lane
     // (g, t + 2)'s: head 2t + e's sums of channels 16j + g, 16j + 8 + g.
 #pragma unroll
@@ -2978,7 +3012,7 @@ __device__ __forceinline__ void decodeMmaRows(const DecodeSplitArgs &a,
       }
   }
   if (g < G) {
-    if constexpr (!P::kTransposedValues)
+    if constexpr (!P::kColumnSums)
 #pragma unroll
       for (int j = 0; j < P::kNBlocks; ++j) {
         warpAcc[warp][g][8 * j + 2 * tq] =
@@ -4792,13 +4826,13 @@ struct KiviMma {
       kSharedBytes <= 48 * 1024;
   /// Blocks per SM that the kernel's registers must allow (launch bounds):
   /// four blocks of 128 threads, 128 registers a thread. Left free, ptxas
-  /// takes 168 at G = 4, head dim 128 (148 with the value sums
-  /// transposed; three blocks either way); at 128 it keeps
-  /// head g's sum and group offsets (z, corr) in local memory, about five
-  /// to a dozen 4-byte loads and stores per lane and tile, against about
-  /// 1,900 instructions a tile, for a third more warps to hide the latency
+  /// takes 152 at G = 4 and 153 at G = 8, head dim 128 (three blocks; 168
+  /// at G = 4 before the value sums were transposed); at 128 it keeps a
+  /// few of a lane's values in local memory, 4 and 6 spill instructions a
+  /// tile (of 1,384 and 1,704), for a third more warps to hide the latency
   /// of shared memory, shuffles and mma.sync. KVC_CUDA_KIVI_MMA_BLOCKS
-  /// overrides the four (0: no bound).
+  /// overrides the four (0: no bound; 5: 96 registers, 16 and 30 spill
+  /// instructions a tile of 1,475 and 1,758, kvc-bench-gpu's kivi2_b5).
   static constexpr int kMinBlocks = KVC_CUDA_KIVI_MMA_BLOCKS * 128 / kThreads;
 
   /// Channel of column n of value n-block kCpb q + r.
@@ -4814,9 +4848,15 @@ struct KiviMma {
   /// (KVC_CUDA_MMA_TRANSPOSED_VALUES = 0 keeps the weights as A).
   /// At head dim 64 the tile gains about 3% instructions (the weights'
   /// exchange) and no block per SM (128 registers either way): it keeps
-  /// the weights as A there.
-  static constexpr bool kTransposedValues =
-      kMmaTransposedValues && G <= 4 && D >= 128;
+  /// the weights as A there. At G > 4 (kHeadColumns) the columns are the
+  /// heads themselves, lane (g, t) holding head g's weights of the B
+  /// fragment's rows already (no exchange), and the rounded weights and
+  /// their remainders go as two B operands into the same sums: as many
+  /// mmas as with the weights as A, half the accumulators (D / 4 floats a
+  /// lane rather than D / 2), which at head dim 128 took 30 of the tile's
+  /// spill instructions at 128 registers.
+  static constexpr bool kTransposedValues = kMmaTransposedValues && D >= 128;
+  static constexpr bool kHeadColumns = kTransposedValues && !kPairedLanes;
   static constexpr int kAccBlocks =
       kTransposedValues ? kQBlocks * kCpb / 2 : kValueBlocks;
 };
@@ -5184,7 +5224,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
             o[j][x] *= rescale;
     }
     if constexpr (P::kTransposedValues)
-      rescaleColumns(o, rescale);
+      rescaleColumns<P::kHeadColumns ? 8 : 4>(o, rescale);
     // e^(l - m) as 2^((l - m) log2 e) (exp2Approx).
 #pragma unroll
     for (int n = 0; n < P::kKeyBlocks; ++n)
@@ -5193,7 +5233,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
         p[n][e] = exp2Approx((p[n][e] - m) * 1.44269504088896341f);
         z += p[n][e];
       }
-    if constexpr (P::kTransposedValues) {
+    if constexpr (P::kTransposedValues && !P::kHeadColumns) {
       // Lanes g >= 4 form the remainders of head g - 4's weights (their own
       // m, z and offsets are no head's).
 #pragma unroll
@@ -5241,7 +5281,17 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
           const uint32_t cd = bytePerm(valueWords[warp][r0 + 8][wi],
                                        valueWords[warp][r0 + 9][wi],
                                        valueBytes);
-          if constexpr (P::kTransposedValues) {
+          if constexpr (P::kHeadColumns) {
+            // Head g's rounded weights, then their remainders, as B.
+#pragma unroll
+            for (int i = 0; i < kCpb / 2; ++i) {
+              const uint32_t units[4] = {
+                  U::spread(ab, 2 * i), U::spread(ab, 2 * i + 1),
+                  U::spread(cd, 2 * i), U::spread(cd, 2 * i + 1)};
+              mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, wa[0], wa[2]);
+              mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, wa[1], wa[3]);
+            }
+          } else if constexpr (P::kTransposedValues) {
             const uint32_t b0 = g < 4 ? wa[0] : wa[1];
             const uint32_t b1 = g < 4 ? wa[2] : wa[3];
 #pragma unroll
@@ -5308,7 +5358,7 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
             t.kiviResidual +
             (static_cast<uint64_t>(residualLength) + fullRow) * Full::kRowBytes;
         if constexpr (P::kTransposedValues) {
-          if (tq >= 2)
+          if (!P::kHeadColumns && tq >= 2)
             continue;
           float pr[2];
 #pragma unroll
@@ -5355,23 +5405,26 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
   if constexpr (P::kTransposedValues) {
     // Lane (g, t < 2) adds heads 2t and 2t + 1: the rounded column and its
     // remainder (lane (g, t + 2)'s), and the heads' m and offsets from
-    // lanes 4 head.
+    // lanes 4 head; with kHeadColumns lane (g, t) adds heads 2t and 2t + 1,
+    // whose columns hold both parts.
     float mh[2], corrh[2][Tiles::kGroups];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int from = (8 * tq + 4 * e) % 16;
+      const int from = (8 * tq + 4 * e) % (P::kHeadColumns ? 32 : 16);
       mh[e] = __shfl_sync(kFullMask, m, from);
 #pragma unroll
       for (int x = 0; x < Tiles::kGroups; ++x)
         corrh[e][x] = __shfl_sync(kFullMask, corr[x], from);
     }
+    if constexpr (!P::kHeadColumns)
 #pragma unroll
-    for (int j = 0; j < P::kAccBlocks; ++j)
+      for (int j = 0; j < P::kAccBlocks; ++j)
 #pragma unroll
-      for (int y = 0; y < 4; ++y)
-        o[j][y] += __shfl_xor_sync(kFullMask, o[j][y], 2);
+        for (int y = 0; y < 4; ++y)
+          o[j][y] += __shfl_xor_sync(kFullMask, o[j][y], 2);
     combineHeadLanes<G, D, kThreads, kWarps>(
-        a, h, split, warp, g, g < G && tq == 0, m, z, tq < 2 && 2 * tq < G,
+        a, h, split, warp, g, g < G && tq == 0, m, z,
+        (P::kHeadColumns || tq < 2) && 2 * tq < G,
         [&](auto factorOf, float(*sum)[D]) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {

@@ -72,10 +72,13 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   kivi2_late  kivi2's decode loading a tile's positions and KIVI words
 #               when it enters the tile (KVC_CUDA_ISSUE_AHEAD=0), against
 #               copying them into shared memory a tile ahead
+#   kivi2_b5    kivi2's tensor-core decode with launch bounds for five
+#               blocks per SM (KVC_CUDA_KIVI_MMA_BLOCKS=5: 96 registers),
+#               against four (128)
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
     fused_lru fused_split plain_len plain_late fused_serial fused_first
     plain_regq plain_rowv kivi2_rowv fused_keep fused_norm fused_grid
-    kivi2_late)
+    kivi2_late kivi2_b5)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -112,6 +115,8 @@ set(gpu_bench_alternative_policy_fused_grid ${gpu_bench_policy_fused})
 set(gpu_bench_alternative_defines_fused_grid KVC_CUDA_FOLD_IN_GRID=1)
 set(gpu_bench_alternative_policy_kivi2_late ${gpu_bench_policy_kivi2})
 set(gpu_bench_alternative_defines_kivi2_late KVC_CUDA_ISSUE_AHEAD=0)
+set(gpu_bench_alternative_policy_kivi2_b5 ${gpu_bench_policy_kivi2})
+set(gpu_bench_alternative_defines_kivi2_b5 KVC_CUDA_KIVI_MMA_BLOCKS=5)
 
 # The libraries of one geometry are bundles, each compiled as one
 # translation unit (kvc_policy_bundle_source, codegen/KvcAddPolicyLibrary.

@@ -119,9 +119,10 @@ struct BenchGeometry {
   /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
   /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
-  /// (kivi2_free), with the weights as A of its value sums (kivi2_rowv)
-  /// and with each tile's slot words loaded after it is entered
-  /// (kivi2_late); the plain prefill with CUDA-core attention
+  /// (kivi2_free) and with launch bounds for five blocks per SM
+  /// (kivi2_b5), with the weights as A of its value sums (kivi2_rowv) and
+  /// with each tile's slot words loaded after it is entered (kivi2_late);
+  /// the plain prefill with CUDA-core attention
   /// (prefill_cc) and H2O's prefill with CUDA-core attention and
   /// statistics (h2o_cc); fused's decode reading the cache under the
   /// default L2 policy (fused_lru) and with one fold block per attention
@@ -136,9 +137,9 @@ struct BenchGeometry {
   /// its statistics folded in the attention grid (fused_grid).
   BatchBytesFn plainCcBytes = nullptr;
   DecodeFn plainCcDecode = nullptr;
-  ConfigureFn kivi2AltConfigure[4] = {};
-  BatchBytesFn kivi2AltBytes[4] = {};
-  DecodeFn kivi2AltDecode[4] = {};
+  ConfigureFn kivi2AltConfigure[5] = {};
+  BatchBytesFn kivi2AltBytes[5] = {};
+  DecodeFn kivi2AltDecode[5] = {};
   BytesFn prefillCcBytes = nullptr;
   PrefillFn prefillCc = nullptr;
   BytesFn h2oCcBytes = nullptr;
@@ -179,15 +180,18 @@ struct BenchGeometry {
         {KVC_GB(kivi2_cc, d, g, configure),                                    \
          KVC_GB(kivi2_free, d, g, configure),                                  \
          KVC_GB(kivi2_rowv, d, g, configure),                                  \
-         KVC_GB(kivi2_late, d, g, configure)},                                 \
+         KVC_GB(kivi2_late, d, g, configure),                                  \
+         KVC_GB(kivi2_b5, d, g, configure)},                                   \
         {KVC_GB(kivi2_cc, d, g, decode_batch_workspace_bytes),                 \
          KVC_GB(kivi2_free, d, g, decode_batch_workspace_bytes),               \
          KVC_GB(kivi2_rowv, d, g, decode_batch_workspace_bytes),               \
-         KVC_GB(kivi2_late, d, g, decode_batch_workspace_bytes)},              \
+         KVC_GB(kivi2_late, d, g, decode_batch_workspace_bytes),               \
+         KVC_GB(kivi2_b5, d, g, decode_batch_workspace_bytes)},                \
         {KVC_GB(kivi2_cc, d, g, decode_batch),                                 \
          KVC_GB(kivi2_free, d, g, decode_batch),                               \
          KVC_GB(kivi2_rowv, d, g, decode_batch),                               \
-         KVC_GB(kivi2_late, d, g, decode_batch)},                              \
+         KVC_GB(kivi2_late, d, g, decode_batch),                               \
+         KVC_GB(kivi2_b5, d, g, decode_batch)},                                \
         KVC_GB(prefill_cc, d, g, prefill_workspace_bytes),                     \
         KVC_GB(prefill_cc, d, g, prefill),                                     \
         KVC_GB(h2o_cc, d, g, prefill_workspace_bytes),                         \
@@ -1324,7 +1328,7 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
 /// evict-first, a fold of planFold's blocks), fused_lru's and
 /// fused_split's, plain_len's, plain_late's, fused_serial's, fused_first's,
 /// plain_regq's, plain_rowv's, kivi2_rowv's, fused_keep's, fused_norm's,
-/// fused_grid's and kivi2_late's (GpuBenchPolicies.cmake).
+/// fused_grid's, kivi2_late's and kivi2_b5's (GpuBenchPolicies.cmake).
 enum Alternative {
   kAltPlain = 0,
   kAltPlainCc = 1,
@@ -1345,14 +1349,15 @@ enum Alternative {
   kAltFusedNorm = 16,
   kAltFusedGrid = 17,
   kAltInt2Late = 18,
-  kNumAlternatives = 19
+  kAltInt2B5 = 19,
+  kNumAlternatives = 20
 };
 const char *kAlternativeNames[] = {
     "plain",       "plain_cc",   "int2",         "int2_cc",
     "int2_free",   "fused",      "fused_lru",    "fused_split",
     "plain_len",   "plain_late", "fused_serial", "fused_first",
     "plain_regq",  "plain_rowv", "int2_rowv",    "fused_keep",
-    "fused_norm",  "fused_grid", "int2_late"};
+    "fused_norm",  "fused_grid", "int2_late",    "int2_b5"};
 
 struct AlternativesResult {
   bool ok[kNumAlternatives] = {};
@@ -1360,7 +1365,7 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
-/// Times the nineteen decodes at one (geometry, batch, context), one after
+/// Times the twenty decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
 AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
@@ -1422,12 +1427,13 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
       }
     }
   }
-  for (int alt :
-       {kAltInt2, kAltInt2Cc, kAltInt2Free, kAltInt2Rowv, kAltInt2Late}) {
+  for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free, kAltInt2Rowv,
+                  kAltInt2Late, kAltInt2B5}) {
     // kivi2 itself, or alternative i of kivi2 (0: _cc, 1: _free, 2:
-    // _rowv, 3: _late).
+    // _rowv, 3: _late, 4: _b5).
     const int i = alt == kAltInt2Rowv   ? 2
                   : alt == kAltInt2Late ? 3
+                  : alt == kAltInt2B5   ? 4
                                         : alt - kAltInt2Cc;
     const bool shipped = alt == kAltInt2;
     try {
@@ -1726,7 +1732,8 @@ void printList(const Options &o) {
                 "KVC_CUDA_MMA_SHARED_QUERY=0), plain_rowv (plain, "
                 "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_rowv (kivi2, "
                 "KVC_CUDA_MMA_TRANSPOSED_VALUES=0), kivi2_late (kivi2, "
-                "KVC_CUDA_ISSUE_AHEAD=0), fused_keep (fused, "
+                "KVC_CUDA_ISSUE_AHEAD=0), kivi2_b5 (kivi2, "
+                "KVC_CUDA_KIVI_MMA_BLOCKS=5), fused_keep (fused, "
                 "KVC_CUDA_DISCARD_LOGITS=0), fused_norm (fused, "
                 "KVC_CUDA_LOGITS_EVICT_LAST=0), fused_grid (fused, "
                 "KVC_CUDA_FOLD_IN_GRID=1), contexts %s; "
@@ -2116,7 +2123,9 @@ int main(int argc, char **argv) {
           "(KVC_CUDA_MMA_TRANSPOSED_VALUES=0, as rowv at head dim 128); "
           "i2 late us = kivi2_late (KVC_CUDA_ISSUE_AHEAD=0: a tile's "
           "positions and KIVI words loaded when it is entered, not a tile "
-          "ahead into shared memory); "
+          "ahead into shared memory); b5 us = kivi2_b5 "
+          "(KVC_CUDA_KIVI_MMA_BLOCKS=5: launch bounds for 5 blocks per SM, "
+          "96 registers, not 4 and 128); "
           "fused us = fused's decode (its cache read under "
           "an L2 evict-first policy, its fold in planFold's blocks); lru us "
           "= fused_lru (KVC_CUDA_EVICT_FIRST=0: the default policy); split "
@@ -2137,19 +2146,20 @@ int main(int argc, char **argv) {
           "head about a wave behind its own, not in a fold kernel after the "
           "grid).\n"
           "cc/tc, len/tc, lt/tc, rq/tc, rv/tc, cc/i2, fr/i2, rv/i2, lt/i2, "
-          "lru/fu, "
+          "b5/i2, lru/fu, "
           "sp/fu, se/fu, fi/fu, kp/fu, no/fu, gr/fu = the "
           "alternative's "
           "time / the "
           "shipped one's (> 1: the shipped kernel is faster).\n\n");
       std::printf("%4s %3s %4s %3s %7s | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
-                  "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s | %9s %9s "
-                  "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                  "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s %9s %6s | "
+                  "%9s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s "
+                  "%6s\n",
                   "dim", "G", "qh", "B", "context", "16b tc us", "16b cc us",
                   "cc/tc", "len us", "len/tc", "late us", "lt/tc", "regq us",
                   "rq/tc", "rowv us", "rv/tc", "int2 us", "int2cc us",
                   "cc/i2", "free us", "fr/i2", "i2 rowv us", "rv/i2",
-                  "i2 late us", "lt/i2",
+                  "i2 late us", "lt/i2", "b5 us", "b5/i2",
                   "fused us", "lru us", "lru/fu", "split us", "sp/fu",
                   "ser us", "se/fu", "first us", "fi/fu", "keep us", "kp/fu",
                   "norm us", "no/fu", "grid us", "gr/fu");
@@ -2180,8 +2190,9 @@ int main(int argc, char **argv) {
             };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
-                "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s | %9s %9s "
-                "%6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s\n",
+                "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s %9s %6s | "
+                "%9s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s "
+                "%6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
                 us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
                 ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
@@ -2196,6 +2207,7 @@ int main(int argc, char **argv) {
                 us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
                 us(kAltInt2Rowv).c_str(), ratio(kAltInt2Rowv, kAltInt2).c_str(),
                 us(kAltInt2Late).c_str(), ratio(kAltInt2Late, kAltInt2).c_str(),
+                us(kAltInt2B5).c_str(), ratio(kAltInt2B5, kAltInt2).c_str(),
                 us(kAltFused).c_str(), us(kAltFusedLru).c_str(),
                 ratio(kAltFusedLru, kAltFused).c_str(),
                 us(kAltFusedSplit).c_str(),

@@ -187,6 +187,10 @@ int main() {
   checkStorages<4, 128>(rng);
   checkStorages<4, 64>(rng);
   checkStorages<8, 128>(rng);
+  // G > 4 on tensor cores: the value sums' columns are the heads
+  // (MmaDecode::kHeadColumns), six of eight at G = 6.
+  check<8, 64, Storage::F16>(rng);
+  check<6, 128, Storage::BF16>(rng);
   checkStorages<2, 32>(rng);
   check<16, 64, Storage::F16>(rng);
   std::printf("decode kernel: ok\n");
