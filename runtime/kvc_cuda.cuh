@@ -117,8 +117,8 @@
 //    registers, launch bounds); 0 keeps them in each thread's registers
 //    (158 to 162 at head dim 128: three blocks).
 //  - KVC_CUDA_MMA_TRANSPOSED_VALUES (default 1): the tensor-core decodes
-//    at G <= 4 (decodeMmaRows; decodeKiviMma at head dim 128 and above,
-//    where G > 4 takes it too, the heads as B's columns) sum their values
+//    at G <= 4 (decodeMmaRows; decodeKiviMma at head dim 128 and above)
+//    and at G > 4 (both; the heads as B's columns) sum their values
 //    as O^T += V^T P^T, the value rows (or the KIVI codes' units) as A and
 //    the weights as B, half the accumulators (and at G <= 4 16 channels an
 //    mma), so that decodeMmaRows fits five blocks of 128 threads an SM at
@@ -4847,15 +4847,17 @@ struct KiviMma {
   /// 8 and a lane's accumulators are D / 4 floats instead of D / 2
   /// (KVC_CUDA_MMA_TRANSPOSED_VALUES = 0 keeps the weights as A).
   /// At head dim 64 the tile gains about 3% instructions (the weights'
-  /// exchange) and no block per SM (128 registers either way): it keeps
-  /// the weights as A there. At G > 4 (kHeadColumns) the columns are the
-  /// heads themselves, lane (g, t) holding head g's weights of the B
-  /// fragment's rows already (no exchange), and the rounded weights and
-  /// their remainders go as two B operands into the same sums: as many
-  /// mmas as with the weights as A, half the accumulators (D / 4 floats a
-  /// lane rather than D / 2), which at head dim 128 took 30 of the tile's
-  /// spill instructions at 128 registers.
-  static constexpr bool kTransposedValues = kMmaTransposedValues && D >= 128;
+  /// exchange) and no block per SM (128 registers either way): G <= 4
+  /// keeps the weights as A there. At G > 4 (kHeadColumns) the columns
+  /// are the heads themselves, lane (g, t) holding head g's weights of
+  /// the B fragment's rows already (no exchange), and the rounded weights
+  /// and their remainders go as two B operands into the same sums: as
+  /// many mmas as with the weights as A, half the accumulators (D / 4
+  /// floats a lane rather than D / 2), which at head dim 128 took 24 of
+  /// the tile's 30 spill instructions at 128 registers (at head dim 64:
+  /// int2 1,167 to 1,166 instructions a tile, int4 1,345 to 1,302).
+  static constexpr bool kTransposedValues =
+      kMmaTransposedValues && (D >= 128 || !kPairedLanes);
   static constexpr bool kHeadColumns = kTransposedValues && !kPairedLanes;
   static constexpr int kAccBlocks =
       kTransposedValues ? kQBlocks * kCpb / 2 : kValueBlocks;

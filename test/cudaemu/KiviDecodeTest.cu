@@ -348,10 +348,12 @@ int main() {
   check<4, 128, 2, 32, KVC_DTYPE_F16>(rng);
   check<4, 128, 4, 32, KVC_DTYPE_BF16>(rng);
   check<8, 128, 2, 32, KVC_DTYPE_BF16>(rng);
-  // G > 4 at head dim 128: the value sums' columns are the heads
-  // (KiviMma::kHeadColumns), all eight or six of them.
+  // G > 4: the value sums' columns are the heads (KiviMma::kHeadColumns),
+  // all eight or six of them.
   check<8, 128, 2, 32, KVC_DTYPE_F16>(rng, Path::Dispatch, 704);
   check<6, 128, 2, 32, KVC_DTYPE_F16>(rng);
+  check<8, 64, 2, 32, KVC_DTYPE_F16>(rng);
+  check<8, 64, 4, 32, KVC_DTYPE_BF16>(rng, Path::Dispatch, 100, 8.0f);
   check<3, 64, 2, 32, KVC_DTYPE_F16>(rng);
   check<1, 64, 4, 32, KVC_DTYPE_F32>(rng);
   check<2, 64, 2, 64, KVC_DTYPE_F32>(rng);
