@@ -30,8 +30,10 @@ Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [--summary]
         instructions (LDL, STL). The form docs/codegen-cuda.md's
         before/after tables use.
 Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
-$CUOBJDUMP). The CUDA toolkit of the build machine has no cuobjdump; the
-PyPI wheel nvidia-cuda-cuobjdump carries one (nvidia/cu13/bin/cuobjdump).
+$CUOBJDUMP), which runs nvdisasm (PATH or $NVDISASM_PATH). The CUDA
+toolkit of the build machine has neither; the PyPI wheels
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry them (both in
+nvidia/cu13/bin: put that folder on PATH).
 """
 
 import collections
