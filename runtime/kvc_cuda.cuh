@@ -2613,7 +2613,7 @@ __device__ __forceinline__ void mmaK32U8(int32_t (&c)[4],
 }
 
 /// The rescale of value sums held as columns (C fragments of O^T += V^T
-/// P^T, the tensor-core decodes at G <= 4 and decodeKiviMma at G > 4):
+/// P^T, the tensor-core decodes, kHeads = 4 at G <= 4 and 8 at G > 4):
 /// lane (g, t) holds columns 2t and 2t + 1, whose heads (2t % kHeads and
 /// (2t + 1) % kHeads; kHeads = 4: rounded weights in columns 0-3, their
 /// remainders in 4-7; kHeads = 8: a head a column) have their running
@@ -5283,25 +5283,21 @@ decodeKiviMma(const DecodeSplitArgs &a, const HeadTable &t, int32_t h,
           const uint32_t cd = bytePerm(valueWords[warp][r0 + 8][wi],
                                        valueWords[warp][r0 + 9][wi],
                                        valueBytes);
-          if constexpr (P::kHeadColumns) {
-            // Head g's rounded weights, then their remainders, as B.
-#pragma unroll
-            for (int i = 0; i < kCpb / 2; ++i) {
-              const uint32_t units[4] = {
-                  U::spread(ab, 2 * i), U::spread(ab, 2 * i + 1),
-                  U::spread(cd, 2 * i), U::spread(cd, 2 * i + 1)};
-              mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, wa[0], wa[2]);
-              mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, wa[1], wa[3]);
-            }
-          } else if constexpr (P::kTransposedValues) {
-            const uint32_t b0 = g < 4 ? wa[0] : wa[1];
-            const uint32_t b1 = g < 4 ? wa[2] : wa[3];
+          if constexpr (P::kTransposedValues) {
+            // Column g: head g's rounded weights (g < 4) or head g - 4's
+            // remainders; with kHeadColumns head g's rounded weights, then
+            // their remainders, into the same sums.
+            const uint32_t b0 = P::kHeadColumns || g < 4 ? wa[0] : wa[1];
+            const uint32_t b1 = P::kHeadColumns || g < 4 ? wa[2] : wa[3];
 #pragma unroll
             for (int i = 0; i < kCpb / 2; ++i) {
               const uint32_t units[4] = {
                   U::spread(ab, 2 * i), U::spread(ab, 2 * i + 1),
                   U::spread(cd, 2 * i), U::spread(cd, 2 * i + 1)};
               mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, b0, b1);
+              if constexpr (P::kHeadColumns)
+                mmaK16<Storage::BF16>(o[kCpb / 2 * q + i], units, wa[1],
+                                      wa[3]);
             }
           } else {
 #pragma unroll

@@ -54,6 +54,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -1427,15 +1428,13 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
       }
     }
   }
-  for (int alt : {kAltInt2, kAltInt2Cc, kAltInt2Free, kAltInt2Rowv,
-                  kAltInt2Late, kAltInt2B5}) {
-    // kivi2 itself, or alternative i of kivi2 (0: _cc, 1: _free, 2:
-    // _rowv, 3: _late, 4: _b5).
-    const int i = alt == kAltInt2Rowv   ? 2
-                  : alt == kAltInt2Late ? 3
-                  : alt == kAltInt2B5   ? 4
-                                        : alt - kAltInt2Cc;
-    const bool shipped = alt == kAltInt2;
+  // kivi2 itself (-1), or entry i of the geometry's kivi2 alternatives
+  // (KVC_BENCH_GEOMETRY_WITH_ALTERNATIVES: _cc, _free, _rowv, _late, _b5).
+  const std::pair<int, int> kivi2Alternatives[] = {
+      {kAltInt2, -1},    {kAltInt2Cc, 0},   {kAltInt2Free, 1},
+      {kAltInt2Rowv, 2}, {kAltInt2Late, 3}, {kAltInt2B5, 4}};
+  for (const auto &[alt, i] : kivi2Alternatives) {
+    const bool shipped = i < 0;
     try {
       r.usPerStep[alt] =
           timeKivi(shipped ? g.kiviConfigure[kInt2] : g.kivi2AltConfigure[i],
