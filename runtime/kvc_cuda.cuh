@@ -63,7 +63,7 @@
 #include <utility>
 #include <vector>
 
-// Build-time overrides of thirteen kernel choices, for side-by-side
+// Build-time overrides of fifteen kernel choices, for side-by-side
 // measurement (kvc-bench-gpu's alternatives table, docs/performance.md);
 // generated libraries are built with the defaults, which are what kvc
 // ships. Define before including this header (a -D flag of the library's
@@ -74,6 +74,11 @@
 //  - KVC_CUDA_KIVI_MMA_BLOCKS (default 4): blocks of 128 threads per SM
 //    that the launch bounds of the tensor-core KIVI decode ask for
 //    (KiviMma::kMinBlocks); 0 leaves its registers to ptxas.
+//  - KVC_CUDA_KIVI_TILE_BLOCKS (default 0): blocks of 128 threads per SM
+//    that the launch bounds of the CUDA-core KIVI decode ask for at G <= 2
+//    (KiviTiles::kMinBlocks: decodeKiviTiles, the path of one query head
+//    per kv-head); 0 leaves its registers to ptxas (64 at int2 and int4,
+//    head dim 128: eight blocks).
 //  - KVC_CUDA_PREFILL_MMA (default 1): prefill attention and the prefill
 //    statistics run on tensor cores (prefillAttentionMma,
 //    prefillColumnStatsMma: float operands split into two bf16 parts); 0
@@ -148,6 +153,9 @@
 #ifndef KVC_CUDA_KIVI_MMA_BLOCKS
 #define KVC_CUDA_KIVI_MMA_BLOCKS 4
 #endif
+#ifndef KVC_CUDA_KIVI_TILE_BLOCKS
+#define KVC_CUDA_KIVI_TILE_BLOCKS 0
+#endif
 #ifndef KVC_CUDA_PREFILL_MMA
 #define KVC_CUDA_PREFILL_MMA 1
 #endif
@@ -190,6 +198,9 @@
 #if KVC_CUDA_KIVI_MMA_BLOCKS < 0 || KVC_CUDA_KIVI_MMA_BLOCKS > 16
 #error "KVC_CUDA_KIVI_MMA_BLOCKS must be 0 to 16"
 #endif
+#if KVC_CUDA_KIVI_TILE_BLOCKS < 0 || KVC_CUDA_KIVI_TILE_BLOCKS > 16
+#error "KVC_CUDA_KIVI_TILE_BLOCKS must be 0 to 16"
+#endif
 #if KVC_CUDA_PREFILL_MMA != 0 && KVC_CUDA_PREFILL_MMA != 1
 #error "KVC_CUDA_PREFILL_MMA must be 0 or 1"
 #endif
@@ -231,24 +242,26 @@
 // other symbols than the defaults' when both link into one program (a
 // benchmark timing both side by side): a kernel instantiation means one
 // body per program.
-#if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||           \
+#if KVC_CUDA_TENSOR_CORES != 1 || KVC_CUDA_KIVI_MMA_BLOCKS != 4 ||             \
     KVC_CUDA_PREFILL_MMA != 1 || KVC_CUDA_EVICT_FIRST != 1 ||                  \
     KVC_CUDA_FOLD_PLAN != 1 || KVC_CUDA_SPLIT_PLAN != 1 ||                     \
     KVC_CUDA_ISSUE_AHEAD != 1 || KVC_CUDA_DEPENDENT_LAUNCH != 1 ||             \
     KVC_CUDA_FOLD_AHEAD != 2 || KVC_CUDA_MMA_SHARED_QUERY != 1 ||              \
     KVC_CUDA_MMA_TRANSPOSED_VALUES != 1 || KVC_CUDA_DISCARD_LOGITS != 1 ||     \
-    KVC_CUDA_LOGITS_EVICT_LAST != 1 || KVC_CUDA_FOLD_IN_GRID != 0
+    KVC_CUDA_LOGITS_EVICT_LAST != 1 || KVC_CUDA_FOLD_IN_GRID != 0 ||           \
+    KVC_CUDA_KIVI_TILE_BLOCKS != 0
 #define KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split,      \
                                  ahead, pdl, foldahead, sq, tv, discard, last, \
-                                 grid)                                         \
+                                 grid, tiles)                                  \
   overrides_tc##tc##_blocks##blocks##_prefill##prefill##_evict##evict##_fold## \
       fold##_split##split##_ahead##ahead##_pdl##pdl##_foldahead##foldahead##   \
-      _sq##sq##_tv##tv##_discard##discard##_last##last##_grid##grid
+      _sq##sq##_tv##tv##_discard##discard##_last##last##_grid##grid##_tiles##  \
+      tiles
 #define KVC_CUDA_OVERRIDES_NAME(tc, blocks, prefill, evict, fold, split,       \
                                 ahead, pdl, foldahead, sq, tv, discard, last,  \
-                                grid)                                          \
+                                grid, tiles)                                   \
   KVC_CUDA_OVERRIDES_NAME2(tc, blocks, prefill, evict, fold, split, ahead,     \
-                           pdl, foldahead, sq, tv, discard, last, grid)
+                           pdl, foldahead, sq, tv, discard, last, grid, tiles)
 #define KVC_CUDA_OVERRIDES_BEGIN                                               \
   inline namespace KVC_CUDA_OVERRIDES_NAME(                                    \
       KVC_CUDA_TENSOR_CORES, KVC_CUDA_KIVI_MMA_BLOCKS, KVC_CUDA_PREFILL_MMA,   \
@@ -256,7 +269,7 @@
       KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH, KVC_CUDA_FOLD_AHEAD,    \
       KVC_CUDA_MMA_SHARED_QUERY, KVC_CUDA_MMA_TRANSPOSED_VALUES,               \
       KVC_CUDA_DISCARD_LOGITS, KVC_CUDA_LOGITS_EVICT_LAST,                     \
-      KVC_CUDA_FOLD_IN_GRID) {
+      KVC_CUDA_FOLD_IN_GRID, KVC_CUDA_KIVI_TILE_BLOCKS) {
 #define KVC_CUDA_OVERRIDES_END }
 #else
 #define KVC_CUDA_OVERRIDES_BEGIN
@@ -3838,11 +3851,12 @@ struct KiviTiles {
   /// unrolled whole it held 255 registers at G = 8, head dim 128).
   static constexpr int kPairUnroll = G <= 2 ? kPairsPerLane : 2;
   /// Blocks per SM that decodeAttentionKivi's registers must allow on this
-  /// path (launch bounds): none at G <= 2; three blocks of 128 threads
-  /// beyond, where ptxas left free takes up to 255 registers at G = 8 (two
-  /// blocks) to keep the G query heads' loads of the folded query in
-  /// flight.
-  static constexpr int kMinBlocks = G <= 2 ? 0 : 3 * 128 / kThreads;
+  /// path (launch bounds): at G <= 2 those of KVC_CUDA_KIVI_TILE_BLOCKS
+  /// (none by default); three blocks of 128 threads beyond, where ptxas
+  /// left free takes up to 255 registers at G = 8 (two blocks) to keep the
+  /// G query heads' loads of the folded query in flight.
+  static constexpr int kMinBlocks =
+      G <= 2 ? KVC_CUDA_KIVI_TILE_BLOCKS * 128 / kThreads : 3 * 128 / kThreads;
   /// Where digit `digit` of slot r's value weight goes in the 64 entries of
   /// a query head and group: the two slots r0 = sub + 2 i kSlotsPerStep and
   /// r0 + kSlotsPerStep that a value lane takes together share 8 bytes,

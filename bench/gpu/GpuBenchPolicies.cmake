@@ -26,7 +26,10 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 # Alternatives: the same policies built with a kernel choice overridden
 # (runtime/kvc_cuda.cuh, "Build-time overrides"), under their own names so
 # that they link beside the defaults and the benchmark times both in one
-# run. Compiled for the geometries that have a choice (G >= 2).
+# run. Compiled for the geometries that have a choice: those of
+# gpu_bench_alternatives at G >= 2, those of gpu_bench_g1_alternatives at
+# G = 1 (where kivi2 runs decodeKiviTiles and the 16-bit decodes have no
+# tensor-core path).
 #   plain_cc    plain's decode without tensor cores (KVC_CUDA_TENSOR_CORES=0:
 #               the shared-memory tiles of decodeStagedRows)
 #   kivi2_cc    kivi2's decode on CUDA cores (decodeKiviTiles)
@@ -75,10 +78,15 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 #   kivi2_b5    kivi2's tensor-core decode with launch bounds for five
 #               blocks per SM (KVC_CUDA_KIVI_MMA_BLOCKS=5: 96 registers),
 #               against four (128)
+#   kivi2_b9    kivi2's CUDA-core decode at G = 1 (decodeKiviTiles) with
+#               launch bounds for nine blocks per SM
+#               (KVC_CUDA_KIVI_TILE_BLOCKS=9: 56 registers), against none
+#               (64 registers: eight blocks)
 set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
     fused_lru fused_split plain_len plain_late fused_serial fused_first
     plain_regq plain_rowv kivi2_rowv fused_keep fused_norm fused_grid
     kivi2_late kivi2_b5)
+set(gpu_bench_g1_alternatives kivi2_late kivi2_b9)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})
@@ -117,27 +125,51 @@ set(gpu_bench_alternative_policy_kivi2_late ${gpu_bench_policy_kivi2})
 set(gpu_bench_alternative_defines_kivi2_late KVC_CUDA_ISSUE_AHEAD=0)
 set(gpu_bench_alternative_policy_kivi2_b5 ${gpu_bench_policy_kivi2})
 set(gpu_bench_alternative_defines_kivi2_b5 KVC_CUDA_KIVI_MMA_BLOCKS=5)
+set(gpu_bench_alternative_policy_kivi2_b9 ${gpu_bench_policy_kivi2})
+set(gpu_bench_alternative_defines_kivi2_b9 KVC_CUDA_KIVI_TILE_BLOCKS=9)
 
 # The libraries of one geometry are bundles, each compiled as one
 # translation unit (kvc_policy_bundle_source, codegen/KvcAddPolicyLibrary.
 # cmake), so that the kernels their policies share compile once: the
 # variants in one (key `defaults`), and the alternatives that take the same
 # overrides in one each (key: the overrides, lowercase, without KVC_CUDA_).
-# gpu_bench_bundles: the keys; gpu_bench_bundle_members_<key>: its variants
-# or alternatives; gpu_bench_bundle_defines_<key>: its overrides.
+# gpu_bench_bundles: the keys; gpu_bench_bundle_defines_<key>: its
+# overrides; its members (variants or alternatives) at a group:
+# kvc_gpu_bench_bundle_members.
 set(gpu_bench_bundles defaults)
-set(gpu_bench_bundle_members_defaults ${gpu_bench_variants})
 set(gpu_bench_bundle_defines_defaults)
-foreach(alt IN LISTS gpu_bench_alternatives)
-  string(TOLOWER "${gpu_bench_alternative_defines_${alt}}" key)
-  string(REPLACE "kvc_cuda_" "" key "${key}")
-  string(REGEX REPLACE "[^a-z0-9]+" "_" key "${key}")
-  if(NOT key IN_LIST gpu_bench_bundles)
-    list(APPEND gpu_bench_bundles ${key})
-    set(gpu_bench_bundle_defines_${key} ${gpu_bench_alternative_defines_${alt}})
+foreach(where IN ITEMS gn g1)
+  set(alternatives ${gpu_bench_alternatives})
+  if(where STREQUAL "g1")
+    set(alternatives ${gpu_bench_g1_alternatives})
   endif()
-  list(APPEND gpu_bench_bundle_members_${key} ${alt})
+  foreach(alt IN LISTS alternatives)
+    string(TOLOWER "${gpu_bench_alternative_defines_${alt}}" key)
+    string(REPLACE "kvc_cuda_" "" key "${key}")
+    string(REGEX REPLACE "[^a-z0-9]+" "_" key "${key}")
+    if(NOT key IN_LIST gpu_bench_bundles)
+      list(APPEND gpu_bench_bundles ${key})
+      set(gpu_bench_bundle_defines_${key} ${gpu_bench_alternative_defines_${alt}})
+    endif()
+    list(APPEND gpu_bench_${where}_members_${key} ${alt})
+  endforeach()
 endforeach()
+
+# kvc_gpu_bench_bundle_members(<var> <key> <group>): the members of bundle
+# <key> at GQA group <group>: the variants (key `defaults`) at every group;
+# the bundle's alternatives of gpu_bench_alternatives at G >= 2, of
+# gpu_bench_g1_alternatives at G = 1; empty where it has none there (the
+# bundle is not built for that geometry).
+function(kvc_gpu_bench_bundle_members var key group)
+  if(key STREQUAL "defaults")
+    set(members ${gpu_bench_variants})
+  elseif(group GREATER 1)
+    set(members ${gpu_bench_gn_members_${key}})
+  else()
+    set(members ${gpu_bench_g1_members_${key}})
+  endif()
+  set(${var} ${members} PARENT_SCOPE)
+endfunction()
 
 # kvc_gpu_bench_member(<file var> <form var> <variant or alternative>): its
 # policy file and kvc-opt's --kvc-form-kernels option.

@@ -117,8 +117,16 @@ struct BenchGeometry {
   PlanFn kivi2Plan;
   RunFn kivi2Run;
   FinishFn kivi2Finish;
-  /// Alternatives (bench/gpu/GpuBenchPolicies.cmake), null where not
-  /// compiled in: plain's decode without tensor cores (plain_cc); kivi2's
+  /// The G = 1 alternatives of kivi2 (gpu_bench_g1_alternatives in
+  /// bench/gpu/GpuBenchPolicies.cmake), null where not compiled in: its
+  /// CUDA-core decode (decodeKiviTiles) loading each tile's slot words
+  /// after it is entered (kivi2_late) and with launch bounds for nine
+  /// blocks per SM (kivi2_b9).
+  ConfigureFn kivi2TileAltConfigure[2] = {};
+  BatchBytesFn kivi2TileAltBytes[2] = {};
+  DecodeFn kivi2TileAltDecode[2] = {};
+  /// Alternatives at G >= 2 (bench/gpu/GpuBenchPolicies.cmake), null where
+  /// not compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
   /// (kivi2_free) and with launch bounds for five blocks per SM
   /// (kivi2_b5), with the weights as A of its value sums (kivi2_rowv) and
@@ -168,14 +176,25 @@ struct BenchGeometry {
   BatchBytesFn fusedGridBytes = nullptr;
   DecodeFn fusedGridDecode = nullptr;
   bool hasAlternatives() const { return plainCcDecode != nullptr; }
+  bool hasG1Alternatives() const { return kivi2TileAltDecode[0] != nullptr; }
 };
 
 #define KVC_GB(v, d, g, suffix) kvc_gb_##v##_d##d##_g##g##_cuda_##suffix
 #define KVC_BENCH_GEOMETRY(d, g)                                               \
   BenchGeometry { KVC_BENCH_GEOMETRY_FIELDS(d, g) }
-#define KVC_BENCH_GEOMETRY_WITH_ALTERNATIVES(d, g)                             \
+#define KVC_BENCH_GEOMETRY_WITH_G1_ALTERNATIVES(d, g)                          \
   BenchGeometry {                                                              \
     KVC_BENCH_GEOMETRY_FIELDS(d, g),                                           \
+        {KVC_GB(kivi2_late, d, g, configure),                                  \
+         KVC_GB(kivi2_b9, d, g, configure)},                                   \
+        {KVC_GB(kivi2_late, d, g, decode_batch_workspace_bytes),               \
+         KVC_GB(kivi2_b9, d, g, decode_batch_workspace_bytes)},                \
+        {KVC_GB(kivi2_late, d, g, decode_batch),                               \
+         KVC_GB(kivi2_b9, d, g, decode_batch)}                                 \
+  }
+#define KVC_BENCH_GEOMETRY_WITH_ALTERNATIVES(d, g)                             \
+  BenchGeometry {                                                              \
+    KVC_BENCH_GEOMETRY_FIELDS(d, g), {}, {}, {},                               \
         KVC_GB(plain_cc, d, g, decode_batch_workspace_bytes),                  \
         KVC_GB(plain_cc, d, g, decode_batch),                                  \
         {KVC_GB(kivi2_cc, d, g, configure),                                    \
@@ -1450,6 +1469,49 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
   return r;
 }
 
+/// The decodes of the G = 1 alternatives table: kivi2's (decodeKiviTiles,
+/// registers left to ptxas, each tile's slot words copied a tile ahead),
+/// kivi2_late's and kivi2_b9's (gpu_bench_g1_alternatives).
+enum G1Alternative { kG1Int2 = 0, kG1Int2Late = 1, kG1Int2B9 = 2, kNumG1 = 3 };
+const char *kG1AlternativeNames[] = {"int2", "int2_late", "int2_b9"};
+
+struct G1AlternativesResult {
+  bool ok[kNumG1] = {};
+  double usPerStep[kNumG1] = {};
+  std::string error[kNumG1];
+};
+
+/// Times the three G = 1 KIVI decodes at one (geometry, batch, context),
+/// one after the other, as benchKivi does.
+G1AlternativesResult benchG1Alternatives(const BenchGeometry &g,
+                                         Buffers &buffers, int batch, int n,
+                                         const Options &o,
+                                         cudaStream_t stream) {
+  G1AlternativesResult r;
+  const int qHeads = kKvHeads * g.group;
+  for (int alt = 0; alt < kNumG1; ++alt) {
+    // kivi2 itself, or entry alt - 1 of kivi2TileAlt*: _late, _b9.
+    const bool shipped = alt == kG1Int2;
+    try {
+      r.usPerStep[alt] =
+          timeKivi(shipped ? g.kiviConfigure[kInt2]
+                           : g.kivi2TileAltConfigure[alt - 1],
+                   shipped ? g.kiviBytes[kInt2] : g.kivi2TileAltBytes[alt - 1],
+                   shipped ? g.kiviDecode[kInt2]
+                           : g.kivi2TileAltDecode[alt - 1],
+                   g.dim, qHeads, buffers, batch, n, o, stream)
+              .usPerStep;
+      r.ok[alt] = true;
+    } catch (const BenchError &e) {
+      r.error[alt] = e.what();
+      ++gCellErrors;
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+    }
+  }
+  return r;
+}
+
 //===--- Output --------------------------------------------------------------===//
 
 /// Prints to stdout and, when open, mirrors CSV rows to a file. Each row
@@ -1518,8 +1580,8 @@ void usage(const char *argv0) {
       "(default 1k,4k,16k; 'none' skips it)\n"
       "  --model-context=LIST    contexts of the model-step table (default "
       "4k,16k; 'none' skips it)\n"
-      "  --alt-context=LIST      contexts of the kernel alternatives table "
-      "(default 16k,32k; 'none' skips it)\n"
+      "  --alt-context=LIST      contexts of the kernel alternatives tables "
+      "(G >= 2, and KIVI at G = 1; default 16k,32k; 'none' skips them)\n"
       "  --host-context=LIST     contexts of the host-side table (default "
       "4k,32k; 'none' skips it)\n"
       "  --dim=LIST, --group=LIST  restrict to these head dims / GQA groups\n"
@@ -1742,6 +1804,14 @@ void printList(const Options &o) {
   else
     std::printf("kernel alternatives: none compiled in (kvc-bench-gpu has "
                 "them)\n");
+  bool g1Alternatives = false;
+  for (const BenchGeometry &g : kBenchGeometries)
+    g1Alternatives = g1Alternatives || g.hasG1Alternatives();
+  if (g1Alternatives)
+    std::printf("kernel alternatives (geometries with G = 1): kivi2_late "
+                "(kivi2, KVC_CUDA_ISSUE_AHEAD=0), kivi2_b9 (kivi2, "
+                "KVC_CUDA_KIVI_TILE_BLOCKS=9), contexts %s\n",
+                joinList(o.alternativeContexts).c_str());
 }
 
 } // namespace
@@ -2228,6 +2298,63 @@ int main(int argc, char **argv) {
               else
                 csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n",
                     kAlternativeNames[a], g.dim, g.group, kKvHeads * g.group,
+                    batch, n, r.usPerStep[a], copy.best());
+            }
+            std::fflush(stdout);
+          }
+      }
+    }
+
+    bool g1Alternatives = false;
+    for (const BenchGeometry &g : kBenchGeometries)
+      g1Alternatives =
+          g1Alternatives || (g.hasG1Alternatives() && selected(o.dims, g.dim) &&
+                             selected(o.groups, g.group));
+    if (g1Alternatives && !o.alternativeContexts.empty()) {
+      std::printf(
+          "\nKIVI int2 at G = 1 against its alternatives: kivi2's CUDA-core "
+          "decode (decodeKiviTiles: keys on tensor cores, values by dp2a; "
+          "registers left to ptxas, each tile's positions and KIVI words "
+          "copied into shared memory a tile ahead) against the same policy "
+          "built with a kernel choice overridden, timed one after the other "
+          "in each cell as the KIVI table.\n"
+          "int2 us = kivi2; late us = kivi2_late (KVC_CUDA_ISSUE_AHEAD=0: a "
+          "tile's positions and KIVI words loaded when it is entered); b9 us "
+          "= kivi2_b9 (KVC_CUDA_KIVI_TILE_BLOCKS=9: launch bounds for 9 "
+          "blocks of 128 threads per SM, 56 registers).\n"
+          "lt/i2, b9/i2 = the alternative's time / kivi2's (> 1: the shipped "
+          "kernel is faster).\n\n");
+      std::printf("%4s %3s %4s %3s %7s | %9s | %9s %6s | %9s %6s\n", "dim", "G",
+                  "qh", "B", "context", "int2 us", "late us", "lt/i2", "b9 us",
+                  "b9/i2");
+      for (const BenchGeometry &g : kBenchGeometries) {
+        if (!g.hasG1Alternatives() || !selected(o.dims, g.dim) ||
+            !selected(o.groups, g.group))
+          continue;
+        for (int batch : o.batches)
+          for (int n : o.alternativeContexts) {
+            const G1AlternativesResult r =
+                benchG1Alternatives(g, buffers, batch, n, o, stream);
+            auto us = [&](int a) {
+              return cell(r.ok[a], "%.1f", r.usPerStep[a]);
+            };
+            auto ratio = [&](int a) {
+              const bool ok = r.ok[a] && r.ok[kG1Int2];
+              return cell(ok, "%.2f",
+                          ok ? r.usPerStep[a] / r.usPerStep[kG1Int2] : 0.0);
+            };
+            std::printf("%4d %3d %4d %3d %7d | %9s | %9s %6s | %9s %6s\n",
+                        g.dim, g.group, kKvHeads * g.group, batch, n,
+                        us(kG1Int2).c_str(), us(kG1Int2Late).c_str(),
+                        ratio(kG1Int2Late).c_str(), us(kG1Int2B9).c_str(),
+                        ratio(kG1Int2B9).c_str());
+            for (int a = 0; a < kNumG1; ++a) {
+              if (!r.ok[a])
+                std::printf("     %s: %s\n", kG1AlternativeNames[a],
+                            r.error[a].c_str());
+              else
+                csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n",
+                    kG1AlternativeNames[a], g.dim, g.group, kKvHeads * g.group,
                     batch, n, r.usPerStep[a], copy.best());
             }
             std::fflush(stdout);

@@ -36,7 +36,7 @@
 // OFF-NOT: evict_first
 // OFF-NOT: ld.global.nc.L2::cache_hint
 // OFF-NOT: cp.async.cg.shared.global.L2::cache_hint
-// OFF-LABEL: .entry _ZN3kvc4cuda102overrides_tc1_blocks4_prefill1_evict0_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv1_discard1_last1_grid020decodeAttentionSplitILi3ELi64E
+// OFF-LABEL: .entry _ZN3kvc4cuda109overrides_tc1_blocks4_prefill1_evict0_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv1_discard1_last1_grid0_tiles020decodeAttentionSplitILi3ELi64E
 // OFF-NOT: evict_first
 // OFF-NOT: ld.global.nc.L2::cache_hint
 // OFF-NOT: cp.async.cg.shared.global.L2::cache_hint

@@ -35,7 +35,7 @@
 // SHARED: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 // SHARED-LABEL: .entry
 
-// OFF-LABEL: .entry _ZN3kvc4cuda102overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq0_tv1_discard1_last1_grid020decodeAttentionSplitILi4ELi128E
+// OFF-LABEL: .entry _ZN3kvc4cuda109overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq0_tv1_discard1_last1_grid0_tiles020decodeAttentionSplitILi4ELi128E
 // OFF-NEXT: .param
 // OFF-NEXT: )
 // OFF-NEXT: .maxntid 128, 1, 1

@@ -28,7 +28,7 @@
 // PLAIN-NOT: mma.sync.aligned.m16n8k8
 // PLAIN-LABEL: .entry
 
-// PLAIN-ROWS-LABEL: .entry _ZN3kvc4cuda102overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv0_discard1_last1_grid020decodeAttentionSplitILi4ELi128E
+// PLAIN-ROWS-LABEL: .entry _ZN3kvc4cuda109overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv0_discard1_last1_grid0_tiles020decodeAttentionSplitILi4ELi128E
 // PLAIN-ROWS: .minnctapersm 4
 // PLAIN-ROWS-COUNT-16: mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32
 // PLAIN-ROWS-NOT: mma.sync.aligned.m16n8k8
@@ -39,7 +39,7 @@
 // KIVI-NOT: mma.sync.aligned.m16n8k16.row.col.f32.bf16
 // KIVI-LABEL: .entry
 
-// KIVI-ROWS-LABEL: .entry _ZN3kvc4cuda102overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv0_discard1_last1_grid019decodeAttentionKiviILi4ELi128ELi2ELi32E
+// KIVI-ROWS-LABEL: .entry _ZN3kvc4cuda109overrides_tc1_blocks4_prefill1_evict1_fold1_split1_ahead1_pdl1_foldahead2_sq1_tv0_discard1_last1_grid0_tiles019decodeAttentionKiviILi4ELi128ELi2ELi32E
 // KIVI-ROWS-COUNT-32: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 // KIVI-ROWS-NOT: mma.sync.aligned.m16n8k16.row.col.f32.bf16
 // KIVI-ROWS-LABEL: .entry

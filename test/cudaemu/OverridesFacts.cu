@@ -44,7 +44,8 @@ KernelFacts defaultFacts() {
           planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr).ranges,
           planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr)
               .slotsPerRange,
-          planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr).lag};
+          planGridFold(SplitPlan{64, 513}, 64, 32769, 528, nullptr).lag,
+          KiviTiles<1, 128, 2, 32, KVC_DTYPE_F16, kThreads>::kMinBlocks};
 }
 
 } // namespace kvc::test

@@ -3,7 +3,7 @@
 // OverridesFacts.cu reports, through these functions, which decode paths
 // runtime/kvc_cuda.cuh selects and where three of its kernel instantiations
 // live. test/cudaemu/CMakeLists.txt compiles it twice, with the defaults
-// and with the thirteen build-time overrides, and OverridesTest.cu links the
+// and with the fifteen build-time overrides, and OverridesTest.cu links the
 // two.
 //
 //===----------------------------------------------------------------------===//
@@ -65,6 +65,10 @@ struct KernelFacts {
   /// blocks at once.
   bool foldInGrid;
   int32_t gridRanges, gridRangeSlots, gridLag;
+  /// KiviTiles::kMinBlocks at G = 1, head dim 128 (int2 in key blocks of
+  /// 32): the blocks per SM that the CUDA-core KIVI decode's launch bounds
+  /// ask for.
+  int kiviTileMinBlocks;
 };
 
 KernelFacts defaultFacts();

@@ -5,21 +5,26 @@
 // KVC_CUDA_SPLIT_PLAN, KVC_CUDA_ISSUE_AHEAD, KVC_CUDA_DEPENDENT_LAUNCH,
 // KVC_CUDA_FOLD_AHEAD, KVC_CUDA_MMA_SHARED_QUERY,
 // KVC_CUDA_MMA_TRANSPOSED_VALUES, KVC_CUDA_DISCARD_LOGITS,
-// KVC_CUDA_LOGITS_EVICT_LAST and KVC_CUDA_FOLD_IN_GRID (docs/codegen-cuda.md, "Build-time overrides"): a translation unit built with
-// them selects the CUDA-core decodes, no KIVI launch bounds, the CUDA-core
-// prefill attention (16-query tiles), the default L2 policy for the cache's
-// reads, a fold block per attention split, splits by length, a staged tile's
-// copies after the wait, ordinary launches, a fold that asks L2 for its first
-// pass only, the query fragments in registers, the weights as A of the value
-// sums and a fold that leaves its logits in L2, one built without them the
-// tensor-core decodes, four KIVI blocks per SM, the tensor-core prefill
-// attention (64-query tiles), the evict-first policy, planFold's fold blocks,
-// splits by waves, copies issued ahead, dependent launches, a fold that asks
-// for its passes two ahead, the query fragments in shared memory and the values
-// as A at G <= 4 (launch bounds for five blocks at head dim 128) and a fold
-// that drops its logits from L2, and when both link into one program (as
-// kvc-bench-gpu's kernel alternatives do) each keeps its own kernels: the same
-// instantiation in the two is two functions, not one that the linker picked.
+// KVC_CUDA_LOGITS_EVICT_LAST, KVC_CUDA_FOLD_IN_GRID and
+// KVC_CUDA_KIVI_TILE_BLOCKS (docs/codegen-cuda.md, "Build-time overrides"):
+// a translation unit built with them selects the CUDA-core decodes, no KIVI
+// launch bounds, the CUDA-core prefill attention (16-query tiles), the
+// default L2 policy for the cache's reads, a fold block per attention split,
+// splits by length, a staged tile's copies after the wait, ordinary launches,
+// a fold that asks L2 for its first pass only, the query fragments in
+// registers, the weights as A of the value sums, a fold that leaves its
+// logits in L2, the statistics folded in the attention grid and launch
+// bounds for nine blocks of the CUDA-core KIVI decode at G = 1; one built
+// without them the tensor-core decodes, four KIVI blocks per SM, the
+// tensor-core prefill attention (64-query tiles), the evict-first policy,
+// planFold's fold blocks, splits by waves, copies issued ahead, dependent
+// launches, a fold that asks for its passes two ahead, the query fragments in
+// shared memory, the values as A at G <= 4 (launch bounds for five blocks at
+// head dim 128), a fold that drops its logits from L2, a fold kernel after
+// the attention and no launch bounds for the CUDA-core KIVI decode; and when
+// both link into one program (as kvc-bench-gpu's kernel alternatives do)
+// each keeps its own kernels: the same instantiation in the two is two
+// functions, not one that the linker picked.
 // Exits 1 on a difference.
 //
 //===----------------------------------------------------------------------===//
@@ -113,6 +118,11 @@ int main() {
          "64 heads of 32769 slots in 64 splits, 528 blocks at once: 61 fold "
          "ranges of 544 slots a head (513 rounded up to whole lines), folded "
          "10 heads behind (the 9 heads of a wave, plus one)");
+  expect(shipped.kiviTileMinBlocks == 0,
+         "the defaults leave the CUDA-core KIVI decode's registers at G = 1 "
+         "to ptxas");
+  expect(overridden.kiviTileMinBlocks == 9,
+         "KVC_CUDA_KIVI_TILE_BLOCKS=9 bounds it to 9 blocks of 128 threads");
   expect(!overridden.sharedQuery && overridden.mmaMinBlocks == 0,
          "KVC_CUDA_MMA_SHARED_QUERY=0 keeps the query fragments in "
          "registers, with no launch bounds");

@@ -220,8 +220,10 @@ phases=$(grep -c '^[a-z0-9-]*: \(passed\|skipped\) (' "$summary")
 expected=$(grep -c '^[a-z]' "$src/scripts/gpu-plans/next.plan")
 [ "$phases" -eq "$expected" ] || fail "next.plan: $phases of $expected phases passed: $(cat "$summary")"
 grep -q "^sdpa: skipped (" "$summary" || fail "next.plan: the SDPA stand-in did not skip: $(cat "$summary")"
-grep -q "sweep stand-in --csv=$scratch/next/alternatives.csv --dim=128 --context=none .*--alt-context=4k,32k" \
+grep -q "sweep stand-in --csv=$scratch/next/alternatives.csv --dim=128 --group=4,8 --context=none .*--alt-context=4k,32k" \
   "$scratch/next/alternatives.txt" || fail "next.plan: the alternatives table's command"
+grep -q "sweep stand-in --csv=$scratch/next/g1-alternatives.csv --group=1 --context=none .*--alt-context=4k,32k" \
+  "$scratch/next/g1-alternatives.txt" || fail "next.plan: the G = 1 alternatives table's command"
 if grep -q "Outside baseline" "$scratch/next/decode.txt"; then
   fail "next.plan: the decode slice ran the SDPA baseline (KVC_GPU_BENCH_SDPA=0)"
 fi
