@@ -28,8 +28,8 @@ set(gpu_bench_variants plain fused unfused h2o kivi2 kivi4)
 # that they link beside the defaults and the benchmark times both in one
 # run. Compiled for the geometries that have a choice: those of
 # gpu_bench_alternatives at G >= 2, those of gpu_bench_g1_alternatives at
-# G = 1 (where kivi2 runs decodeKiviTiles and the 16-bit decodes have no
-# tensor-core path).
+# G = 1 (kivi2's, where it runs decodeKiviTiles, and fused's launches and
+# logits; the 16-bit decodes have no tensor-core or staged path there).
 #   plain_cc    plain's decode without tensor cores (KVC_CUDA_TENSOR_CORES=0:
 #               the shared-memory tiles of decodeStagedRows)
 #   kivi2_cc    kivi2's decode on CUDA cores (decodeKiviTiles)
@@ -86,7 +86,8 @@ set(gpu_bench_alternatives plain_cc kivi2_cc kivi2_free prefill_cc h2o_cc
     fused_lru fused_split plain_len plain_late fused_serial fused_first
     plain_regq plain_rowv kivi2_rowv fused_keep fused_norm fused_grid
     kivi2_late kivi2_b5)
-set(gpu_bench_g1_alternatives kivi2_late kivi2_b9)
+set(gpu_bench_g1_alternatives kivi2_late kivi2_b9 fused_serial fused_keep
+    fused_norm fused_grid)
 set(gpu_bench_alternative_policy_plain_cc ${gpu_bench_policy_plain})
 set(gpu_bench_alternative_defines_plain_cc KVC_CUDA_TENSOR_CORES=0)
 set(gpu_bench_alternative_policy_kivi2_cc ${gpu_bench_policy_kivi2})

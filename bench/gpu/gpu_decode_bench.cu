@@ -117,14 +117,20 @@ struct BenchGeometry {
   PlanFn kivi2Plan;
   RunFn kivi2Run;
   FinishFn kivi2Finish;
-  /// The G = 1 alternatives of kivi2 (gpu_bench_g1_alternatives in
-  /// bench/gpu/GpuBenchPolicies.cmake), null where not compiled in: its
+  /// The G = 1 alternatives (gpu_bench_g1_alternatives in
+  /// bench/gpu/GpuBenchPolicies.cmake), null where not compiled in: kivi2's
   /// CUDA-core decode (decodeKiviTiles) loading each tile's slot words
   /// after it is entered (kivi2_late) and with launch bounds for nine
-  /// blocks per SM (kivi2_b9).
+  /// blocks per SM (kivi2_b9); fused's decode launched as ordinary kernels
+  /// (fused_serial), with a fold that leaves its logits in L2
+  /// (fused_keep), with its logits stored under the default L2 policy
+  /// (fused_norm) and with its statistics folded in the attention grid
+  /// (fused_grid).
   ConfigureFn kivi2TileAltConfigure[2] = {};
   BatchBytesFn kivi2TileAltBytes[2] = {};
   DecodeFn kivi2TileAltDecode[2] = {};
+  BatchBytesFn fusedG1AltBytes[4] = {};
+  DecodeFn fusedG1AltDecode[4] = {};
   /// Alternatives at G >= 2 (bench/gpu/GpuBenchPolicies.cmake), null where
   /// not compiled in: plain's decode without tensor cores (plain_cc); kivi2's
   /// on CUDA cores (kivi2_cc), on tensor cores without launch bounds
@@ -190,11 +196,19 @@ struct BenchGeometry {
         {KVC_GB(kivi2_late, d, g, decode_batch_workspace_bytes),               \
          KVC_GB(kivi2_b9, d, g, decode_batch_workspace_bytes)},                \
         {KVC_GB(kivi2_late, d, g, decode_batch),                               \
-         KVC_GB(kivi2_b9, d, g, decode_batch)}                                 \
+         KVC_GB(kivi2_b9, d, g, decode_batch)},                                \
+        {KVC_GB(fused_serial, d, g, decode_batch_workspace_bytes),             \
+         KVC_GB(fused_keep, d, g, decode_batch_workspace_bytes),               \
+         KVC_GB(fused_norm, d, g, decode_batch_workspace_bytes),               \
+         KVC_GB(fused_grid, d, g, decode_batch_workspace_bytes)},              \
+        {KVC_GB(fused_serial, d, g, decode_batch),                             \
+         KVC_GB(fused_keep, d, g, decode_batch),                               \
+         KVC_GB(fused_norm, d, g, decode_batch),                               \
+         KVC_GB(fused_grid, d, g, decode_batch)}                               \
   }
 #define KVC_BENCH_GEOMETRY_WITH_ALTERNATIVES(d, g)                             \
   BenchGeometry {                                                              \
-    KVC_BENCH_GEOMETRY_FIELDS(d, g), {}, {}, {},                               \
+    KVC_BENCH_GEOMETRY_FIELDS(d, g), {}, {}, {}, {}, {},                       \
         KVC_GB(plain_cc, d, g, decode_batch_workspace_bytes),                  \
         KVC_GB(plain_cc, d, g, decode_batch),                                  \
         {KVC_GB(kivi2_cc, d, g, configure),                                    \
@@ -1385,6 +1399,54 @@ struct AlternativesResult {
   std::string error[kNumAlternatives];
 };
 
+/// One 16-bit decode of a cell's list (timeDecodes): its batched decode
+/// and workspace size, and its alternative's index in the cell's results.
+struct DecodeChoice {
+  int alt;
+  DecodeFn decode;
+  BatchBytesFn bytes;
+};
+
+/// Times 16-bit decodes one after the other at one (geometry, batch,
+/// context), over one f16 context of the fused policy's configuration (as
+/// benchDecode's plain and fused), each as timeSteps does: ok[alt] and
+/// usPerStep[alt] of each, or error[alt] where one fails (the others go on).
+template <size_t N>
+void timeDecodes(const BenchGeometry &g, Buffers &buffers, int batch, int n,
+                 const Options &o, cudaStream_t stream,
+                 const std::array<DecodeChoice, N> &decodes, bool *ok,
+                 double *usPerStep, std::string *error) {
+  const int qHeads = kKvHeads * g.group;
+  Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
+              o.pageSize);
+  // Slots after an append plus one page, as benchDecode.
+  const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
+  uint64_t bytes = 0;
+  for (const DecodeChoice &d : decodes)
+    bytes = std::max(bytes, d.bytes(batch, stride));
+  buffers.workspace.reserve(bytes);
+  Batch in(buffers, batch, qHeads, g.dim);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EventTimer timer;
+  for (const DecodeChoice &d : decodes) {
+    try {
+      usPerStep[d.alt] = timeSteps(
+          timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
+            KVC_CHECK(d.decode(ctx.context, batch, in.sequences.data(), 0,
+                               in.q, in.k, in.v, in.at(position), in.out,
+                               buffers.workspace.ptr, buffers.workspace.bytes,
+                               stream));
+          });
+      ok[d.alt] = true;
+    } catch (const BenchError &e) {
+      error[d.alt] = e.what();
+      ++gCellErrors;
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+    }
+  }
+}
+
 /// Times the twenty decodes at one (geometry, batch, context), one after
 /// the other: the 16-bit ones over one f16 context as benchDecode, the KIVI
 /// ones as benchKivi.
@@ -1399,54 +1461,24 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
     cudaStreamSynchronize(stream);
     cudaGetLastError();
   };
-  {
-    Context ctx(g.configure[kFused], g.dim, buffers, batch, n, o.steps + 2,
-                o.pageSize);
-    // Slots after an append plus one page, as benchDecode.
-    const int32_t stride = (ctx.pagesPerHead + 1) * o.pageSize;
-    buffers.workspace.reserve(std::max(
-        {g.plainBytes(batch, stride), g.plainCcBytes(batch, stride),
-         g.fusedBytes(batch, stride), g.fusedLruBytes(batch, stride),
-         g.fusedSplitBytes(batch, stride), g.plainLenBytes(batch, stride),
-         g.plainLateBytes(batch, stride), g.fusedSerialBytes(batch, stride),
-         g.fusedFirstBytes(batch, stride), g.plainRegqBytes(batch, stride),
-         g.plainRowvBytes(batch, stride), g.fusedKeepBytes(batch, stride),
-         g.fusedNormBytes(batch, stride), g.fusedGridBytes(batch, stride)}));
-    Batch in(buffers, batch, qHeads, g.dim);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    EventTimer timer;
-    for (int alt : {kAltPlain, kAltPlainCc, kAltPlainLen, kAltPlainLate,
-                    kAltPlainRegq, kAltPlainRowv, kAltFused, kAltFusedLru,
-                    kAltFusedSplit, kAltFusedSerial, kAltFusedFirst,
-                    kAltFusedKeep, kAltFusedNorm, kAltFusedGrid}) {
-      const DecodeFn decode = alt == kAltPlain         ? g.plainDecode
-                              : alt == kAltPlainCc     ? g.plainCcDecode
-                              : alt == kAltPlainLen    ? g.plainLenDecode
-                              : alt == kAltPlainLate   ? g.plainLateDecode
-                              : alt == kAltPlainRegq   ? g.plainRegqDecode
-                              : alt == kAltPlainRowv   ? g.plainRowvDecode
-                              : alt == kAltFused       ? g.fusedDecode
-                              : alt == kAltFusedLru    ? g.fusedLruDecode
-                              : alt == kAltFusedSplit  ? g.fusedSplitDecode
-                              : alt == kAltFusedSerial ? g.fusedSerialDecode
-                              : alt == kAltFusedFirst  ? g.fusedFirstDecode
-                              : alt == kAltFusedKeep   ? g.fusedKeepDecode
-                              : alt == kAltFusedNorm   ? g.fusedNormDecode
-                                                       : g.fusedGridDecode;
-      try {
-        r.usPerStep[alt] = timeSteps(
-            timer, ctx, batch, n, o, stream, [&](int32_t position, bool) {
-              KVC_CHECK(decode(ctx.context, batch, in.sequences.data(), 0,
-                               in.q, in.k, in.v, in.at(position), in.out,
-                               buffers.workspace.ptr, buffers.workspace.bytes,
-                               stream));
-            });
-        r.ok[alt] = true;
-      } catch (const BenchError &e) {
-        fail(alt, e);
-      }
-    }
-  }
+  timeDecodes(g, buffers, batch, n, o, stream,
+              std::array<DecodeChoice, 14>{{
+                  {kAltPlain, g.plainDecode, g.plainBytes},
+                  {kAltPlainCc, g.plainCcDecode, g.plainCcBytes},
+                  {kAltPlainLen, g.plainLenDecode, g.plainLenBytes},
+                  {kAltPlainLate, g.plainLateDecode, g.plainLateBytes},
+                  {kAltPlainRegq, g.plainRegqDecode, g.plainRegqBytes},
+                  {kAltPlainRowv, g.plainRowvDecode, g.plainRowvBytes},
+                  {kAltFused, g.fusedDecode, g.fusedBytes},
+                  {kAltFusedLru, g.fusedLruDecode, g.fusedLruBytes},
+                  {kAltFusedSplit, g.fusedSplitDecode, g.fusedSplitBytes},
+                  {kAltFusedSerial, g.fusedSerialDecode, g.fusedSerialBytes},
+                  {kAltFusedFirst, g.fusedFirstDecode, g.fusedFirstBytes},
+                  {kAltFusedKeep, g.fusedKeepDecode, g.fusedKeepBytes},
+                  {kAltFusedNorm, g.fusedNormDecode, g.fusedNormBytes},
+                  {kAltFusedGrid, g.fusedGridDecode, g.fusedGridBytes},
+              }},
+              r.ok, r.usPerStep, r.error);
   // kivi2 itself (-1), or entry i of the geometry's kivi2 alternatives
   // (KVC_BENCH_GEOMETRY_WITH_ALTERNATIVES: _cc, _free, _rowv, _late, _b5).
   const std::pair<int, int> kivi2Alternatives[] = {
@@ -1471,9 +1503,24 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
 
 /// The decodes of the G = 1 alternatives table: kivi2's (decodeKiviTiles,
 /// registers left to ptxas, each tile's slot words copied a tile ahead),
-/// kivi2_late's and kivi2_b9's (gpu_bench_g1_alternatives).
-enum G1Alternative { kG1Int2 = 0, kG1Int2Late = 1, kG1Int2B9 = 2, kNumG1 = 3 };
-const char *kG1AlternativeNames[] = {"int2", "int2_late", "int2_b9"};
+/// kivi2_late's and kivi2_b9's; fused's (the H2O step: the 16-bit register
+/// path, a fold kernel after the attention, launched as programmatic
+/// dependents), fused_serial's, fused_keep's, fused_norm's and
+/// fused_grid's (gpu_bench_g1_alternatives).
+enum G1Alternative {
+  kG1Int2 = 0,
+  kG1Int2Late = 1,
+  kG1Int2B9 = 2,
+  kG1Fused = 3,
+  kG1FusedSerial = 4,
+  kG1FusedKeep = 5,
+  kG1FusedNorm = 6,
+  kG1FusedGrid = 7,
+  kNumG1 = 8
+};
+const char *kG1AlternativeNames[] = {
+    "int2",         "int2_late",  "int2_b9",    "fused",
+    "fused_serial", "fused_keep", "fused_norm", "fused_grid"};
 
 struct G1AlternativesResult {
   bool ok[kNumG1] = {};
@@ -1481,15 +1528,26 @@ struct G1AlternativesResult {
   std::string error[kNumG1];
 };
 
-/// Times the three G = 1 KIVI decodes at one (geometry, batch, context),
-/// one after the other, as benchKivi does.
+/// Times the eight G = 1 decodes at one (geometry, batch, context), one
+/// after the other: the fused ones over one f16 context as benchDecode, the
+/// KIVI ones as benchKivi.
 G1AlternativesResult benchG1Alternatives(const BenchGeometry &g,
                                          Buffers &buffers, int batch, int n,
                                          const Options &o,
                                          cudaStream_t stream) {
   G1AlternativesResult r;
+  timeDecodes(
+      g, buffers, batch, n, o, stream,
+      std::array<DecodeChoice, 5>{{
+          {kG1Fused, g.fusedDecode, g.fusedBytes},
+          {kG1FusedSerial, g.fusedG1AltDecode[0], g.fusedG1AltBytes[0]},
+          {kG1FusedKeep, g.fusedG1AltDecode[1], g.fusedG1AltBytes[1]},
+          {kG1FusedNorm, g.fusedG1AltDecode[2], g.fusedG1AltBytes[2]},
+          {kG1FusedGrid, g.fusedG1AltDecode[3], g.fusedG1AltBytes[3]},
+      }},
+      r.ok, r.usPerStep, r.error);
   const int qHeads = kKvHeads * g.group;
-  for (int alt = 0; alt < kNumG1; ++alt) {
+  for (int alt : {kG1Int2, kG1Int2Late, kG1Int2B9}) {
     // kivi2 itself, or entry alt - 1 of kivi2TileAlt*: _late, _b9.
     const bool shipped = alt == kG1Int2;
     try {
@@ -1810,7 +1868,11 @@ void printList(const Options &o) {
   if (g1Alternatives)
     std::printf("kernel alternatives (geometries with G = 1): kivi2_late "
                 "(kivi2, KVC_CUDA_ISSUE_AHEAD=0), kivi2_b9 (kivi2, "
-                "KVC_CUDA_KIVI_TILE_BLOCKS=9), contexts %s\n",
+                "KVC_CUDA_KIVI_TILE_BLOCKS=9), fused_serial (fused, "
+                "KVC_CUDA_DEPENDENT_LAUNCH=0), fused_keep (fused, "
+                "KVC_CUDA_DISCARD_LOGITS=0), fused_norm (fused, "
+                "KVC_CUDA_LOGITS_EVICT_LAST=0), fused_grid (fused, "
+                "KVC_CUDA_FOLD_IN_GRID=1), contexts %s\n",
                 joinList(o.alternativeContexts).c_str());
 }
 
@@ -2312,42 +2374,68 @@ int main(int argc, char **argv) {
                              selected(o.groups, g.group));
     if (g1Alternatives && !o.alternativeContexts.empty()) {
       std::printf(
-          "\nKIVI int2 at G = 1 against its alternatives: kivi2's CUDA-core "
-          "decode (decodeKiviTiles: keys on tensor cores, values by dp2a; "
-          "registers left to ptxas, each tile's positions and KIVI words "
-          "copied into shared memory a tile ahead) against the same policy "
-          "built with a kernel choice overridden, timed one after the other "
-          "in each cell as the KIVI table.\n"
+          "\nKernel alternatives at G = 1: kivi2's CUDA-core decode "
+          "(decodeKiviTiles: keys on tensor cores, values by dp2a; registers "
+          "left to ptxas, each tile's positions and KIVI words copied into "
+          "shared memory a tile ahead) and fused's decode step (the 16-bit "
+          "register path, a fold kernel after the attention) against the "
+          "same policies built with a kernel choice overridden, timed one "
+          "after the other in each cell (int2: as the KIVI table; fused: as "
+          "the decode table).\n"
           "int2 us = kivi2; late us = kivi2_late (KVC_CUDA_ISSUE_AHEAD=0: a "
           "tile's positions and KIVI words loaded when it is entered); b9 us "
           "= kivi2_b9 (KVC_CUDA_KIVI_TILE_BLOCKS=9: launch bounds for 9 "
-          "blocks of 128 threads per SM, 56 registers).\n"
-          "lt/i2, b9/i2 = the alternative's time / kivi2's (> 1: the shipped "
-          "kernel is faster).\n\n");
-      std::printf("%4s %3s %4s %3s %7s | %9s | %9s %6s | %9s %6s\n", "dim", "G",
-                  "qh", "B", "context", "int2 us", "late us", "lt/i2", "b9 us",
-                  "b9/i2");
+          "blocks of 128 threads per SM, 56 registers); fused us = fused's "
+          "decode; ser us = fused_serial (KVC_CUDA_DEPENDENT_LAUNCH=0); keep "
+          "us = fused_keep (KVC_CUDA_DISCARD_LOGITS=0); norm us = fused_norm "
+          "(KVC_CUDA_LOGITS_EVICT_LAST=0); grid us = fused_grid "
+          "(KVC_CUDA_FOLD_IN_GRID=1).\n"
+          "lt/i2, b9/i2, se/fu, kp/fu, no/fu, gr/fu = the alternative's time "
+          "/ the shipped one's (> 1: the shipped kernel is faster).\n\n");
+      std::printf("%4s %3s %4s %3s %7s | %9s | %9s %6s | %9s %6s | %9s | %9s "
+                  "%6s | %9s %6s | %9s %6s | %9s %6s\n",
+                  "dim", "G", "qh", "B", "context", "int2 us", "late us",
+                  "lt/i2", "b9 us", "b9/i2", "fused us", "ser us", "se/fu",
+                  "keep us", "kp/fu", "norm us", "no/fu", "grid us", "gr/fu");
       for (const BenchGeometry &g : kBenchGeometries) {
         if (!g.hasG1Alternatives() || !selected(o.dims, g.dim) ||
             !selected(o.groups, g.group))
           continue;
         for (int batch : o.batches)
           for (int n : o.alternativeContexts) {
-            const G1AlternativesResult r =
-                benchG1Alternatives(g, buffers, batch, n, o, stream);
+            G1AlternativesResult r;
+            try {
+              r = benchG1Alternatives(g, buffers, batch, n, o, stream);
+            } catch (const BenchError &e) {
+              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
+                          kKvHeads * g.group, batch, n, e.what());
+              cudaGetLastError();
+              ++gCellErrors;
+              continue;
+            }
             auto us = [&](int a) {
               return cell(r.ok[a], "%.1f", r.usPerStep[a]);
             };
-            auto ratio = [&](int a) {
-              const bool ok = r.ok[a] && r.ok[kG1Int2];
+            auto ratio = [&](int a, int b) {
+              const bool ok = r.ok[a] && r.ok[b];
               return cell(ok, "%.2f",
-                          ok ? r.usPerStep[a] / r.usPerStep[kG1Int2] : 0.0);
+                          ok ? r.usPerStep[a] / r.usPerStep[b] : 0.0);
             };
-            std::printf("%4d %3d %4d %3d %7d | %9s | %9s %6s | %9s %6s\n",
-                        g.dim, g.group, kKvHeads * g.group, batch, n,
-                        us(kG1Int2).c_str(), us(kG1Int2Late).c_str(),
-                        ratio(kG1Int2Late).c_str(), us(kG1Int2B9).c_str(),
-                        ratio(kG1Int2B9).c_str());
+            std::printf(
+                "%4d %3d %4d %3d %7d | %9s | %9s %6s | %9s %6s | %9s | %9s "
+                "%6s | %9s %6s | %9s %6s | %9s %6s\n",
+                g.dim, g.group, kKvHeads * g.group, batch, n,
+                us(kG1Int2).c_str(), us(kG1Int2Late).c_str(),
+                ratio(kG1Int2Late, kG1Int2).c_str(), us(kG1Int2B9).c_str(),
+                ratio(kG1Int2B9, kG1Int2).c_str(), us(kG1Fused).c_str(),
+                us(kG1FusedSerial).c_str(),
+                ratio(kG1FusedSerial, kG1Fused).c_str(),
+                us(kG1FusedKeep).c_str(),
+                ratio(kG1FusedKeep, kG1Fused).c_str(),
+                us(kG1FusedNorm).c_str(),
+                ratio(kG1FusedNorm, kG1Fused).c_str(),
+                us(kG1FusedGrid).c_str(),
+                ratio(kG1FusedGrid, kG1Fused).c_str());
             for (int a = 0; a < kNumG1; ++a) {
               if (!r.ok[a])
                 std::printf("     %s: %s\n", kG1AlternativeNames[a],

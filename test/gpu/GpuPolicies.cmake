@@ -41,15 +41,21 @@ function(kvc_gpu_test_policies var g)
 endfunction()
 
 # kvc_gpu_grid_geometries(<var> [GPU]): the geometries of the grid suites:
-# g3, and g8 with KVC_TEST_GRID_G8 (scripts/gpu-pack.sh; the G = 8 suites
-# differ from G = 3 in the group's constants only, so CI builds them once);
-# with GPU, those of the suites built with nvcc (kvc_gpu_test_geometries:
-# g3 only with KVC_TEST_GPU_G3).
+# g3, g1 on the emulator (the 16-bit register path's attention under the
+# grid's fold, which kvc-bench-gpu's fused_grid times at G = 1), and g8
+# with KVC_TEST_GRID_G8 (scripts/gpu-pack.sh; the G = 8 suites differ from
+# G = 3 in the group's constants only, so CI builds them once); with GPU,
+# those of the suites built with nvcc (kvc_gpu_test_geometries: g3 only
+# with KVC_TEST_GPU_G3; no g1, whose waits between blocks are the G = 3
+# suite's).
 function(kvc_gpu_grid_geometries var)
   cmake_parse_arguments(ARG "GPU" "" "" ${ARGN})
   set(gs)
   if(NOT ARG_GPU OR KVC_TEST_GPU_G3)
     list(APPEND gs g3)
+  endif()
+  if(NOT ARG_GPU)
+    list(APPEND gs g1)
   endif()
   if(KVC_TEST_GRID_G8)
     list(APPEND gs g8)
