@@ -1779,15 +1779,17 @@ bool selected(const std::vector<int> &filter, int x) {
   return filter.empty() || std::find(filter.begin(), filter.end(), x) != filter.end();
 }
 
-/// One table's sweep: bench(g, batch, n) for every selected geometry, batch
-/// and context of `contexts`, then print(g, batch, n, result) for each cell
-/// that succeeded; a cell that throws prints its error row instead and
-/// counts in gCellErrors.
+/// One table's sweep: bench(g, batch, n) for every selected geometry (of
+/// those for which `applies` holds, when given), batch and context of
+/// `contexts`, then print(g, batch, n, result) for each cell that
+/// succeeded; a cell that throws prints its error row instead and counts in
+/// gCellErrors.
 template <typename Bench, typename Print>
 void sweepCells(const Options &o, const std::vector<int> &contexts, Bench bench,
-                Print print) {
+                Print print, bool (*applies)(const BenchGeometry &) = nullptr) {
   for (const BenchGeometry &g : kBenchGeometries) {
-    if (!selected(o.dims, g.dim) || !selected(o.groups, g.group))
+    if (!selected(o.dims, g.dim) || !selected(o.groups, g.group) ||
+        (applies && !applies(g)))
       continue;
     for (int batch : o.batches)
       for (int n : contexts) {
@@ -1801,6 +1803,22 @@ void sweepCells(const Options &o, const std::vector<int> &contexts, Bench bench,
         }
       }
   }
+}
+
+/// The lines under an alternatives table's row: each decode of the cell
+/// that failed with its error; the CSV rows (alt_<name>) of the others.
+void alternativeDetails(const char *const *names, int count, const bool *ok,
+                        const double *usPerStep, const std::string *error,
+                        const BenchGeometry &g, int batch, int n,
+                        double copyGBs) {
+  for (int a = 0; a < count; ++a) {
+    if (!ok[a])
+      std::printf("     %s: %s\n", names[a], error[a].c_str());
+    else
+      csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n", names[a], g.dim, g.group,
+          kKvHeads * g.group, batch, n, usPerStep[a], copyGBs);
+  }
+  std::fflush(stdout);
 }
 
 void printList(const Options &o) {
@@ -2294,30 +2312,20 @@ int main(int argc, char **argv) {
                   "fused us", "lru us", "lru/fu", "split us", "sp/fu",
                   "ser us", "se/fu", "first us", "fi/fu", "keep us", "kp/fu",
                   "norm us", "no/fu", "grid us", "gr/fu");
-      for (const BenchGeometry &g : kBenchGeometries) {
-        if (!g.hasAlternatives() || !selected(o.dims, g.dim) ||
-            !selected(o.groups, g.group))
-          continue;
-        for (int batch : o.batches)
-          for (int n : o.alternativeContexts) {
-            AlternativesResult r;
-            try {
-              r = benchAlternatives(g, buffers, batch, n, o, stream);
-            } catch (const BenchError &e) {
-              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
-                          kKvHeads * g.group, batch, n, e.what());
-              cudaGetLastError();
-              ++gCellErrors;
-              continue;
-            }
+      sweepCells(
+          o, o.alternativeContexts,
+          [&](const BenchGeometry &g, int batch, int n) {
+            return benchAlternatives(g, buffers, batch, n, o, stream);
+          },
+          [&](const BenchGeometry &g, int batch, int n,
+              const AlternativesResult &r) {
             auto us = [&](int a) {
               return cell(r.ok[a], "%.1f", r.usPerStep[a]);
             };
             auto ratio = [&](int a, int b) {
-              return cell(r.ok[a] && r.ok[b], "%.2f",
-                          r.ok[a] && r.ok[b]
-                              ? r.usPerStep[a] / r.usPerStep[b]
-                              : 0.0);
+              const bool ok = r.ok[a] && r.ok[b];
+              return cell(ok, "%.2f",
+                          ok ? r.usPerStep[a] / r.usPerStep[b] : 0.0);
             };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
@@ -2353,18 +2361,10 @@ int main(int argc, char **argv) {
                 ratio(kAltFusedNorm, kAltFused).c_str(),
                 us(kAltFusedGrid).c_str(),
                 ratio(kAltFusedGrid, kAltFused).c_str());
-            for (int a = 0; a < kNumAlternatives; ++a) {
-              if (!r.ok[a])
-                std::printf("     %s: %s\n", kAlternativeNames[a],
-                            r.error[a].c_str());
-              else
-                csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n",
-                    kAlternativeNames[a], g.dim, g.group, kKvHeads * g.group,
-                    batch, n, r.usPerStep[a], copy.best());
-            }
-            std::fflush(stdout);
-          }
-      }
+            alternativeDetails(kAlternativeNames, kNumAlternatives, r.ok,
+                               r.usPerStep, r.error, g, batch, n, copy.best());
+          },
+          [](const BenchGeometry &g) { return g.hasAlternatives(); });
     }
 
     bool g1Alternatives = false;
@@ -2397,22 +2397,13 @@ int main(int argc, char **argv) {
                   "dim", "G", "qh", "B", "context", "int2 us", "late us",
                   "lt/i2", "b9 us", "b9/i2", "fused us", "ser us", "se/fu",
                   "keep us", "kp/fu", "norm us", "no/fu", "grid us", "gr/fu");
-      for (const BenchGeometry &g : kBenchGeometries) {
-        if (!g.hasG1Alternatives() || !selected(o.dims, g.dim) ||
-            !selected(o.groups, g.group))
-          continue;
-        for (int batch : o.batches)
-          for (int n : o.alternativeContexts) {
-            G1AlternativesResult r;
-            try {
-              r = benchG1Alternatives(g, buffers, batch, n, o, stream);
-            } catch (const BenchError &e) {
-              std::printf("%4d %3d %4d %3d %7d  error: %s\n", g.dim, g.group,
-                          kKvHeads * g.group, batch, n, e.what());
-              cudaGetLastError();
-              ++gCellErrors;
-              continue;
-            }
+      sweepCells(
+          o, o.alternativeContexts,
+          [&](const BenchGeometry &g, int batch, int n) {
+            return benchG1Alternatives(g, buffers, batch, n, o, stream);
+          },
+          [&](const BenchGeometry &g, int batch, int n,
+              const G1AlternativesResult &r) {
             auto us = [&](int a) {
               return cell(r.ok[a], "%.1f", r.usPerStep[a]);
             };
@@ -2430,24 +2421,14 @@ int main(int argc, char **argv) {
                 ratio(kG1Int2B9, kG1Int2).c_str(), us(kG1Fused).c_str(),
                 us(kG1FusedSerial).c_str(),
                 ratio(kG1FusedSerial, kG1Fused).c_str(),
-                us(kG1FusedKeep).c_str(),
-                ratio(kG1FusedKeep, kG1Fused).c_str(),
-                us(kG1FusedNorm).c_str(),
-                ratio(kG1FusedNorm, kG1Fused).c_str(),
+                us(kG1FusedKeep).c_str(), ratio(kG1FusedKeep, kG1Fused).c_str(),
+                us(kG1FusedNorm).c_str(), ratio(kG1FusedNorm, kG1Fused).c_str(),
                 us(kG1FusedGrid).c_str(),
                 ratio(kG1FusedGrid, kG1Fused).c_str());
-            for (int a = 0; a < kNumG1; ++a) {
-              if (!r.ok[a])
-                std::printf("     %s: %s\n", kG1AlternativeNames[a],
-                            r.error[a].c_str());
-              else
-                csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n",
-                    kG1AlternativeNames[a], g.dim, g.group, kKvHeads * g.group,
-                    batch, n, r.usPerStep[a], copy.best());
-            }
-            std::fflush(stdout);
-          }
-      }
+            alternativeDetails(kG1AlternativeNames, kNumG1, r.ok, r.usPerStep,
+                               r.error, g, batch, n, copy.best());
+          },
+          [](const BenchGeometry &g) { return g.hasG1Alternatives(); });
     }
 
     if (!o.prefillContexts.empty()) {
