@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The performance issue's four targets, and the kernel alternatives'
+ratios, from the CSV files of kvc-bench-gpu (--csv=FILE, or
+scripts/gpu-bench.sh's KVC_GPU_BENCH_OUT: one file per phase of a GPU run).
+
+Usage: scripts/gpu-verdicts.py FILE.csv [FILE.csv ...]
+
+Reads every row of every file (a cell measured in two files counts once,
+from the later file) and prints:
+  - copy bandwidth: the reference of each file;
+  - the targets over the decode and KIVI rows, each as "N of M cells met"
+    with the range of the figure over the cells it applies to:
+      bandwidth  fused GB/s / copy GB/s >= 85% at batch >= 8, context >= 4k
+      overhead   fused / plain - 1 <= 5% (every cell with both)
+      unfused    unfused / fused >= 1.5x (every cell with both)
+      int2       16-bit / int2 >= 3x at context >= 16k
+    then the cells that miss, closest first;
+  - the kernel alternatives: for each alternative, its time over the
+    shipped decode's in the same cell (plain_* over plain, int2_* over
+    int2, fused_* over fused), the range per head dim and group.
+A figure kvc-bench-gpu printed as '-' (not measured) is empty in the CSV
+and counts nowhere. Exits 2 on a file it cannot read or a row it cannot
+parse, naming the file and line.
+"""
+import csv
+import math
+import sys
+
+TARGETS = {
+    "bandwidth": 0.85,
+    "overhead": 0.05,
+    "unfused": 1.5,
+    "int2": 3.0,
+}
+
+
+def number(text):
+    """A CSV figure: None where it is empty or nan (not measured)."""
+    if text is None or text == "":
+        return None
+    x = float(text)
+    return None if math.isnan(x) else x
+
+
+def read(paths):
+    """Rows keyed by (kind, head_dim, group, batch, context), the later file
+    winning; the copy bandwidth of each file."""
+    rows, copies = {}, []
+    for path in paths:
+        try:
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                for line, row in enumerate(reader, start=2):
+                    try:
+                        kind = row["kind"]
+                        if kind == "copy":
+                            copies.append((path, number(row["copy_GBs"])))
+                            continue
+                        key = (kind, int(row["head_dim"]), int(row["group"]),
+                               int(row["batch"]), int(row["context"]))
+                        rows[key] = row
+                    except (KeyError, TypeError, ValueError) as e:
+                        print(f"gpu-verdicts: {path}:{line}: cannot read "
+                              f"the row ({e}): {row}", file=sys.stderr)
+                        sys.exit(2)
+        except OSError as e:
+            print(f"gpu-verdicts: cannot read {path}: {e.strerror}",
+                  file=sys.stderr)
+            sys.exit(2)
+    return rows, copies
+
+
+def cell_name(key):
+    _, dim, group, batch, context = key
+    return f"d{dim} G{group} B{batch} {context // 1024}k"
+
+
+def verdict(name, cells, met, fmt, closest_first):
+    """Prints one target: cells is [(key, figure)], met(figure) -> bool."""
+    if not cells:
+        print(f"{name}: no cells")
+        return
+    good = [c for c in cells if met(c[1])]
+    figures = [c[1] for c in cells]
+    print(f"{name}: {len(good)} of {len(cells)} cells met, "
+          f"{fmt(min(figures))} to {fmt(max(figures))}")
+    missed = sorted((c for c in cells if not met(c[1])),
+                    key=lambda c: c[1], reverse=closest_first)
+    if missed:
+        print("  missed: " + ", ".join(
+            f"{cell_name(k)} {fmt(x)}" for k, x in missed))
+
+
+def targets(rows):
+    bandwidth, overhead, unfused, int2 = [], [], [], []
+    for key, row in sorted(rows.items()):
+        kind, _, _, batch, context = key
+        if kind == "decode":
+            plain = number(row["t_plain"])
+            fused = number(row["t_fused_or_snapkv"])
+            unf = number(row["t_unfused_or_h2o_or_int2"])
+            gbs, copy = number(row["fused_GBs"]), number(row["copy_GBs"])
+            if gbs and copy and batch >= 8 and context >= 4096:
+                bandwidth.append((key, gbs / copy))
+            if plain and fused:
+                overhead.append((key, fused / plain - 1))
+            if fused and unf:
+                unfused.append((key, unf / fused))
+        elif kind == "int2":
+            t16 = number(row["t_plain"])
+            t2 = number(row["t_fused_or_snapkv"])
+            if t16 and t2 and context >= 16384:
+                int2.append((key, t16 / t2))
+    percent = lambda x: f"{100 * x:.1f}%"
+    verdict("bandwidth (>= 85% of copy, batch >= 8, context >= 4k)",
+            bandwidth, lambda x: x >= TARGETS["bandwidth"], percent, True)
+    verdict("overhead (fused / plain - 1 <= 5%)", overhead,
+            lambda x: x <= TARGETS["overhead"],
+            lambda x: f"{100 * x:+.1f}%", False)
+    verdict("unfused (unfused / fused >= 1.5x)", unfused,
+            lambda x: x >= TARGETS["unfused"], lambda x: f"{x:.2f}x", True)
+    verdict("int2 (16-bit / int2 >= 3x, context >= 16k)", int2,
+            lambda x: x >= TARGETS["int2"], lambda x: f"{x:.2f}x", True)
+
+
+def alternatives(rows):
+    """alt_<name> rows over the shipped decode's in the same cell."""
+    shipped = {"plain", "int2", "fused"}
+    ratios = {}
+    for key, row in rows.items():
+        kind, dim, group, batch, context = key
+        if not kind.startswith("alt_") or kind == "alt_prefill_cc":
+            continue
+        name = kind[4:]
+        if name in shipped:
+            continue
+        base = name.split("_")[0]
+        ref = rows.get(("alt_" + base, dim, group, batch, context))
+        t, t0 = number(row["t_plain"]), ref and number(ref["t_plain"])
+        if t and t0:
+            ratios.setdefault(name, {}).setdefault((dim, group), []).append(
+                (batch, context, t / t0))
+    if not ratios:
+        return
+    print("alternatives (time / the shipped decode's; > 1: the shipped one "
+          "is faster):")
+    for name in sorted(ratios):
+        parts = []
+        for (dim, group), cells in sorted(ratios[name].items()):
+            xs = [x for _, _, x in cells]
+            parts.append(f"d{dim} G{group} {min(xs):.2f}-{max(xs):.2f} "
+                         f"({len(xs)})")
+        print(f"  {name}: " + "; ".join(parts))
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if len(argv) >= 2 else 2
+    rows, copies = read(argv[1:])
+    for path, gbs in copies:
+        print(f"copy bandwidth: {gbs:.0f} GB/s ({path})")
+    targets(rows)
+    alternatives(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
