@@ -3,7 +3,7 @@
 ratios, from the CSV files of kvc-bench-gpu (--csv=FILE, or
 scripts/gpu-bench.sh's KVC_GPU_BENCH_OUT: one file per phase of a GPU run).
 
-Usage: scripts/gpu-verdicts.py FILE.csv [FILE.csv ...]
+Usage: scripts/gpu-verdicts.py [--predictions=FILE] FILE.csv [FILE.csv ...]
 
 Reads every row of every file (a cell measured in two files counts once,
 from the later file) and prints:
@@ -18,6 +18,9 @@ from the later file) and prints:
   - the kernel alternatives: for each alternative, its time over the
     shipped decode's in the same cell (plain_* over plain, int2_* over
     int2, fused_* over fused), the range per head dim and group.
+  - with --predictions (scripts/gpu-plans/next.predictions: expectations
+    written before a run), each expectation against the cells it names:
+    "inside", "below", "above" or "across" its range, or "not measured".
 A figure kvc-bench-gpu printed as '-' (not measured) is empty in the CSV
 and counts nowhere. Exits 2 on a file it cannot read or a row it cannot
 parse, naming the file and line.
@@ -153,15 +156,89 @@ def alternatives(rows):
         print(f"  {name}: " + "; ".join(parts))
 
 
+def read_predictions(path):
+    """The expectations of a predictions file: (step, column, alternative,
+    dims, groups, batches, contexts, low, high) per line."""
+    ints = lambda text: {int(x) for x in text.split(",")}
+    found = []
+    try:
+        with open(path) as f:
+            for number_, line in enumerate(f, start=1):
+                words = line.split("#", 1)[0].split()
+                if not words:
+                    continue
+                try:
+                    if len(words) != 9:
+                        raise ValueError(f"{len(words)} fields, not 9")
+                    step, column, alt = words[:3]
+                    found.append((step, column, alt, ints(words[3]),
+                                  ints(words[4]), ints(words[5]),
+                                  ints(words[6]), float(words[7]),
+                                  float(words[8])))
+                except ValueError as e:
+                    print(f"gpu-verdicts: {path}:{number_}: expected STEP "
+                          f"COLUMN ALTERNATIVE DIMS GROUPS BATCHES CONTEXTS "
+                          f"LOW HIGH ({e})", file=sys.stderr)
+                    sys.exit(2)
+    except OSError as e:
+        print(f"gpu-verdicts: cannot read {path}: {e.strerror}",
+              file=sys.stderr)
+        sys.exit(2)
+    return found
+
+
+def predictions(rows, expected):
+    """Each expectation against the ratios of the cells it names."""
+    print("predictions (alternative / shipped, expected range, measured):")
+    for step, column, alt, dims, groups, batches, contexts, low, high in \
+            expected:
+        base = alt.split("_")[0]
+        xs = []
+        for (kind, dim, group, batch, context), row in rows.items():
+            if (kind != "alt_" + alt or dim not in dims or
+                    group not in groups or batch not in batches or
+                    context not in contexts):
+                continue
+            ref = rows.get(("alt_" + base, dim, group, batch, context))
+            t, t0 = number(row["t_plain"]), ref and number(ref["t_plain"])
+            if t and t0:
+                xs.append(t / t0)
+        where = (f"d{','.join(map(str, sorted(dims)))} "
+                 f"G{','.join(map(str, sorted(groups)))} "
+                 f"B{','.join(map(str, sorted(batches)))} "
+                 + ",".join(f"{c // 1024}k" for c in sorted(contexts)))
+        head = f"  step {step} {column} {where}: {low:.2f}-{high:.2f}"
+        if not xs:
+            print(f"{head}, not measured")
+            continue
+        lo, hi = min(xs), max(xs)
+        if lo >= low and hi <= high:
+            verdict_ = "inside"
+        elif hi < low:
+            verdict_ = "below"
+        elif lo > high:
+            verdict_ = "above"
+        else:
+            verdict_ = "across"
+        print(f"{head}, measured {lo:.2f}-{hi:.2f} ({len(xs)}): {verdict_}")
+
+
 def main(argv):
-    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+    args = argv[1:]
+    expected = None
+    if args and args[0].startswith("--predictions="):
+        expected = read_predictions(args[0].split("=", 1)[1])
+        args = args[1:]
+    if not args or args[0] in ("-h", "--help"):
         print(__doc__)
-        return 0 if len(argv) >= 2 else 2
-    rows, copies = read(argv[1:])
+        return 0 if args else 2
+    rows, copies = read(args)
     for path, gbs in copies:
         print(f"copy bandwidth: {gbs:.0f} GB/s ({path})")
     targets(rows)
     alternatives(rows)
+    if expected is not None:
+        predictions(rows, expected)
     return 0
 
 

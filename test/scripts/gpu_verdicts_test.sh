@@ -10,6 +10,10 @@
 #     bandwidth cell raised past 85%: 1 of 24 met).
 #  3. Bad input: a file that is not there, a row that does not parse
 #     (exit 2, naming the file and line).
+#  4. Predictions: ranges inside, below and across the measured ratios of
+#     fused_lru at head dim 64, G = 4 (0.95 to 1.13 over 6 cells), one
+#     that names no measured cell; the bundled next.predictions reads
+#     whole; a malformed line stops the run (exit 2, naming the line).
 # Usage: gpu_verdicts_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -67,4 +71,31 @@ status=$?
 grep -q "gpu-verdicts: $scratch/bad.csv:2: cannot read the row" "$scratch/bad.txt" ||
   fail "a bad row: $(cat "$scratch/bad.txt")"
 
-echo "gpu-verdicts: 3 scenarios passed"
+# 4.
+cat > "$scratch/predictions" <<'END'
+# a comment line, then STEP COLUMN ALTERNATIVE DIMS GROUPS BATCHES CONTEXTS LOW HIGH
+a lru/fu fused_lru 64 4 1,8,32 4096,32768 0.90 1.20
+b lru/fu fused_lru 64 4 1,8,32 4096,32768 1.20 1.30   # a trailing comment
+c lru/fu fused_lru 64 4 1,8,32 4096,32768 1.00 1.05
+d gr/fu fused_grid 64 4 1 4096 0.90 1.10
+END
+python3 "$run" --predictions="$scratch/predictions" "$record" > "$scratch/predicted.txt" 2>&1 ||
+  fail "predictions: exit $?: $(cat "$scratch/predicted.txt")"
+expect "  step a lru/fu d64 G4 B1,8,32 4k,32k: 0.90-1.20, measured 0.95-1.13 (6): inside" "$scratch/predicted.txt"
+expect "  step b lru/fu d64 G4 B1,8,32 4k,32k: 1.20-1.30, measured 0.95-1.13 (6): below" "$scratch/predicted.txt"
+expect "  step c lru/fu d64 G4 B1,8,32 4k,32k: 1.00-1.05, measured 0.95-1.13 (6): across" "$scratch/predicted.txt"
+expect "  step d gr/fu d64 G4 B1 4k: 0.90-1.10, not measured" "$scratch/predicted.txt"
+bundled=$src/scripts/gpu-plans/next.predictions
+python3 "$run" --predictions="$bundled" "$record" > "$scratch/bundled.txt" 2>&1 ||
+  fail "next.predictions: exit $?: $(cat "$scratch/bundled.txt")"
+lines=$(grep -c '^ *[0-9]' "$bundled")
+read=$(grep -c '^  step ' "$scratch/bundled.txt")
+[ "$lines" -eq "$read" ] || fail "next.predictions: $read of $lines expectations read"
+printf 'e lru/fu fused_lru 64 4\n' > "$scratch/short"
+python3 "$run" --predictions="$scratch/short" "$record" > "$scratch/short.txt" 2>&1
+status=$?
+[ "$status" -eq 2 ] || fail "a short prediction: exit $status (expected 2)"
+grep -q "gpu-verdicts: $scratch/short:1: expected STEP COLUMN ALTERNATIVE DIMS GROUPS BATCHES CONTEXTS LOW HIGH (5 fields, not 9)" "$scratch/short.txt" ||
+  fail "a short prediction: $(cat "$scratch/short.txt")"
+
+echo "gpu-verdicts: 4 scenarios passed"
