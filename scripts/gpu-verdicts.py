@@ -3,7 +3,8 @@
 ratios, from the CSV files of kvc-bench-gpu (--csv=FILE, or
 scripts/gpu-bench.sh's KVC_GPU_BENCH_OUT: one file per phase of a GPU run).
 
-Usage: scripts/gpu-verdicts.py [--predictions=FILE] FILE.csv [FILE.csv ...]
+Usage: scripts/gpu-verdicts.py [--predictions=FILE] [--before=FILE.csv,...]
+                               FILE.csv [FILE.csv ...]
 
 Reads every row of every file (a cell measured in two files counts once,
 from the later file) and prints:
@@ -18,6 +19,9 @@ from the later file) and prints:
   - the kernel alternatives: for each alternative, its time over the
     shipped decode's in the same cell (plain_* over plain, int2_* over
     int2, fused_* over fused), the range per head dim and group.
+  - with --before (the CSV files of an earlier run), every decode and int2
+    cell that both runs measured: the plain and fused times, % of copy and
+    overhead, the int2 time and 16-bit / int2, before -> after;
   - with --predictions (scripts/gpu-plans/next.predictions: expectations
     written before a run), each expectation against the cells it names:
     "inside", "below", "above" or "across" its range, or "not measured".
@@ -43,6 +47,14 @@ def number(text):
         return None
     x = float(text)
     return None if math.isnan(x) else x
+
+
+def third(row):
+    """The third time of a row (unfused, h2o or int2: kvc-bench-gpu's CSV
+    named it t_unfused_or_h2o until the int2 rows took it too)."""
+    if "t_unfused_or_h2o_or_int2" in row:
+        return row["t_unfused_or_h2o_or_int2"]
+    return row["t_unfused_or_h2o"]
 
 
 def read(paths):
@@ -101,7 +113,7 @@ def targets(rows):
         if kind == "decode":
             plain = number(row["t_plain"])
             fused = number(row["t_fused_or_snapkv"])
-            unf = number(row["t_unfused_or_h2o_or_int2"])
+            unf = number(third(row))
             gbs, copy = number(row["fused_GBs"]), number(row["copy_GBs"])
             if gbs and copy and batch >= 8 and context >= 4096:
                 bandwidth.append((key, gbs / copy))
@@ -223,11 +235,49 @@ def predictions(rows, expected):
         print(f"{head}, measured {lo:.2f}-{hi:.2f} ({len(xs)}): {verdict_}")
 
 
+def compare(before, rows):
+    """The decode and int2 cells of both runs, before -> after."""
+    print("against the run before (before -> after):")
+    arrow = lambda a, b, fmt: (f"{fmt(a)} -> {fmt(b)}" if a is not None and
+                               b is not None else "-")
+    us = lambda x: f"{x:.1f}"
+    for key in sorted(k for k in rows if k in before):
+        kind = key[0]
+        old, new = before[key], rows[key]
+        if kind == "decode":
+            def figures(row):
+                plain = number(row["t_plain"])
+                fused = number(row["t_fused_or_snapkv"])
+                gbs, copy = number(row["fused_GBs"]), number(row["copy_GBs"])
+                share = gbs / copy if gbs and copy else None
+                ovh = fused / plain - 1 if plain and fused else None
+                return plain, fused, share, ovh
+            p0, f0, c0, o0 = figures(old)
+            p1, f1, c1, o1 = figures(new)
+            print(f"  decode {cell_name(key)}: plain {arrow(p0, p1, us)} us, "
+                  f"fused {arrow(f0, f1, us)} us, copy "
+                  f"{arrow(c0, c1, lambda x: f'{100 * x:.1f}%')}, overhead "
+                  f"{arrow(o0, o1, lambda x: f'{100 * x:+.1f}%')}")
+        elif kind == "int2":
+            def figures(row):
+                t16 = number(row["t_plain"])
+                t2 = number(row["t_fused_or_snapkv"])
+                return t2, (t16 / t2 if t16 and t2 else None)
+            t0, x0 = figures(old)
+            t1, x1 = figures(new)
+            print(f"  int2 {cell_name(key)}: {arrow(t0, t1, us)} us, x16b "
+                  f"{arrow(x0, x1, lambda x: f'{x:.2f}x')}")
+
+
 def main(argv):
     args = argv[1:]
-    expected = None
-    if args and args[0].startswith("--predictions="):
-        expected = read_predictions(args[0].split("=", 1)[1])
+    expected = before = None
+    while args and args[0].startswith(("--predictions=", "--before=")):
+        option, value = args[0].split("=", 1)
+        if option == "--predictions":
+            expected = read_predictions(value)
+        else:
+            before, _ = read(value.split(","))
         args = args[1:]
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
@@ -237,6 +287,8 @@ def main(argv):
         print(f"copy bandwidth: {gbs:.0f} GB/s ({path})")
     targets(rows)
     alternatives(rows)
+    if before is not None:
+        compare(before, rows)
     if expected is not None:
         predictions(rows, expected)
     return 0

@@ -14,6 +14,10 @@
 #     fused_lru at head dim 64, G = 4 (0.95 to 1.13 over 6 cells), one
 #     that names no measured cell; the bundled next.predictions reads
 #     whole; a malformed line stops the run (exit 2, naming the line).
+#  5. Against the run before (--before: the H200 run of 2026-11-26, whose
+#     CSV names its third time column as it was then): the cells
+#     docs/performance.md compares ("Decode against the 2026-11-26 run",
+#     "The changes since 654ce4a, measured").
 # Usage: gpu_verdicts_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -98,4 +102,12 @@ status=$?
 grep -q "gpu-verdicts: $scratch/short:1: expected STEP COLUMN ALTERNATIVE DIMS GROUPS BATCHES CONTEXTS LOW HIGH (5 fields, not 9)" "$scratch/short.txt" ||
   fail "a short prediction: $(cat "$scratch/short.txt")"
 
-echo "gpu-verdicts: 4 scenarios passed"
+# 5.
+python3 "$run" --before="$src/docs/perf/h200-kvc-bench-gpu.csv" "$record" > "$scratch/before.txt" 2>&1 ||
+  fail "--before: exit $?: $(cat "$scratch/before.txt")"
+expect "  decode d64 G1 B8 4k: plain 56.7 -> 40.2 us, fused 68.8 -> 47.0 us, copy 23.6% -> 34.5%, overhead +21.3% -> +17.0%" "$scratch/before.txt"
+expect "  decode d128 G1 B32 32k: plain 1120.7 -> 1139.7 us, fused 1313.9 -> 1223.2 us, copy 77.7% -> 83.6%, overhead +17.2% -> +7.3%" "$scratch/before.txt"
+expect "  int2 d128 G1 B32 32k: 655.4 -> 475.0 us, x16b 1.71x -> 2.40x" "$scratch/before.txt"
+expect "  int2 d128 G4 B8 32k: 316.5 -> 302.7 us, x16b 1.17x -> 1.17x" "$scratch/before.txt"
+
+echo "gpu-verdicts: 5 scenarios passed"
