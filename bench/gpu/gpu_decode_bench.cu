@@ -1973,9 +1973,11 @@ int main(int argc, char **argv) {
     // The plain (16-bit) decode time per (dim, group, batch, context), the
     // reference of the KIVI table.
     std::map<std::array<int, 4>, double> plainUs;
+    // --context=none: neither the decode table nor the KIVI table (no
+    // header without rows).
     const bool anyDecode =
         o.variants[kPlain] || o.variants[kFused] || o.variants[kUnfused];
-    if (anyDecode) {
+    if (anyDecode && !o.contexts.empty()) {
       std::printf(
           "\nDecode: one step of one layer (kv_heads=%d, f16 cache, page size "
           "%d). Batch B = B sequences in one context, one batched call per "
@@ -2144,7 +2146,9 @@ int main(int argc, char **argv) {
           });
     }
 
-    if (o.variants[kNumVariants + kInt2] || o.variants[kNumVariants + kInt4]) {
+    if ((o.variants[kNumVariants + kInt2] ||
+         o.variants[kNumVariants + kInt4]) &&
+        !o.contexts.empty()) {
       std::printf(
           "\nint2/int4 (KIVI) decode against 16-bit decode, same geometry, "
           "batch and context: policies/kivi2.mlir and kivi4.mlir (keys per "
