@@ -41,6 +41,12 @@ TARGETS = {
 }
 
 
+def fail(message):
+    """Stops the run on bad input (exit 2)."""
+    print(f"gpu-verdicts: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def number(text):
     """A CSV figure: None where it is empty or nan (not measured)."""
     if text is None or text == "":
@@ -75,13 +81,10 @@ def read(paths):
                                int(row["batch"]), int(row["context"]))
                         rows[key] = row
                     except (KeyError, TypeError, ValueError) as e:
-                        print(f"gpu-verdicts: {path}:{line}: cannot read "
-                              f"the row ({e}): {row}", file=sys.stderr)
-                        sys.exit(2)
+                        fail(f"{path}:{line}: cannot read the row ({e}): "
+                             f"{row}")
         except OSError as e:
-            print(f"gpu-verdicts: cannot read {path}: {e.strerror}",
-                  file=sys.stderr)
-            sys.exit(2)
+            fail(f"cannot read {path}: {e.strerror}")
     return rows, copies
 
 
@@ -138,31 +141,39 @@ def targets(rows):
             lambda x: x >= TARGETS["int2"], lambda x: f"{x:.2f}x", True)
 
 
-def alternatives(rows):
-    """alt_<name> rows over the shipped decode's in the same cell."""
+def alternative_ratios(rows):
+    """Each alternative's cells: name -> [(dim, group, batch, context,
+    time / the shipped decode's in the same cell)] (plain_* over plain,
+    int2_* over int2, fused_* over fused)."""
     shipped = {"plain", "int2", "fused"}
     ratios = {}
-    for key, row in rows.items():
-        kind, dim, group, batch, context = key
+    for (kind, dim, group, batch, context), row in rows.items():
         if not kind.startswith("alt_") or kind == "alt_prefill_cc":
             continue
         name = kind[4:]
         if name in shipped:
             continue
-        base = name.split("_")[0]
-        ref = rows.get(("alt_" + base, dim, group, batch, context))
+        ref = rows.get(("alt_" + name.split("_")[0], dim, group, batch,
+                        context))
         t, t0 = number(row["t_plain"]), ref and number(ref["t_plain"])
         if t and t0:
-            ratios.setdefault(name, {}).setdefault((dim, group), []).append(
-                (batch, context, t / t0))
+            ratios.setdefault(name, []).append(
+                (dim, group, batch, context, t / t0))
+    return ratios
+
+
+def alternatives(ratios):
+    """Each alternative's ratios, their range per head dim and group."""
     if not ratios:
         return
     print("alternatives (time / the shipped decode's; > 1: the shipped one "
           "is faster):")
     for name in sorted(ratios):
+        by = {}
+        for dim, group, _, _, x in ratios[name]:
+            by.setdefault((dim, group), []).append(x)
         parts = []
-        for (dim, group), cells in sorted(ratios[name].items()):
-            xs = [x for _, _, x in cells]
+        for (dim, group), xs in sorted(by.items()):
             parts.append(f"d{dim} G{group} {min(xs):.2f}-{max(xs):.2f} "
                          f"({len(xs)})")
         print(f"  {name}: " + "; ".join(parts))
@@ -188,33 +199,21 @@ def read_predictions(path):
                                   ints(words[6]), float(words[7]),
                                   float(words[8])))
                 except ValueError as e:
-                    print(f"gpu-verdicts: {path}:{number_}: expected STEP "
-                          f"COLUMN ALTERNATIVE DIMS GROUPS BATCHES CONTEXTS "
-                          f"LOW HIGH ({e})", file=sys.stderr)
-                    sys.exit(2)
+                    fail(f"{path}:{number_}: expected STEP COLUMN ALTERNATIVE "
+                         f"DIMS GROUPS BATCHES CONTEXTS LOW HIGH ({e})")
     except OSError as e:
-        print(f"gpu-verdicts: cannot read {path}: {e.strerror}",
-              file=sys.stderr)
-        sys.exit(2)
+        fail(f"cannot read {path}: {e.strerror}")
     return found
 
 
-def predictions(rows, expected):
+def predictions(ratios, expected):
     """Each expectation against the ratios of the cells it names."""
     print("predictions (alternative / shipped, expected range, measured):")
     for step, column, alt, dims, groups, batches, contexts, low, high in \
             expected:
-        base = alt.split("_")[0]
-        xs = []
-        for (kind, dim, group, batch, context), row in rows.items():
-            if (kind != "alt_" + alt or dim not in dims or
-                    group not in groups or batch not in batches or
-                    context not in contexts):
-                continue
-            ref = rows.get(("alt_" + base, dim, group, batch, context))
-            t, t0 = number(row["t_plain"]), ref and number(ref["t_plain"])
-            if t and t0:
-                xs.append(t / t0)
+        xs = [x for dim, group, batch, context, x in ratios.get(alt, [])
+              if dim in dims and group in groups and batch in batches and
+              context in contexts]
         where = (f"d{','.join(map(str, sorted(dims)))} "
                  f"G{','.join(map(str, sorted(groups)))} "
                  f"B{','.join(map(str, sorted(batches)))} "
@@ -286,11 +285,12 @@ def main(argv):
     for path, gbs in copies:
         print(f"copy bandwidth: {gbs:.0f} GB/s ({path})")
     targets(rows)
-    alternatives(rows)
+    ratios = alternative_ratios(rows)
+    alternatives(ratios)
     if before is not None:
         compare(before, rows)
     if expected is not None:
-        predictions(rows, expected)
+        predictions(ratios, expected)
     return 0
 
 

@@ -156,6 +156,16 @@ foreach(where IN ITEMS gn g1)
   endforeach()
 endforeach()
 
+# kvc_gpu_bench_geometry(<dim var> <group var> <geometry>): the head dim
+# and GQA group of a "head_dim:group" geometry.
+function(kvc_gpu_bench_geometry dim_var group_var geometry)
+  string(REPLACE ":" ";" parts "${geometry}")
+  list(GET parts 0 dim)
+  list(GET parts 1 group)
+  set(${dim_var} ${dim} PARENT_SCOPE)
+  set(${group_var} ${group} PARENT_SCOPE)
+endfunction()
+
 # kvc_gpu_bench_bundle_members(<var> <key> <group>): the members of bundle
 # <key> at GQA group <group>: the variants (key `defaults`) at every group;
 # the bundle's alternatives of gpu_bench_alternatives at G >= 2, of

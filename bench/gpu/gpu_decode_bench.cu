@@ -1393,11 +1393,39 @@ const char *kAlternativeNames[] = {
     "plain_regq",  "plain_rowv", "int2_rowv",    "fused_keep",
     "fused_norm",  "fused_grid", "int2_late",    "int2_b5"};
 
-struct AlternativesResult {
-  bool ok[kNumAlternatives] = {};
-  double usPerStep[kNumAlternatives] = {};
-  std::string error[kNumAlternatives];
+std::string cell(bool ok, const char *fmt, double x);
+void csv(const char *fmt, ...);
+
+/// The decodes of an alternatives table's cell, one after the other: each
+/// one's time per step, or the error it failed with.
+template <int N> struct TimedDecodes {
+  bool ok[N] = {};
+  double usPerStep[N] = {};
+  std::string error[N];
+
+  /// Decode a's microseconds, and a's time over b's, as table cells ('-'
+  /// where one failed).
+  std::string us(int a) const { return cell(ok[a], "%.1f", usPerStep[a]); }
+  std::string ratio(int a, int b) const {
+    const bool both = ok[a] && ok[b];
+    return cell(both, "%.2f", both ? usPerStep[a] / usPerStep[b] : 0.0);
+  }
+  /// The lines under the cell's row: each decode that failed with its
+  /// error; the CSV rows (alt_<name>) of the others.
+  void details(const char *const (&names)[N], int dim, int group, int batch,
+               int n, double copyGBs) const {
+    for (int a = 0; a < N; ++a) {
+      if (!ok[a])
+        std::printf("     %s: %s\n", names[a], error[a].c_str());
+      else
+        csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n", names[a], dim, group,
+            kKvHeads * group, batch, n, usPerStep[a], copyGBs);
+    }
+    std::fflush(stdout);
+  }
 };
+
+using AlternativesResult = TimedDecodes<kNumAlternatives>;
 
 /// One 16-bit decode of a cell's list (timeDecodes): its batched decode
 /// and workspace size, and its alternative's index in the cell's results.
@@ -1522,11 +1550,7 @@ const char *kG1AlternativeNames[] = {
     "int2",         "int2_late",  "int2_b9",    "fused",
     "fused_serial", "fused_keep", "fused_norm", "fused_grid"};
 
-struct G1AlternativesResult {
-  bool ok[kNumG1] = {};
-  double usPerStep[kNumG1] = {};
-  std::string error[kNumG1];
-};
+using G1AlternativesResult = TimedDecodes<kNumG1>;
 
 /// Times the eight G = 1 decodes at one (geometry, batch, context), one
 /// after the other: the fused ones over one f16 context as benchDecode, the
@@ -1803,22 +1827,6 @@ void sweepCells(const Options &o, const std::vector<int> &contexts, Bench bench,
         }
       }
   }
-}
-
-/// The lines under an alternatives table's row: each decode of the cell
-/// that failed with its error; the CSV rows (alt_<name>) of the others.
-void alternativeDetails(const char *const *names, int count, const bool *ok,
-                        const double *usPerStep, const std::string *error,
-                        const BenchGeometry &g, int batch, int n,
-                        double copyGBs) {
-  for (int a = 0; a < count; ++a) {
-    if (!ok[a])
-      std::printf("     %s: %s\n", names[a], error[a].c_str());
-    else
-      csv("alt_%s,%d,%d,%d,%d,%d,,us,%.3f,,,,%.1f\n", names[a], g.dim, g.group,
-          kKvHeads * g.group, batch, n, usPerStep[a], copyGBs);
-  }
-  std::fflush(stdout);
 }
 
 void printList(const Options &o) {
@@ -2323,50 +2331,46 @@ int main(int argc, char **argv) {
           },
           [&](const BenchGeometry &g, int batch, int n,
               const AlternativesResult &r) {
-            auto us = [&](int a) {
-              return cell(r.ok[a], "%.1f", r.usPerStep[a]);
-            };
-            auto ratio = [&](int a, int b) {
-              const bool ok = r.ok[a] && r.ok[b];
-              return cell(ok, "%.2f",
-                          ok ? r.usPerStep[a] / r.usPerStep[b] : 0.0);
-            };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s %9s %6s %9s %6s %9s %6s %9s %6s "
                 "%9s %6s | %9s %9s %6s %9s %6s %10s %6s %10s %6s %9s %6s | "
                 "%9s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s %6s %9s "
                 "%6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
-                us(kAltPlain).c_str(), us(kAltPlainCc).c_str(),
-                ratio(kAltPlainCc, kAltPlain).c_str(), us(kAltPlainLen).c_str(),
-                ratio(kAltPlainLen, kAltPlain).c_str(),
-                us(kAltPlainLate).c_str(),
-                ratio(kAltPlainLate, kAltPlain).c_str(),
-                us(kAltPlainRegq).c_str(),
-                ratio(kAltPlainRegq, kAltPlain).c_str(),
-                us(kAltPlainRowv).c_str(),
-                ratio(kAltPlainRowv, kAltPlain).c_str(), us(kAltInt2).c_str(),
-                us(kAltInt2Cc).c_str(), ratio(kAltInt2Cc, kAltInt2).c_str(),
-                us(kAltInt2Free).c_str(), ratio(kAltInt2Free, kAltInt2).c_str(),
-                us(kAltInt2Rowv).c_str(), ratio(kAltInt2Rowv, kAltInt2).c_str(),
-                us(kAltInt2Late).c_str(), ratio(kAltInt2Late, kAltInt2).c_str(),
-                us(kAltInt2B5).c_str(), ratio(kAltInt2B5, kAltInt2).c_str(),
-                us(kAltFused).c_str(), us(kAltFusedLru).c_str(),
-                ratio(kAltFusedLru, kAltFused).c_str(),
-                us(kAltFusedSplit).c_str(),
-                ratio(kAltFusedSplit, kAltFused).c_str(),
-                us(kAltFusedSerial).c_str(),
-                ratio(kAltFusedSerial, kAltFused).c_str(),
-                us(kAltFusedFirst).c_str(),
-                ratio(kAltFusedFirst, kAltFused).c_str(),
-                us(kAltFusedKeep).c_str(),
-                ratio(kAltFusedKeep, kAltFused).c_str(),
-                us(kAltFusedNorm).c_str(),
-                ratio(kAltFusedNorm, kAltFused).c_str(),
-                us(kAltFusedGrid).c_str(),
-                ratio(kAltFusedGrid, kAltFused).c_str());
-            alternativeDetails(kAlternativeNames, kNumAlternatives, r.ok,
-                               r.usPerStep, r.error, g, batch, n, copy.best());
+                r.us(kAltPlain).c_str(), r.us(kAltPlainCc).c_str(),
+                r.ratio(kAltPlainCc, kAltPlain).c_str(),
+                r.us(kAltPlainLen).c_str(),
+                r.ratio(kAltPlainLen, kAltPlain).c_str(),
+                r.us(kAltPlainLate).c_str(),
+                r.ratio(kAltPlainLate, kAltPlain).c_str(),
+                r.us(kAltPlainRegq).c_str(),
+                r.ratio(kAltPlainRegq, kAltPlain).c_str(),
+                r.us(kAltPlainRowv).c_str(),
+                r.ratio(kAltPlainRowv, kAltPlain).c_str(),
+                r.us(kAltInt2).c_str(), r.us(kAltInt2Cc).c_str(),
+                r.ratio(kAltInt2Cc, kAltInt2).c_str(),
+                r.us(kAltInt2Free).c_str(),
+                r.ratio(kAltInt2Free, kAltInt2).c_str(),
+                r.us(kAltInt2Rowv).c_str(),
+                r.ratio(kAltInt2Rowv, kAltInt2).c_str(),
+                r.us(kAltInt2Late).c_str(),
+                r.ratio(kAltInt2Late, kAltInt2).c_str(),
+                r.us(kAltInt2B5).c_str(), r.ratio(kAltInt2B5, kAltInt2).c_str(),
+                r.us(kAltFused).c_str(), r.us(kAltFusedLru).c_str(),
+                r.ratio(kAltFusedLru, kAltFused).c_str(),
+                r.us(kAltFusedSplit).c_str(),
+                r.ratio(kAltFusedSplit, kAltFused).c_str(),
+                r.us(kAltFusedSerial).c_str(),
+                r.ratio(kAltFusedSerial, kAltFused).c_str(),
+                r.us(kAltFusedFirst).c_str(),
+                r.ratio(kAltFusedFirst, kAltFused).c_str(),
+                r.us(kAltFusedKeep).c_str(),
+                r.ratio(kAltFusedKeep, kAltFused).c_str(),
+                r.us(kAltFusedNorm).c_str(),
+                r.ratio(kAltFusedNorm, kAltFused).c_str(),
+                r.us(kAltFusedGrid).c_str(),
+                r.ratio(kAltFusedGrid, kAltFused).c_str());
+            r.details(kAlternativeNames, g.dim, g.group, batch, n, copy.best());
           },
           [](const BenchGeometry &g) { return g.hasAlternatives(); });
     }
@@ -2408,29 +2412,23 @@ int main(int argc, char **argv) {
           },
           [&](const BenchGeometry &g, int batch, int n,
               const G1AlternativesResult &r) {
-            auto us = [&](int a) {
-              return cell(r.ok[a], "%.1f", r.usPerStep[a]);
-            };
-            auto ratio = [&](int a, int b) {
-              const bool ok = r.ok[a] && r.ok[b];
-              return cell(ok, "%.2f",
-                          ok ? r.usPerStep[a] / r.usPerStep[b] : 0.0);
-            };
             std::printf(
                 "%4d %3d %4d %3d %7d | %9s | %9s %6s | %9s %6s | %9s | %9s "
                 "%6s | %9s %6s | %9s %6s | %9s %6s\n",
                 g.dim, g.group, kKvHeads * g.group, batch, n,
-                us(kG1Int2).c_str(), us(kG1Int2Late).c_str(),
-                ratio(kG1Int2Late, kG1Int2).c_str(), us(kG1Int2B9).c_str(),
-                ratio(kG1Int2B9, kG1Int2).c_str(), us(kG1Fused).c_str(),
-                us(kG1FusedSerial).c_str(),
-                ratio(kG1FusedSerial, kG1Fused).c_str(),
-                us(kG1FusedKeep).c_str(), ratio(kG1FusedKeep, kG1Fused).c_str(),
-                us(kG1FusedNorm).c_str(), ratio(kG1FusedNorm, kG1Fused).c_str(),
-                us(kG1FusedGrid).c_str(),
-                ratio(kG1FusedGrid, kG1Fused).c_str());
-            alternativeDetails(kG1AlternativeNames, kNumG1, r.ok, r.usPerStep,
-                               r.error, g, batch, n, copy.best());
+                r.us(kG1Int2).c_str(), r.us(kG1Int2Late).c_str(),
+                r.ratio(kG1Int2Late, kG1Int2).c_str(), r.us(kG1Int2B9).c_str(),
+                r.ratio(kG1Int2B9, kG1Int2).c_str(), r.us(kG1Fused).c_str(),
+                r.us(kG1FusedSerial).c_str(),
+                r.ratio(kG1FusedSerial, kG1Fused).c_str(),
+                r.us(kG1FusedKeep).c_str(),
+                r.ratio(kG1FusedKeep, kG1Fused).c_str(),
+                r.us(kG1FusedNorm).c_str(),
+                r.ratio(kG1FusedNorm, kG1Fused).c_str(),
+                r.us(kG1FusedGrid).c_str(),
+                r.ratio(kG1FusedGrid, kG1Fused).c_str());
+            r.details(kG1AlternativeNames, g.dim, g.group, batch, n,
+                      copy.best());
           },
           [](const BenchGeometry &g) { return g.hasG1Alternatives(); });
     }
