@@ -18,10 +18,20 @@ from the later file) and prints:
     then the cells that miss, closest first;
   - the kernel alternatives: for each alternative, its time over the
     shipped decode's in the same cell (plain_* over plain, int2_* over
-    int2, fused_* over fused), the range per head dim and group.
-  - with --before (the CSV files of an earlier run), every decode and int2
-    cell that both runs measured: the plain and fused times, % of copy and
-    overhead, the int2 time and 16-bit / int2, before -> after;
+    int2, fused_* over fused), the range per head dim and group;
+  - the model step (model rows: every layer's fused decode per token): the
+    overhead target on it (pipelined / plain - 1 <= 5%) as above, with the
+    range of synchronized / pipelined and of pipelined / graph;
+  - the prefill (prefill rows): SnapKV's and H2O's time over the plain
+    prefill's, less one, per prompt length, and the CUDA-core prefill's
+    time over the plain one's (alt_prefill_cc rows);
+  - the host side (host rows): the CPU microseconds of a plain, fused and
+    int2 decode call, their range per batch;
+  - with --before (the CSV files of an earlier run), every decode, int2,
+    model and prefill cell that both runs measured: the plain and fused
+    times, % of copy and overhead, the int2 time and 16-bit / int2, the
+    model step's pipelined time and overhead, the prefill's plain time and
+    fractions, before -> after;
   - with --predictions (scripts/gpu-plans/next.predictions: expectations
     written before a run), each expectation against the cells it names:
     "inside", "below", "above" or "across" its range, or "not measured".
@@ -39,6 +49,24 @@ TARGETS = {
     "unfused": 1.5,
     "int2": 3.0,
 }
+
+# The columns of the rows whose figures are not decode times (kvc-bench-gpu's
+# CSV header, "kind" comments): model rows hold microseconds per token of
+# the fused policy pipelined, synchronized, the plain decode pipelined and
+# the fused policy through CUDA graphs; prefill rows milliseconds per call
+# of the plain prefill, SnapKV's and H2O's; host rows CPU microseconds per
+# call of the plain, fused and int2 decode.
+MODEL = ("pipelined", "synchronized", "plain", "graph")
+PREFILL = ("plain", "snapkv", "h2o")
+HOST = ("plain", "fused", "int2")
+
+
+def figures_of(row, names):
+    """A row's figures by name, from its four figure columns in order (the
+    third under either of its names; None where not measured)."""
+    values = (row["t_plain"], row["t_fused_or_snapkv"], third(row),
+              row.get("fused_GBs"))
+    return {name: number(value) for name, value in zip(names, values)}
 
 
 def fail(message):
@@ -88,6 +116,19 @@ def read(paths):
     return rows, copies
 
 
+def span(xs, fmt):
+    """The range of figures xs as "low-high (count)"."""
+    return f"{fmt(min(xs))}-{fmt(max(xs))} ({len(xs)})"
+
+
+def signed(x):
+    return f"{100 * x:+.1f}%"
+
+
+def times(x):
+    return f"{x:.2f}x"
+
+
 def cell_name(key):
     _, dim, group, batch, context = key
     return f"d{dim} G{group} B{batch} {context // 1024}k"
@@ -133,12 +174,81 @@ def targets(rows):
     verdict("bandwidth (>= 85% of copy, batch >= 8, context >= 4k)",
             bandwidth, lambda x: x >= TARGETS["bandwidth"], percent, True)
     verdict("overhead (fused / plain - 1 <= 5%)", overhead,
-            lambda x: x <= TARGETS["overhead"],
-            lambda x: f"{100 * x:+.1f}%", False)
+            lambda x: x <= TARGETS["overhead"], signed, False)
     verdict("unfused (unfused / fused >= 1.5x)", unfused,
-            lambda x: x >= TARGETS["unfused"], lambda x: f"{x:.2f}x", True)
+            lambda x: x >= TARGETS["unfused"], times, True)
     verdict("int2 (16-bit / int2 >= 3x, context >= 16k)", int2,
-            lambda x: x >= TARGETS["int2"], lambda x: f"{x:.2f}x", True)
+            lambda x: x >= TARGETS["int2"], times, True)
+
+
+def model_step(rows):
+    """The model rows: the overhead target per token, synchronized /
+    pipelined and pipelined / graph."""
+    overhead, synced, graphed = [], [], []
+    for key, row in sorted(rows.items()):
+        if key[0] != "model":
+            continue
+        t = figures_of(row, MODEL)
+        if t["pipelined"] and t["plain"]:
+            overhead.append((key, t["pipelined"] / t["plain"] - 1))
+        if t["pipelined"] and t["synchronized"]:
+            synced.append(t["synchronized"] / t["pipelined"])
+        if t["pipelined"] and t["graph"]:
+            graphed.append(t["pipelined"] / t["graph"])
+    if not overhead and not synced:
+        return
+    verdict("model step overhead (pipelined / plain - 1 <= 5%, per token)",
+            overhead, lambda x: x <= TARGETS["overhead"], signed, False)
+    if synced:
+        print(f"  synchronized / pipelined: {span(synced, times)}")
+    if graphed:
+        print(f"  pipelined / graph: {span(graphed, times)}")
+
+
+def prefill(rows):
+    """The prefill rows: each policy's share on top of the plain prefill
+    per prompt length; the CUDA-core prefill over the plain one."""
+    shares, cores = {}, []
+    for key, row in sorted(rows.items()):
+        kind, dim, group, batch, context = key
+        if kind == "prefill":
+            t = figures_of(row, PREFILL)
+            for policy in ("snapkv", "h2o"):
+                if t["plain"] and t[policy]:
+                    shares.setdefault(context, {}).setdefault(
+                        policy, []).append(t[policy] / t["plain"] - 1)
+        elif kind == "alt_prefill_cc":
+            cc = number(row["t_plain"])
+            plain = rows.get(("prefill", dim, group, batch, context))
+            plain = plain and number(plain["t_plain"])
+            if cc and plain:
+                cores.append(cc / plain)
+    if not shares and not cores:
+        return
+    print("prefill (policy / plain - 1, batch 1):")
+    for context, by in sorted(shares.items()):
+        print(f"  {context // 1024}k: " + ", ".join(
+            f"{policy} {span(xs, signed)}" for policy, xs in by.items()))
+    if cores:
+        print(f"  CUDA-core plain / plain: {span(cores, times)}")
+
+
+def host(rows):
+    """The host rows: each decode call's CPU microseconds per batch."""
+    by = {}
+    for key, row in sorted(rows.items()):
+        if key[0] != "host":
+            continue
+        for call, t in figures_of(row, HOST).items():
+            if t:
+                by.setdefault(key[3], {}).setdefault(call, []).append(t)
+    if not by:
+        return
+    print("host side (CPU us per decode call):")
+    for batch, calls in sorted(by.items()):
+        print(f"  B{batch}: " + ", ".join(
+            f"{call} {span(xs, lambda x: f'{x:.1f}')}"
+            for call, xs in calls.items()))
 
 
 def alternative_ratios(rows):
@@ -234,38 +344,53 @@ def predictions(ratios, expected):
         print(f"{head}, measured {lo:.2f}-{hi:.2f} ({len(xs)}): {verdict_}")
 
 
-def compare(before, rows):
-    """The decode and int2 cells of both runs, before -> after."""
-    print("against the run before (before -> after):")
-    arrow = lambda a, b, fmt: (f"{fmt(a)} -> {fmt(b)}" if a is not None and
-                               b is not None else "-")
+def ratio(a, b, less=0.0):
+    """a / b - less, None where either is not measured."""
+    return a / b - less if a and b else None
+
+
+def compared(kind, row):
+    """The figures of a decode, int2, model or prefill row that --before
+    compares: [(label, figure, format, unit)]; None for other kinds."""
     us = lambda x: f"{x:.1f}"
+    if kind == "decode":
+        plain = number(row["t_plain"])
+        fused = number(row["t_fused_or_snapkv"])
+        share = ratio(number(row["fused_GBs"]), number(row["copy_GBs"]))
+        return [("plain", plain, us, " us"), ("fused", fused, us, " us"),
+                ("copy", share, lambda x: f"{100 * x:.1f}%", ""),
+                ("overhead", ratio(fused, plain, 1), signed, "")]
+    if kind == "int2":
+        t16 = number(row["t_plain"])
+        t2 = number(row["t_fused_or_snapkv"])
+        return [("", t2, us, " us"), ("x16b", ratio(t16, t2), times, "")]
+    if kind == "model":
+        t = figures_of(row, MODEL)
+        return [("pipelined", t["pipelined"], us, " us/token"),
+                ("overhead", ratio(t["pipelined"], t["plain"], 1), signed,
+                 "")]
+    if kind == "prefill":
+        t = figures_of(row, PREFILL)
+        return [("plain", t["plain"], lambda x: f"{x:.2f}", " ms"),
+                ("snapkv", ratio(t["snapkv"], t["plain"], 1), signed, ""),
+                ("h2o", ratio(t["h2o"], t["plain"], 1), signed, "")]
+    return None
+
+
+def compare(before, rows):
+    """The decode, int2, model and prefill cells of both runs, before ->
+    after."""
+    print("against the run before (before -> after):")
     for key in sorted(k for k in rows if k in before):
-        kind = key[0]
-        old, new = before[key], rows[key]
-        if kind == "decode":
-            def figures(row):
-                plain = number(row["t_plain"])
-                fused = number(row["t_fused_or_snapkv"])
-                gbs, copy = number(row["fused_GBs"]), number(row["copy_GBs"])
-                share = gbs / copy if gbs and copy else None
-                ovh = fused / plain - 1 if plain and fused else None
-                return plain, fused, share, ovh
-            p0, f0, c0, o0 = figures(old)
-            p1, f1, c1, o1 = figures(new)
-            print(f"  decode {cell_name(key)}: plain {arrow(p0, p1, us)} us, "
-                  f"fused {arrow(f0, f1, us)} us, copy "
-                  f"{arrow(c0, c1, lambda x: f'{100 * x:.1f}%')}, overhead "
-                  f"{arrow(o0, o1, lambda x: f'{100 * x:+.1f}%')}")
-        elif kind == "int2":
-            def figures(row):
-                t16 = number(row["t_plain"])
-                t2 = number(row["t_fused_or_snapkv"])
-                return t2, (t16 / t2 if t16 and t2 else None)
-            t0, x0 = figures(old)
-            t1, x1 = figures(new)
-            print(f"  int2 {cell_name(key)}: {arrow(t0, t1, us)} us, x16b "
-                  f"{arrow(x0, x1, lambda x: f'{x:.2f}x')}")
+        old, new = compared(key[0], before[key]), compared(key[0], rows[key])
+        if old is None:
+            continue
+        parts = []
+        for (label, a, fmt, unit), (_, b, _, _) in zip(old, new):
+            change = (f"{fmt(a)} -> {fmt(b)}{unit}"
+                      if a is not None and b is not None else "-")
+            parts.append(f"{label} {change}" if label else change)
+        print(f"  {key[0]} {cell_name(key)}: " + ", ".join(parts))
 
 
 def main(argv):
@@ -287,6 +412,9 @@ def main(argv):
     targets(rows)
     ratios = alternative_ratios(rows)
     alternatives(ratios)
+    model_step(rows)
+    prefill(rows)
+    host(rows)
     if before is not None:
         compare(before, rows)
     if expected is not None:

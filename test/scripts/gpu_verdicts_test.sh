@@ -18,6 +18,11 @@
 #     CSV names its third time column as it was then): the cells
 #     docs/performance.md compares ("Decode against the 2026-11-26 run",
 #     "The changes since 654ce4a, measured").
+#  6. The model step, prefill and host rows: the model step of the H200 run
+#     of 2026-11-26 and the prefill of the H100 run of 2026-11-22 as
+#     docs/performance.md states them ("Model step (8 layers per token)",
+#     "Prefill compression"); a file of a graph column, a CUDA-core prefill
+#     and host rows; the model and prefill cells against the run before.
 # Usage: gpu_verdicts_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -110,4 +115,38 @@ expect "  decode d128 G1 B32 32k: plain 1120.7 -> 1139.7 us, fused 1313.9 -> 122
 expect "  int2 d128 G1 B32 32k: 655.4 -> 475.0 us, x16b 1.71x -> 2.40x" "$scratch/before.txt"
 expect "  int2 d128 G4 B8 32k: 316.5 -> 302.7 us, x16b 1.17x -> 1.17x" "$scratch/before.txt"
 
-echo "gpu-verdicts: 5 scenarios passed"
+# 6.
+python3 "$run" "$src/docs/perf/h200-kvc-bench-gpu.csv" > "$scratch/model.txt" 2>&1 ||
+  fail "the 2026-11-26 model rows: exit $?: $(cat "$scratch/model.txt")"
+expect "model step overhead (pipelined / plain - 1 <= 5%, per token): 0 of 36 cells met, +9.7% to +65.4%" "$scratch/model.txt"
+expect "  synchronized / pipelined: 1.07x-1.57x (36)" "$scratch/model.txt"
+h100=$src/docs/perf/h100-kvc-bench-gpu-2026-11-22.csv
+python3 "$run" "$h100" > "$scratch/prefill.txt" 2>&1 ||
+  fail "the 2026-11-22 prefill rows: exit $?: $(cat "$scratch/prefill.txt")"
+expect "  1k: snapkv +24.2%-+106.4% (6), h2o +138.2%-+184.7% (6)" "$scratch/prefill.txt"
+expect "  16k: snapkv +0.5%-+0.8% (6), h2o +52.1%-+56.8% (6)" "$scratch/prefill.txt"
+{
+  head -1 "$record"
+  echo "model,128,1,8,8,4096,,us_per_token,200.0,260.0,190.0,160.0,"
+  echo "prefill,128,4,32,1,4096,,ms,2.0000,2.2000,3.0000,,"
+  echo "alt_prefill_cc,128,4,32,1,4096,,ms,5.0000,,9.0000,,"
+  echo "host,128,1,8,1,4096,,us,18.000,26.000,,,"
+  echo "host,128,4,32,1,4096,,us,20.000,30.000,40.000,,"
+  echo "host,128,1,8,32,4096,,us,50.000,70.000,nan,,"
+} > "$scratch/rest.csv"
+python3 "$run" "$scratch/rest.csv" > "$scratch/rest.txt" 2>&1 ||
+  fail "model, prefill and host rows: exit $?: $(cat "$scratch/rest.txt")"
+expect "model step overhead (pipelined / plain - 1 <= 5%, per token): 0 of 1 cells met, +5.3% to +5.3%" "$scratch/rest.txt"
+expect "  synchronized / pipelined: 1.30x-1.30x (1)" "$scratch/rest.txt"
+expect "  pipelined / graph: 1.25x-1.25x (1)" "$scratch/rest.txt"
+expect "  4k: snapkv +10.0%-+10.0% (1), h2o +50.0%-+50.0% (1)" "$scratch/rest.txt"
+expect "  CUDA-core plain / plain: 2.50x-2.50x (1)" "$scratch/rest.txt"
+expect "  B1: plain 18.0-20.0 (2), fused 26.0-30.0 (2), int2 40.0-40.0 (1)" "$scratch/rest.txt"
+expect "  B32: plain 50.0-50.0 (1), fused 70.0-70.0 (1)" "$scratch/rest.txt"
+python3 "$run" --before="$h100" "$src/docs/perf/h100-kvc-bench-gpu.csv" > "$scratch/rest-before.txt" 2>&1 ||
+  fail "--before, model and prefill: exit $?: $(cat "$scratch/rest-before.txt")"
+expect "  model d64 G1 B1 4k: pipelined 488.6 -> 354.7 us/token, overhead +84.1% -> -2.7%" "$scratch/rest-before.txt"
+grep -q "^  prefill d128 G8 B1 16k: plain [0-9.]* -> 418.51 ms, snapkv " "$scratch/rest-before.txt" ||
+  fail "--before, a prefill cell: $(cat "$scratch/rest-before.txt")"
+
+echo "gpu-verdicts: 6 scenarios passed"
