@@ -377,10 +377,19 @@ def compared(kind, row):
     return None
 
 
-def compare(before, rows):
+def compare(before, rows, copies_before, copies):
     """The decode, int2, model and prefill cells of both runs, before ->
-    after."""
+    after. Runs whose copy bandwidths differ by more than a tenth ran on
+    different devices (an H100's is about 3.0 TB/s, an H200's 4.26): a
+    warning says so, since their times are not comparable."""
     print("against the run before (before -> after):")
+    old_gbs = [g for _, g in copies_before if g]
+    new_gbs = [g for _, g in copies if g]
+    if old_gbs and new_gbs:
+        a, b = sum(old_gbs) / len(old_gbs), sum(new_gbs) / len(new_gbs)
+        if abs(b / a - 1) > 0.1:
+            print(f"  warning: copy bandwidth {a:.0f} -> {b:.0f} GB/s: "
+                  "another device; compare % of copy and ratios, not times")
     for key in sorted(k for k in rows if k in before):
         old, new = compared(key[0], before[key]), compared(key[0], rows[key])
         if old is None:
@@ -401,7 +410,7 @@ def main(argv):
         if option == "--predictions":
             expected = read_predictions(value)
         else:
-            before, _ = read(value.split(","))
+            before, copies_before = read(value.split(","))
         args = args[1:]
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
@@ -416,7 +425,7 @@ def main(argv):
     prefill(rows)
     host(rows)
     if before is not None:
-        compare(before, rows)
+        compare(before, rows, copies_before, copies)
     if expected is not None:
         predictions(ratios, expected)
     return 0

@@ -22,7 +22,9 @@
 #     of 2026-11-26 and the prefill of the H100 run of 2026-11-22 as
 #     docs/performance.md states them ("Model step (8 layers per token)",
 #     "Prefill compression"); a file of a graph column, a CUDA-core prefill
-#     and host rows; the model and prefill cells against the run before.
+#     and host rows; the model and prefill cells against the run before,
+#     and the warning where the two runs' devices differ (an H200 run
+#     before an H100 one), not where they match.
 # Usage: gpu_verdicts_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -148,5 +150,10 @@ python3 "$run" --before="$h100" "$src/docs/perf/h100-kvc-bench-gpu.csv" > "$scra
 expect "  model d64 G1 B1 4k: pipelined 488.6 -> 354.7 us/token, overhead +84.1% -> -2.7%" "$scratch/rest-before.txt"
 grep -q "^  prefill d128 G8 B1 16k: plain [0-9.]* -> 418.51 ms, snapkv " "$scratch/rest-before.txt" ||
   fail "--before, a prefill cell: $(cat "$scratch/rest-before.txt")"
+grep -q "warning" "$scratch/rest-before.txt" &&
+  fail "--before, two H100 runs: a device warning: $(cat "$scratch/rest-before.txt")"
+python3 "$run" --before="$record" "$h100" > "$scratch/devices.txt" 2>&1 ||
+  fail "--before, an H200 run before an H100 one: exit $?: $(cat "$scratch/devices.txt")"
+expect "  warning: copy bandwidth 4264 -> 3006 GB/s: another device; compare % of copy and ratios, not times" "$scratch/devices.txt"
 
 echo "gpu-verdicts: 6 scenarios passed"
