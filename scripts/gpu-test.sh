@@ -15,8 +15,14 @@
 # Environment: KVC_BUILD_DIR, KVC_GPU_BIN, KVC_GPU_TEST_POLICIES (a comma-
 #        separated subset of the policies; default every one, and for the
 #        grid geometries those with a decode fold; a name that is not a
-#        policy of the test fails the run).
-# Exit status: 0 every geometry passed, 1 one failed, 77 no usable GPU.
+#        policy of the test fails the run), KVC_GPU_TEST_JOBS (how many
+#        test executables run at once, default 1: one after another; with
+#        more, each one's output is held until it ends and then printed
+#        whole, in the order of a sequential run; stopped by a signal, the
+#        script prints what each had written so far).
+# Exit status: 0 every geometry passed, 1 one failed (or the run was
+#        stopped), 2 an unknown geometry or KVC_GPU_TEST_JOBS, 77 no usable
+#        GPU.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${KVC_BUILD_DIR:-$root/build}
@@ -28,6 +34,11 @@ for g in "${geometries[@]}"; do
     *) echo "gpu-test: unknown geometry '$g' (kernels, g1, g3, g8, g3-grid or g8-grid)" >&2; exit 2 ;;
   esac
 done
+at_once=${KVC_GPU_TEST_JOBS:-1}
+if ! [[ $at_once =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu-test: KVC_GPU_TEST_JOBS='$at_once' is not a whole number of executables (1 or more)" >&2
+  exit 2
+fi
 # The policies whose decode has a fold (kvc_gpu_grid_policies of
 # test/gpu/GpuPolicies.cmake; duo_small at G = 3 only).
 grid_policies=streaming_llm,h2o,tova,h2o_merge,d2o,scissorhands,rpc_small
@@ -66,43 +77,122 @@ enable KVC_TEST_GRID_G8 g8-grid
 enable KVC_TEST_GPU_G3 g3 g3-grid
 gpu_executables "${targets[@]}" || exit 1
 
-passed=0
-skipped=0
-failed=0
-# run NAME EXE: one executable, tallied.
-run() {
-  local name=$1 exe=$2
-  if [ ! -x "$exe" ]; then
-    echo "gpu-test: $exe is missing" >&2
-    failed=$((failed + 1))
-    return
-  fi
-  local start status seconds
-  start=$(date +%s)
-  "$exe"
-  status=$?
-  seconds=$(($(date +%s) - start))
-  case $status in
-    0) echo "-- $name: passed ($seconds s)"; passed=$((passed + 1)) ;;
-    77) echo "-- $name: skipped (no usable CUDA device)"; skipped=$((skipped + 1)) ;;
-    *) echo "-- $name: FAILED (exit $status, $seconds s)"; failed=$((failed + 1)) ;;
-  esac
-}
+# The executables to run, in order: a name, its path and its policies
+# ('-': KVC_GPU_TEST_POLICIES as given; the title says "all" when unset).
+names=()
+exes=()
+policies=()
 for g in "${geometries[@]}"; do
   if [ "$g" = kernels ]; then
     for t in "${kernel_tests[@]}"; do
-      echo "== $t =="
-      run "$t" "$bin/$t"
+      names+=("$t")
+      exes+=("$bin/$t")
+      policies+=(-)
     done
   elif [ "${g%-grid}" != "$g" ]; then
-    policies=${KVC_GPU_TEST_POLICIES:-$grid_policies}
+    list=${KVC_GPU_TEST_POLICIES:-$grid_policies}
     [ "$g" = g3-grid ] && [ -z "${KVC_GPU_TEST_POLICIES:-}" ] &&
-      policies=$policies,duo_small
-    echo "== kvc-gpu-tests-$g (policies: $policies) =="
-    KVC_GPU_TEST_POLICIES=$policies run "kvc-gpu-tests-$g" "$bin/kvc-gpu-tests-$g"
+      list=$list,duo_small
+    names+=("kvc-gpu-tests-$g")
+    exes+=("$bin/kvc-gpu-tests-$g")
+    policies+=("$list")
   else
-    echo "== kvc-gpu-tests-$g (policies: ${KVC_GPU_TEST_POLICIES:-all}) =="
-    run "kvc-gpu-tests-$g" "$bin/kvc-gpu-tests-$g"
+    names+=("kvc-gpu-tests-$g")
+    exes+=("$bin/kvc-gpu-tests-$g")
+    policies+=(-)
   fi
 done
+# title I: the line before executable I's output.
+title() {
+  local name=${names[$1]} list=${policies[$1]}
+  case $name in
+    kvc-gpu-kernel-*) echo "== $name ==" ;;
+    *) [ "$list" = - ] && list=${KVC_GPU_TEST_POLICIES:-all}
+       echo "== $name (policies: $list) ==" ;;
+  esac
+}
+# execute I: runs executable I (its output to stdout), then prints its
+# verdict line; returns 0 passed, 77 skipped, 1 failed.
+execute() {
+  local name=${names[$1]} exe=${exes[$1]} list=${policies[$1]}
+  if [ ! -x "$exe" ]; then
+    echo "gpu-test: $exe is missing" >&2
+    return 1
+  fi
+  local start status seconds
+  start=$(date +%s)
+  if [ "$list" = - ]; then
+    "$exe"
+  else
+    KVC_GPU_TEST_POLICIES=$list "$exe"
+  fi
+  status=$?
+  seconds=$(($(date +%s) - start))
+  case $status in
+    0) echo "-- $name: passed ($seconds s)"; return 0 ;;
+    77) echo "-- $name: skipped (no usable CUDA device)"; return 77 ;;
+    *) echo "-- $name: FAILED (exit $status, $seconds s)"; return 1 ;;
+  esac
+}
+passed=0
+skipped=0
+failed=0
+# tally STATUS: counts an execute's return status.
+tally() {
+  case $1 in
+    0) passed=$((passed + 1)) ;;
+    77) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+  esac
+}
+if [ "$at_once" -eq 1 ]; then
+  for i in "${!names[@]}"; do
+    title "$i"
+    execute "$i"
+    tally $?
+  done
+else
+  held=$(mktemp -d "${TMPDIR:-/tmp}/kvc-gpu-test.XXXXXX") || exit 1
+  started=0
+  # show_held: every started executable's title and output so far, in
+  # order, with its verdict where it ended (a stopped run's record).
+  show_held() {
+    local i
+    for ((i = 0; i < started; ++i)); do
+      title "$i"
+      cat "$held/$i.out" 2>/dev/null
+      [ -f "$held/$i.status" ] || echo "-- ${names[$i]}: stopped before it ended"
+    done
+  }
+  # stop: the main shell's answer to a signal (a subshell that has not yet
+  # reset the trap it was forked with only ends). It ignores the signals
+  # that follow: timeout(1) signals the script, then its whole process
+  # group, the script included.
+  stop() {
+    [ "$BASHPID" = "$$" ] || exit 1
+    trap '' TERM INT
+    kill $(jobs -p) 2>/dev/null
+    show_held
+    rm -rf "$held"
+    exit 1
+  }
+  trap stop TERM INT
+  for i in "${!names[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$at_once" ]; do
+      wait -n
+    done
+    ( trap - TERM INT
+      execute "$i" > "$held/$i.out" 2>&1
+      echo $? > "$held/$i.status.partial" && mv "$held/$i.status.partial" "$held/$i.status" ) &
+    started=$((started + 1))
+  done
+  wait
+  trap - TERM INT
+  for i in "${!names[@]}"; do
+    title "$i"
+    cat "$held/$i.out"
+    tally "$(cat "$held/$i.status")"
+  done
+  rm -rf "$held"
+fi
 gpu_finish gpu-test passed "$passed" "$skipped" "$failed"

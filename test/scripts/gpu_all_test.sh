@@ -220,6 +220,10 @@ phases=$(grep -c '^[a-z0-9-]*: \(passed\|skipped\) (' "$summary")
 expected=$(grep -c '^[a-z]' "$src/scripts/gpu-plans/next.plan")
 [ "$phases" -eq "$expected" ] || fail "next.plan: $phases of $expected phases passed: $(cat "$summary")"
 grep -q "^sdpa: skipped (" "$summary" || fail "next.plan: the SDPA stand-in did not skip: $(cat "$summary")"
+# The suite's five executables at once, their records in the plan's order.
+[ "$(grep '^-- kvc-gpu-tests-' "$scratch/next/suite.log" | sed 's/: .*//' | tr '\n' ' ')" = \
+  "-- kvc-gpu-tests-g1 -- kvc-gpu-tests-g3 -- kvc-gpu-tests-g8 -- kvc-gpu-tests-g3-grid -- kvc-gpu-tests-g8-grid " ] ||
+  fail "next.plan: the suite's records: $(cat "$scratch/next/suite.log")"
 grep -q "sweep stand-in --csv=$scratch/next/alternatives.csv --dim=128 --group=4,8 --context=none .*--alt-context=4k,32k" \
   "$scratch/next/alternatives.txt" || fail "next.plan: the alternatives table's command"
 grep -q "sweep stand-in --csv=$scratch/next/g1-alternatives.csv --group=1 --context=none .*--alt-context=4k,32k" \
