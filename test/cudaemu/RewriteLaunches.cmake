@@ -1,11 +1,15 @@
-# cmake -DINPUT=<file> -DOUTPUT=<file> -P RewriteLaunches.cmake
+# cmake -DINPUT=<file> -DOUTPUT=<file> [-DROOT=<dir>] -P RewriteLaunches.cmake
 #
 # Rewrites the kernel launches of a CUDA source for the host emulator
 # (kvc_cuda_emu.h): `k<<<grid, block, smem, stream>>>(args)` becomes
 # `k * ::kvc::emu::Launch(__FILE__, __LINE__, grid, block, smem, stream)(args)`
 # on the same line, so that the emulator names the launch site. A launch ends
 # with `>>>(`; other `>>>` (nested templates) stay. A source whose `<<<` and
-# launch ends do not pair up is refused rather than miscompiled.
+# launch ends do not pair up is refused rather than miscompiled. The output
+# starts with a #line directive naming the input (relative to ROOT, the
+# source tree, where given: the output's bytes, and so ccache's entries,
+# are then the same in every checkout), so that __FILE__, the compiler's
+# diagnostics and the sanitizers' reports name the source and its lines.
 if(NOT INPUT OR NOT OUTPUT)
   message(FATAL_ERROR "RewriteLaunches.cmake: INPUT and OUTPUT are required")
 endif()
@@ -20,6 +24,10 @@ if(NOT num_opens EQUAL num_closes)
 endif()
 string(REPLACE "<<<" " * ::kvc::emu::Launch(__FILE__, __LINE__, " text "${text}")
 string(REGEX REPLACE ">>>([ \t\r\n]*)\\(" ")\\1(" text "${text}")
-file(WRITE "${OUTPUT}.tmp" "${text}")
+set(named "${INPUT}")
+if(ROOT)
+  file(RELATIVE_PATH named "${ROOT}" "${INPUT}")
+endif()
+file(WRITE "${OUTPUT}.tmp" "#line 1 \"${named}\"\n${text}")
 file(COPY_FILE "${OUTPUT}.tmp" "${OUTPUT}" ONLY_IF_DIFFERENT)
 file(REMOVE "${OUTPUT}.tmp")
