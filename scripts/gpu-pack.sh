@@ -53,7 +53,8 @@ cached() { # cached VARIABLE: its value in the pack build's CMake cache
   sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"
 }
 configured() {
-  [ "$(cached CMAKE_CUDA_ARCHITECTURES)" = "$archs" ] &&
+  [ "$(cached CMAKE_CUDA_FLAGS)" = -lineinfo ] &&
+    [ "$(cached CMAKE_CUDA_ARCHITECTURES)" = "$archs" ] &&
     [ "$(cached KVC_GPU_TEST_ARCHITECTURES)" = "$archs" ] &&
     [ "$(cached KVC_GPU_BENCH_ARCHITECTURES)" = "$archs" ] &&
     [ "$(cached KVC_TEST_GRID_G8)" = ON ] &&
@@ -61,8 +62,13 @@ configured() {
 }
 # The pack holds the suites that CI leaves out of its build too: the G = 8
 # grid suite (KVC_TEST_GRID_G8; CI builds G = 3 on the emulator) and the
-# G = 3 suites for the GPU (KVC_TEST_GPU_G3).
-arch_options=(-DCMAKE_CUDA_ARCHITECTURES="$archs"
+# G = 3 suites for the GPU (KVC_TEST_GPU_G3). Its device code carries line
+# information (-lineinfo: the same machine code, with each instruction's
+# file and line), which Nsight Compute's source counters
+# (scripts/gpu-profile.sh's source pass) and compute-sanitizer's reports
+# name.
+arch_options=(-DCMAKE_CUDA_FLAGS=-lineinfo
+              -DCMAKE_CUDA_ARCHITECTURES="$archs"
               -DKVC_GPU_TEST_ARCHITECTURES="$archs"
               -DKVC_GPU_BENCH_ARCHITECTURES="$archs"
               -DKVC_TEST_GRID_G8=ON -DKVC_TEST_GPU_G3=ON)
@@ -75,7 +81,8 @@ elif ! configured; then
 fi
 if ! configured; then
   echo "gpu-pack: $build is not configured for $archs" \
-       "(CMAKE_CUDA_ARCHITECTURES $(cached CMAKE_CUDA_ARCHITECTURES)," \
+       "(CMAKE_CUDA_FLAGS '$(cached CMAKE_CUDA_FLAGS)'," \
+       "CMAKE_CUDA_ARCHITECTURES $(cached CMAKE_CUDA_ARCHITECTURES)," \
        "KVC_GPU_TEST_ARCHITECTURES $(cached KVC_GPU_TEST_ARCHITECTURES)," \
        "KVC_GPU_BENCH_ARCHITECTURES $(cached KVC_GPU_BENCH_ARCHITECTURES)," \
        "KVC_TEST_GRID_G8 $(cached KVC_TEST_GRID_G8)," \
@@ -112,7 +119,7 @@ fi
        "$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo '(with local changes)')"
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   echo "nvcc: $("$nvcc" --version 2>/dev/null | tail -1 || echo unknown)"
-  echo "CUDA architectures (GPU suite and benchmark): $archs"
+  echo "CUDA architectures (GPU suite and benchmark): $archs, with -lineinfo"
   (cd "$dir" && sha256sum bin/* lib/* 2>/dev/null)
 } > "$dir/MANIFEST"
 echo "gpu-pack: $(du -sh "$dir" | cut -f1) in $dir (MANIFEST lists the files)" >&2

@@ -12,7 +12,8 @@
 #  5. KVC_GPU_ALL_BENCH_ARGS reaches the sweep and KVC_GPU_ALL_PROFILE=1
 #     adds the profile phase (scripts/gpu-profile.sh, a stand-in ncu): one
 #     report per variant, the KIVI one with the stall sections, each with
-#     the caches as the kernel before left them (--cache-control none).
+#     the caches as the kernel before left them (--cache-control none),
+#     then each variant's source pass (SourceCounters, scripts/ncu-source.py).
 #  6. A plan file: its phases run in order from the repository root, each
 #     to its own log; a failing phase does not stop the next; when the run
 #     is stopped from outside, KVC_GPU_ALL_ARCHIVE holds every log of the
@@ -154,6 +155,15 @@ grep -q "^ncu stand-in .*--section WarpStateStats --section SchedulerStats .* --
 if grep -q "WarpStateStats" "$scratch/profile/ncu-fused.txt"; then
   fail "profile: the fused report has the KIVI sections"
 fi
+# The source pass of each variant: the decode kernels' per-instruction
+# samples into a report that scripts/ncu-source.py reads (here the
+# stand-in python3, which finds no module: exit 77, not a failure).
+for v in fused int2; do
+  grep -q "^ncu stand-in .*--kernel-name regex:^decode --launch-skip 8 --launch-count 4 --section SourceCounters .*--export $scratch/profile/ncu-$v-source .*--variants=$v " \
+    "$scratch/profile/ncu-$v-source.log" || fail "profile: no source pass of $v"
+  grep -q "sdpa_baseline: SKIP: stand-in" "$scratch/profile/ncu-$v-source.txt" ||
+    fail "profile: ncu-source.py did not run on the $v report"
+done
 
 # 6. A plan of four phases, the last longer than the whole run may take:
 # gpu-all.sh is stopped from outside during it, and the archive holds what
