@@ -204,6 +204,20 @@ _ATTRIBUTES = re.compile(r"\b(?:__launch_bounds__|__align__|alignas|"
                          r"__attribute__|__declspec)\s*\(")
 
 
+def _strip_templates(head):
+    """head without its template headers (template <int G = 4>), whose
+    default arguments are no assignments."""
+    while True:
+        m = re.search(r"\btemplate\s*<", head)
+        if not m:
+            return head
+        depth, i = 1, m.end()
+        while i < len(head) and depth:
+            depth += {"<": 1, ">": -1}.get(head[i], 0)
+            i += 1
+        head = head[:m.start()] + " " + head[i:]
+
+
 def _strip_attributes(head):
     """head without attribute calls (__launch_bounds__(...) and the like)."""
     while True:
@@ -221,7 +235,7 @@ def _function_name(head):
     """The name a definition's head declares, or None when the brace that
     follows it opens no function body (a control statement, a class, a
     lambda, an initializer)."""
-    head = _strip_attributes(head)
+    head = _strip_attributes(_strip_templates(head))
     depth = 0
     for i, c in enumerate(head):
         if c == "(":

@@ -11,7 +11,7 @@ not taken included; it is a static measure of the code a tile runs, not a
 timing.
 
 Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [--summary]
-                             [-DNAME=VALUE ...] [INST ...]
+                             [--lines=N] [-DNAME=VALUE ...] [INST ...]
   INST: an instantiation, e.g. 'decodeAttentionSplit<4,128,Storage::F16,128>',
         'decodeAttentionKivi<4,128,2,32,KVC_DTYPE_F16,128>',
         'prefillAttention<8,128>' or 'prefillColumnStats<8,128>'; without
@@ -29,14 +29,23 @@ Usage: scripts/sass-loops.py [--arch=sm_90a] [--filter=REGEX] [--summary]
         in divergent code close no loop) with its length and its spill
         instructions (LDL, STL). The form docs/codegen-cuda.md's
         before/after tables use.
+  --lines=N: after each kernel's summary line, where its tile loop's
+        instructions come from: their count per function (a source
+        line's innermost enclosing function, as scripts/ncu-source.py
+        finds it) and the N source lines with the most (compiled with
+        -lineinfo, which leaves the machine code as it is, and read back
+        with nvdisasm --print-line-info). The static counterpart of
+        ncu-source.py's samples per line.
 Needs nvcc (/usr/local/cuda/bin or PATH) and cuobjdump (PATH or
-$CUOBJDUMP), which runs nvdisasm (PATH or $NVDISASM_PATH). The CUDA
+$CUOBJDUMP), which runs nvdisasm (PATH or $NVDISASM_PATH; --lines runs
+it itself). The CUDA
 toolkit of the build machine has neither; the PyPI wheels
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry them (both in
 nvidia/cu13/bin: put that folder on PATH).
 """
 
 import collections
+import importlib.util
 import os
 import re
 import shutil
@@ -119,11 +128,66 @@ def loops(sass, pattern):
     return out
 
 
+def line_map(text):
+    """{function: {address: (file, line)}} of `nvdisasm --print-line-info`
+    output: each instruction's innermost source location."""
+    out, function, where = {}, None, None
+    for line in text.split("\n"):
+        m = re.match(r"\.text\.(\S+):$", line.strip())
+        if m:
+            function, where = m.group(1), None
+            out[function] = {}
+            continue
+        m = re.search(r'//## File "([^"]*)", line (\d+)', line)
+        if m:
+            where = (m.group(1), int(m.group(2)))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+[^.\s]", line)
+        if m and function is not None and where is not None:
+            out[function][int(m.group(1), 16)] = where
+    return out
+
+
+def source_scan():
+    """scripts/ncu-source.py as a module (its Sources)."""
+    spec = importlib.util.spec_from_file_location(
+        "ncu_source", os.path.join(ROOT, "scripts", "ncu-source.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def attribute(start, end, lines, sources, top):
+    """The lines of a summary: the instructions at addresses start..end by
+    function and the `top` lines with the most."""
+    by_line = collections.Counter(
+        where for a, where in lines.items() if start <= a <= end)
+    total = sum(by_line.values())
+    by_function = collections.Counter()
+    for (path, number), n in by_line.items():
+        f = sources.function(path, number)
+        by_function[(sources.shown(path), f[0], f[1]) if f
+                     else (sources.shown(path), "?", 0)] += n
+    out = [f"  {total} instructions with a source line, by function:"]
+    for (path, name, first), n in sorted(by_function.items(),
+                                         key=lambda kv: (-kv[1], kv[0])):
+        out.append(f"    {n:5d}  {name} ({path}:{first})")
+    out.append(f"  the {top} lines with the most:")
+    for (path, number), n in sorted(by_line.items(),
+                                    key=lambda kv: (-kv[1], kv[0]))[:top]:
+        out.append(f"    {n:5d}  {sources.shown(path)}:{number}  "
+                   f"{sources.text(path, number)[:70]}")
+    return out
+
+
 def main(argv):
     arch, pattern, insts, defines = "sm_90a", r"decode", [], []
-    summary = False
+    summary, top = False, 0
     for arg in argv:
         if arg == "--summary":
+            summary = True
+        elif arg.startswith("--lines="):
+            top = int(arg.split("=", 1)[1])
             summary = True
         elif arg.startswith("-D"):
             defines.append(arg)
@@ -149,6 +213,7 @@ def main(argv):
         cubin = os.path.join(tmp, "inst.cubin")
         ptxas = subprocess.run(
             [nvcc, "-std=c++17", f"-arch={arch}", "-I" + ROOT, *defines,
+             *(["-lineinfo"] if top else []),
              "-cubin", "-o", cubin, source, "-Xptxas", "-v"],
             capture_output=True, text=True)
         if ptxas.returncode != 0:
@@ -171,6 +236,12 @@ def main(argv):
                           f"{spills} bytes spilled")
         sass = subprocess.run([cuobjdump, "-sass", cubin], check=True,
                               capture_output=True, text=True).stdout
+        lines = {}
+        if top:
+            lines = line_map(subprocess.run(
+                [tool("nvdisasm", "NVDISASM"), "--print-line-info", cubin],
+                check=True, capture_output=True, text=True).stdout)
+    sources = source_scan().Sources(ROOT) if top else None
     if summary:
         for name, total, found in loops(sass, pattern):
             registers, spills = usage.get(name, ("?", "?"))
@@ -183,6 +254,9 @@ def main(argv):
                 line += (f"; tile loop {start:#x}-{end:#x}: {length} "
                          f"instructions, {ops['LDL'] + ops['STL']} spill")
             print(line)
+            if tile and top:
+                print("\n".join(attribute(tile[0], tile[1],
+                                          lines.get(name, {}), sources, top)))
         return 0
     for name, total, found in loops(sass, pattern):
         print(f"{name}: {total} instructions")

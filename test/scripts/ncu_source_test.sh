@@ -7,7 +7,8 @@
 #     *_not_issued counters left out), instructions executed, the
 #     functions (a constructor with an initializer list, a member function,
 #     a kernel under __launch_bounds__, a lambda's line counted in its
-#     enclosing function, nothing from a macro, a comment or a string),
+#     enclosing function, a template with a default argument, nothing from
+#     a macro, a comment or a string),
 #     the lines with their source text, the instructions with --sass.
 #  2. --kernel picks a kernel; one that matches none exits 1.
 #  3. --dump of the records reads back to the same table; a gzip dump too.
@@ -55,6 +56,10 @@ __global__ void __launch_bounds__(128, 4) decodeThing(const float *p) {
     });
   }
 }
+template <int kHeads = 4, int kBlocks>
+__device__ void rescale(float (&o)[kBlocks][4], float r) {
+  o[0][0] *= r;
+}
 CUH
 
 # Two launches of decodeThing<4> and one of decodeOther. Instructions:
@@ -62,7 +67,8 @@ CUH
 # constexpr), 0x30 line 20 (the lambda f: decodeThing), 0x40 line 24 (the
 # lambda passed to combine: decodeThing), 0x50 no line; decodeOther's
 # path is a build folder's (scripts/gpu-pack.sh compiles in build-gpu-90a),
-# shown from the root.
+# shown from the root; its 0x20 is in a template with a default argument
+# (no assignment: the function rescale).
 cat > "$scratch/records.json" <<JSON
 {"format": "kvc-ncu-source 1", "launches": [
  {"name": "decodeThing<4>", "duration_ns": 10000,
@@ -84,8 +90,9 @@ cat > "$scratch/records.json" <<JSON
    "smsp__pcsamp_warps_issue_stalled_long_scoreboard": {"0x20": 100},
    "smsp__pcsamp_warps_issue_stalled_wait": {"0x30": 50}}},
  {"name": "decodeOther", "duration_ns": null,
-  "pcs": {"0x10": ["EXIT", "/elsewhere/build-gpu-90a/../runtime/kernel.cuh", 13]},
-  "counters": {"smsp__pcsamp_warps_issue_stalled_selected": {"0x10": 5}}}
+  "pcs": {"0x10": ["EXIT", "/elsewhere/build-gpu-90a/../runtime/kernel.cuh", 13],
+          "0x20": ["FMUL R1, R1, R2", "/elsewhere/build-gpu-90a/../runtime/kernel.cuh", 30]},
+  "counters": {"smsp__pcsamp_warps_issue_stalled_selected": {"0x10": 5, "0x20": 3}}}
 ]}
 JSON
 
@@ -119,15 +126,19 @@ instructions, the 2 with the most samples:
         150  21.4%  0x0040  HMMA.16816 R10, R12, R14, R10  (runtime/kernel.cuh:24)  math_pipe_throttle 67%, selected 20%, long_scoreboard 13%
 
 == decodeOther
-1 launch, 5 warp samples
+1 launch, 8 warp samples
 reasons: selected 100.0%
 functions (samples, share, largest reasons):
-          5 100.0%  step (runtime/kernel.cuh:8)  selected 100%
+          5  62.5%  step (runtime/kernel.cuh:8)  selected 100%
+          3  37.5%  rescale (runtime/kernel.cuh:29)  selected 100%
 lines, the 4 with the most samples:
-          5 100.0%  runtime/kernel.cuh:13 [step]  selected 100%
+          5  62.5%  runtime/kernel.cuh:13 [step]  selected 100%
              | return y + b;
+          3  37.5%  runtime/kernel.cuh:30 [rescale]  selected 100%
+             | o[0][0] *= r;
 instructions, the 2 with the most samples:
-          5 100.0%  0x0010  EXIT  (runtime/kernel.cuh:13)  selected 100%
+          5  62.5%  0x0010  EXIT  (runtime/kernel.cuh:13)  selected 100%
+          3  37.5%  0x0020  FMUL R1, R1, R2  (runtime/kernel.cuh:30)  selected 100%
 
 TXT
 diff "$scratch/expected.txt" "$scratch/all.txt" > "$scratch/all.diff" ||
