@@ -204,29 +204,19 @@ _ATTRIBUTES = re.compile(r"\b(?:__launch_bounds__|__align__|alignas|"
                          r"__attribute__|__declspec)\s*\(")
 
 
-def _strip_templates(head):
-    """head without its template headers (template <int G = 4>), whose
-    default arguments are no assignments."""
+_TEMPLATE = re.compile(r"\btemplate\s*<")
+
+
+def _strip(head, opening, brackets):
+    """head without each match of the regex `opening` (which ends with an
+    open bracket) and all up to the bracket that closes it."""
     while True:
-        m = re.search(r"\btemplate\s*<", head)
+        m = opening.search(head)
         if not m:
             return head
         depth, i = 1, m.end()
         while i < len(head) and depth:
-            depth += {"<": 1, ">": -1}.get(head[i], 0)
-            i += 1
-        head = head[:m.start()] + " " + head[i:]
-
-
-def _strip_attributes(head):
-    """head without attribute calls (__launch_bounds__(...) and the like)."""
-    while True:
-        m = _ATTRIBUTES.search(head)
-        if not m:
-            return head
-        depth, i = 1, m.end()
-        while i < len(head) and depth:
-            depth += {"(": 1, ")": -1}.get(head[i], 0)
+            depth += {brackets[0]: 1, brackets[1]: -1}.get(head[i], 0)
             i += 1
         head = head[:m.start()] + " " + head[i:]
 
@@ -235,7 +225,9 @@ def _function_name(head):
     """The name a definition's head declares, or None when the brace that
     follows it opens no function body (a control statement, a class, a
     lambda, an initializer)."""
-    head = _strip_attributes(_strip_templates(head))
+    # Template headers (whose default arguments are no assignments) and
+    # attribute calls such as __launch_bounds__(...) name nothing.
+    head = _strip(_strip(head, _TEMPLATE, "<>"), _ATTRIBUTES, "()")
     depth = 0
     for i, c in enumerate(head):
         if c == "(":
