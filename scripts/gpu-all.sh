@@ -26,8 +26,12 @@
 #        int2 decodes), KVC_GPU_ALL_ARCHIVE=FILE (after every phase, the
 #        whole output folder as one gzip tar archive FILE, replaced
 #        whole: one file to fetch from a machine that returns few, and
-#        what a run stopped from outside had finished), KVC_GPU_BIN and the
-#        other variables of the scripts it runs.
+#        what a run stopped from outside had finished; when it would be
+#        larger than KVC_GPU_ALL_ARCHIVE_MAX bytes, default 15 MiB, under
+#        the 16 MiB a file that the device tool returns may have, its
+#        largest files are left out, one at a time, until it is not, and
+#        OUT/left-out.txt in it names them), KVC_GPU_BIN and the other
+#        variables of the scripts it runs.
 # Output: OUT/summary.txt (one line per phase: status and seconds); without
 #        a plan OUT/test.log, OUT/gpu-bench.txt (+ .csv), OUT/profile.log
 #        and OUT/ncu-*.txt (with KVC_GPU_ALL_PROFILE=1), OUT/memcheck.log,
@@ -44,6 +48,11 @@ plan=${2:-}
 out=$(realpath -m "${KVC_GPU_ALL_OUT:-$root/build/gpu-all}")
 archive=
 [ -n "${KVC_GPU_ALL_ARCHIVE:-}" ] && archive=$(realpath -m "$KVC_GPU_ALL_ARCHIVE")
+archive_max=${KVC_GPU_ALL_ARCHIVE_MAX:-15728640}
+if ! [[ $archive_max =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu-all: KVC_GPU_ALL_ARCHIVE_MAX is '$archive_max', not a number of bytes" >&2
+  exit 2
+fi
 case $archive in
   "$out"/*)
     echo "gpu-all: the archive $archive is inside the folder it archives ($out)" >&2
@@ -114,11 +123,35 @@ fi
 } >> "$summary"
 
 # keep: the output folder as the archive KVC_GPU_ALL_ARCHIVE, written
-# beside it and renamed, so that the archive is never half written.
+# beside it and renamed, so that the archive is never half written; the
+# largest files left out while it is over archive_max bytes, and named in
+# OUT/left-out.txt.
 keep() {
   [ -n "$archive" ] || return 0
   mkdir -p "$(dirname "$archive")"
-  tar -C "$out" -czf "$archive.partial" . && mv -f "$archive.partial" "$archive"
+  local excludes=() file size
+  rm -f "$out/left-out.txt"
+  while :; do
+    tar -C "$out" -czf "$archive.partial" "${excludes[@]}" . || return 1
+    size=$(stat -c %s "$archive.partial")
+    [ "$size" -le "$archive_max" ] && break
+    file=$(cd "$out" && find . -type f ! -name left-out.txt -printf '%s %p\n' |
+             sort -rn | while read -r bytes path; do
+               case " ${excludes[*]} " in
+                 *" --exclude=$path "*) ;;
+                 *) echo "$bytes $path"; break ;;
+               esac
+             done)
+    if [ -z "$file" ]; then
+      echo "gpu-all: the archive is $size bytes, over $archive_max, with" \
+           "every file left out" >&2
+      break
+    fi
+    excludes+=("--exclude=${file#* }")
+    echo "${file#* } (${file%% *} bytes): left out of the archive, over" \
+         "$archive_max bytes with it" >> "$out/left-out.txt"
+  done
+  mv -f "$archive.partial" "$archive"
 }
 
 failed=0

@@ -22,6 +22,9 @@
 #     line (exit 2).
 #  8. The bundled plan of the next GPU run (scripts/gpu-plans/next.plan):
 #     every phase's command runs against the stand-ins.
+#  9. An archive that would be over KVC_GPU_ALL_ARCHIVE_MAX leaves its
+#     largest file out and names it; a maximum that is no number is
+#     refused (exit 2).
 # Usage: gpu_all_test.sh SOURCE_DIR SCRATCH_DIR
 set -uo pipefail
 src=$1
@@ -249,4 +252,29 @@ if grep -q "kvc-gpu-tests-g1" "$scratch/next/kivi-sanitize.log"; then
   fail "next.plan: KVC_SANITIZE_SUBSET=kernel ran the policy tests"
 fi
 
-echo "gpu-all: 8 scenarios passed (slow sweep stopped after $took s)"
+# 9. An archive over KVC_GPU_ALL_ARCHIVE_MAX: its largest file is left
+# out (and named in left-out.txt), the rest kept; a bad maximum is refused.
+cat > "$scratch/big.plan" <<'PLAN'
+files 30 mkdir -p "$KVC_GPU_ALL_OUT/sub" && head -c 400000 /dev/urandom > "$KVC_GPU_ALL_OUT/sub/big.bin" && head -c 200000 /dev/urandom > "$KVC_GPU_ALL_OUT/mid.bin" && echo small > "$KVC_GPU_ALL_OUT/small.txt"
+PLAN
+KVC_GPU_ALL_OUT=$scratch/big KVC_GPU_ALL_ARCHIVE=$scratch/big.tgz KVC_GPU_ALL_ARCHIVE_MAX=350000 \
+  "$src/scripts/gpu-all.sh" 60 "$scratch/big.plan" > "$scratch/big.log" 2>&1
+status=$?
+[ "$status" -eq 0 ] || fail "large archive: exit $status; $(cat "$scratch/big.log")"
+members=$(tar -tzf "$scratch/big.tgz" | sort | tr '\n' ' ')
+for f in ./summary.txt ./files.log ./small.txt ./mid.bin ./left-out.txt; do
+  case " $members" in *" $f "*) ;; *) fail "large archive: no $f in $members" ;; esac
+done
+case " $members" in *" ./sub/big.bin "*) fail "large archive: big.bin kept: $members" ;; esac
+[ "$(stat -c %s "$scratch/big.tgz")" -le 350000 ] || fail "large archive: over its maximum"
+[ "$(tar -xzOf "$scratch/big.tgz" ./left-out.txt)" = \
+  "./sub/big.bin (400000 bytes): left out of the archive, over 350000 bytes with it" ] ||
+  fail "large archive: left-out.txt: $(tar -xzOf "$scratch/big.tgz" ./left-out.txt)"
+KVC_GPU_ALL_OUT=$scratch/bigbad KVC_GPU_ALL_ARCHIVE=$scratch/bigbad.tgz KVC_GPU_ALL_ARCHIVE_MAX=15M \
+  "$src/scripts/gpu-all.sh" 60 "$scratch/big.plan" > "$scratch/bigbad.log" 2>&1
+status=$?
+[ "$status" -eq 2 ] || fail "bad archive maximum: exit $status (expected 2)"
+grep -q "KVC_GPU_ALL_ARCHIVE_MAX is '15M', not a number of bytes" "$scratch/bigbad.log" ||
+  fail "bad archive maximum: $(cat "$scratch/bigbad.log")"
+
+echo "gpu-all: 9 scenarios passed (slow sweep stopped after $took s)"
