@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/Emitter.h"
+#include "codegen/KernelEmitterBase.h"
 
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/DenseMap.h"
@@ -21,112 +22,15 @@
 using namespace mlir;
 using namespace kvc;
 
-//===----------------------------------------------------------------------===//
-// Shared helpers
-//===----------------------------------------------------------------------===//
-
-std::string kvc::dtypeEnumerator(Type type) {
-  if (type.isF16())
-    return "KVC_DTYPE_F16";
-  if (type.isBF16())
-    return "KVC_DTYPE_BF16";
-  return "KVC_DTYPE_F32";
-}
-
-FailureOr<RuntimeStorage> kvc::mapStorage(Operation *op, FormatAttr key,
-                                          FormatAttr value,
-                                          IntegerAttr residual) {
-  RuntimeStorage storage;
-  auto unsupported = [&](StringRef why) {
-    return op->emitOpError() << "storage formats " << key << " / " << value
-                             << " have no runtime format: " << why;
-  };
-  if (key.isFull() && value.isFull())
-    return storage;
-  if (key.getKind() != value.getKind())
-    return unsupported("the runtime stores keys and values of a context in "
-                       "one format kind");
-  switch (key.getKind()) {
-  case FormatKind::int2:
-  case FormatKind::int4:
-    if (key.getAxis() != QuantAxis::per_channel ||
-        value.getAxis() != QuantAxis::per_token ||
-        key.getGroup() != value.getGroup())
-      return unsupported("low-bit storage is KIVI's: per-channel keys and "
-                         "per-token values with one group size");
-    storage.format = key.getKind() == FormatKind::int2 ? "KVC_FORMAT_KIVI_INT2"
-                                                       : "KVC_FORMAT_KIVI_INT4";
-    storage.groupSize = key.getGroup();
-    storage.residual = residual ? residual.getInt() : 0;
-    return storage;
-  case FormatKind::int8:
-    if (key.getAxis() != QuantAxis::per_token ||
-        value.getAxis() != QuantAxis::per_token || key.getGroup() != 0 ||
-        value.getGroup() != 0)
-      return unsupported("int8 storage is per token, ungrouped");
-    storage.format = "KVC_FORMAT_INT8";
-    return storage;
-  case FormatKind::fp8_e4m3:
-    if (key.getAxis() != QuantAxis::per_token ||
-        value.getAxis() != QuantAxis::per_token)
-      return unsupported("fp8 storage has one scale per token");
-    storage.format = "KVC_FORMAT_FP8_E4M3";
-    return storage;
-  case FormatKind::full:
-    break;
-  }
-  return unsupported("mixed full and quantized storage");
-}
-
 namespace {
 
 
-/// The C name of a kernel's entry point.
-std::string entryName(PolicyOp policy, KernelOp kernel, StringRef target) {
-  return ("kvc_" + policy.getSymName() + "_" + target + "_" +
-          stringifyKernelKind(kernel.getKind()))
-      .str();
-}
-
 /// Emits the body of one kernel function.
-class KernelEmitter {
+class KernelEmitter : public KernelEmitterBase {
 public:
   KernelEmitter(PolicyOp policy, KernelOp kernel, AsmState &asmState)
-      : policy(policy), kernel(kernel), geometry(policy.getGeometryAttr()),
-        asmState(asmState), decode(isDecodeKernel(kernel)),
-        name(entryName(policy, kernel, "cpu")) {}
-
-  /// The C declaration of the entry point (without a trailing ';').
-  std::string declaration() {
-    std::string s = "kvc_status_t " + name + "(kvc_context_t *context, "
-                    "uint64_t sequence, int32_t layer, ";
-    if (decode)
-      s += "const float *q, ";
-    else
-      s += "int32_t n, const float *q, ";
-    if (kernel.getKind() != KernelKind::decode_scoring)
-      s += "const float *k, const float *v, ";
-    s += decode ? "int32_t position, " : "const int32_t *positions, ";
-    if (writesOutput(kernel))
-      s += "float *out, ";
-    s += "void *workspace, uint64_t workspace_bytes)";
-    return s;
-  }
-
-  std::string workspaceDeclaration() {
-    return "uint64_t " + name + "_workspace_bytes(int32_t " +
-           (decode ? "num_slots" : "n") + ")";
-  }
-
-  /// Decode: the entry point of a batch of sequences, one step each (the
-  /// same arguments as the CUDA backend's, less the stream).
-  std::string batchDeclaration() {
-    return batchDecodeDeclaration(name, kernel, /*stream=*/false);
-  }
-
-  std::string batchWorkspaceDeclaration() {
-    return kvc::batchWorkspaceDeclaration(name);
-  }
+      : KernelEmitterBase(policy, kernel, asmState, "cpu"),
+        geometry(policy.getGeometryAttr()) {}
 
   /// A one-paragraph description for the header.
   std::string documentation();
@@ -188,40 +92,6 @@ private:
                              const std::string &position,
                              const std::string &out);
 
-  /// A score buffer of the current head: `perQuery` ones hold G rows.
-  struct Buffer {
-    std::string name;
-    bool perQuery;
-  };
-
-  std::string newFloatBuffer(bool perQuery) {
-    std::string bufferName = "s" + std::to_string(floatBuffers.size());
-    floatBuffers.push_back({bufferName, perQuery});
-    return bufferName;
-  }
-
-  /// Declares an alias of `value` to an existing buffer.
-  void bind(Value value, const std::string &bufferName, bool perQuery) {
-    values[value] = {bufferName, perQuery};
-  }
-
-  std::string opComment(Operation *op) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    op->print(os, asmState);
-    return "// " + text;
-  }
-
-  LogicalResult unsupported(Operation *op, StringRef why = "") {
-    InFlightDiagnostic diag = op->emitOpError()
-                              << "is not supported by the cpu emitter in a "
-                              << stringifyKernelKind(kernel.getKind())
-                              << " kernel yet";
-    if (!why.empty())
-      diag << ": " << why;
-    return diag;
-  }
-
   LogicalResult emitStage(Operation *op, raw_ostream &os);
   /// True if every user of `op` runs after the loop it is emitted in.
   bool usedOnlyAcrossHeads(Operation *op) {
@@ -235,26 +105,7 @@ private:
   /// Emits `body` once per query head row of a per-query buffer, or once.
   void forRows(raw_ostream &os, bool perQuery, const std::string &body);
 
-  PolicyOp policy;
-  KernelOp kernel;
   GeometryAttr geometry;
-  AsmState &asmState;
-  bool decode;
-  std::string name;
-
-  llvm::DenseMap<Value, Buffer> values;
-  llvm::DenseMap<Value, std::string> budgets;
-  /// The expression of every head-independent budget, so that a loop other
-  /// than the one that declared it can recompute it.
-  llvm::DenseMap<Value, std::string> budgetExprs;
-  SmallVector<Buffer> floatBuffers;
-  AttentionPassOp attention;
-  /// The op that needs every head of the layer (kvc.layer_reduce,
-  /// kvc.budget_adaptive): the kernel then runs two loops over the heads,
-  /// before and after it.
-  Operation *crossOp = nullptr;
-  /// The merge that folds evicted prompt entries into kept ones, if any.
-  Operation *merge = nullptr;
   /// The kernel's append, if any (a decode step's new entry).
   AppendOp appendOp;
   /// The heads function of a decode kernel reads `position`.
@@ -320,9 +171,7 @@ void KernelEmitter::emitBatch(raw_ostream &out) {
       << " || !workspace)\n"
       << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << batchName
       << ": null argument\");\n";
-  out << "  if (layer < 0 || layer >= kLayers)\n"
-      << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << batchName
-      << ": layer out of range\");\n";
+  out << layerCheck(batchName);
   out << batchSequenceChecks(batchName);
   out << "  kvc_config_t config;\n"
          "  KVC_CPU_TRY(kvc_context_config(context, &config));\n"
@@ -582,8 +431,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         if (decode) {
           // Periodic: the running sum over the window, already the group
           // mean; the window's own entries score 0 as at prefill.
-          std::string b = newFloatBuffer(false);
-          bind(window, b, false);
+          std::string b = define(window, false);
           os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
              << "[i] = positions[i] == KVC_POSITION_NONE ? kvc::cpu::kNegInf "
                 ": positions[i] > position - kWindow ? 0.0f : "
@@ -596,8 +444,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           return success();
         }
         // Sum over the window divided by the window queries that see i.
-        std::string b = newFloatBuffer(true);
-        bind(window, b, true);
+        std::string b = define(window, true);
         os << "    for (int32_t g = 0; g < kGroup; ++g)\n"
               "      for (int32_t i = 0; i < n; ++i) {\n"
               "        const int32_t w = std::min(kWindow, n);\n"
@@ -617,8 +464,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
             bind(acc, "accumulated", true);
             return success();
           }
-          std::string b = newFloatBuffer(true);
-          bind(acc, b, true);
+          std::string b = define(acc, true);
           os << "    for (int32_t g = 0; g < kGroup; ++g)\n"
                 "      for (int32_t i = 0; i < n; ++i)\n"
                 "        "
@@ -627,8 +473,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         }
         // Decode: the state is already reduced over the group; the
         // kvc.group_reduce that follows is an alias.
-        std::string b = newFloatBuffer(false);
-        bind(acc, b, false);
+        std::string b = define(acc, false);
         os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
            << "[i] = positions[i] == KVC_POSITION_NONE ? kvc::cpu::kNegInf : "
            << (acc.getVisibleNormalized()
@@ -638,8 +483,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](AttnPersistenceOp persistence) -> LogicalResult {
-        std::string b = newFloatBuffer(false);
-        bind(persistence, b, false);
+        std::string b = define(persistence, false);
         if (decode)
           os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
              << "[i] = positions[i] == KVC_POSITION_NONE ? kvc::cpu::kNegInf "
@@ -652,8 +496,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](RecencyOp recency) -> LogicalResult {
-        std::string b = newFloatBuffer(false);
-        bind(recency, b, false);
+        std::string b = define(recency, false);
         os << "    for (int32_t i = 0; i < n; ++i)\n      " << b
            << "[i] = static_cast<float>(positions[i]);\n";
         return success();
@@ -661,8 +504,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](KeyNormOp keyNorm) -> LogicalResult {
         if (decode)
           return unsupported(op);
-        std::string b = newFloatBuffer(false);
-        bind(keyNorm, b, false);
+        std::string b = define(keyNorm, false);
         os << "    kvc::cpu::rowNorms(kh, kKvStride, n, kHeadDim, 2, " << b
            << ");\n";
         return success();
@@ -670,8 +512,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](ValueNormOp valueNorm) -> LogicalResult {
         if (decode)
           return unsupported(op);
-        std::string b = newFloatBuffer(false);
-        bind(valueNorm, b, false);
+        std::string b = define(valueNorm, false);
         os << "    kvc::cpu::rowNorms(vh, kKvStride, n, kHeadDim, "
            << valueNorm.getP() << ", " << b << ");\n";
         return success();
@@ -679,8 +520,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](KeyDiversityOp diversity) -> LogicalResult {
         if (decode)
           return unsupported(op);
-        std::string b = newFloatBuffer(false);
-        bind(diversity, b, false);
+        std::string b = define(diversity, false);
         os << "    kvc::cpu::keyDiversity(kh, kKvStride, n, kHeadDim, " << b
            << ");\n";
         return success();
@@ -689,8 +529,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         if (decode)
           return unsupported(op, "slots are not in token order at decode");
         Buffer in = values.lookup(pool.getInput());
-        std::string b = newFloatBuffer(in.perQuery);
-        bind(pool, b, in.perQuery);
+        std::string b = define(pool, in.perQuery);
         std::string fn = pool.getKind() == PoolKind::avg ? "poolAvg" : "poolMax";
         std::string offset = in.perQuery ? " + g * n" : "";
         forRows(os, in.perQuery,
@@ -713,16 +552,14 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
                                "the attention pass.\n");
           return success();
         }
-        std::string b = newFloatBuffer(false);
-        bind(reduce, b, false);
+        std::string b = define(reduce, false);
         os << "    kvc::cpu::groupReduce(" << in.name << ", kGroup, n, "
            << reduceEnumerator("cpu", reduce.getKind()) << ", " << b << ");\n";
         return success();
       })
       .Case([&](NormalizeOp norm) -> LogicalResult {
         Buffer in = values.lookup(norm.getInput());
-        std::string b = newFloatBuffer(in.perQuery);
-        bind(norm, b, in.perQuery);
+        std::string b = define(norm, in.perQuery);
         std::string offset = in.perQuery ? " + g * n" : "";
         forRows(os, in.perQuery,
                 "kvc::cpu::normalize(" + in.name + offset +
@@ -732,8 +569,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](ProtectOp protect) -> LogicalResult {
         Buffer in = values.lookup(protect.getInput());
-        std::string b = newFloatBuffer(in.perQuery);
-        bind(protect, b, in.perQuery);
+        std::string b = define(protect, in.perQuery);
         std::string offset = in.perQuery ? " + g * n" : "";
         forRows(os, in.perQuery,
                 "kvc::cpu::protect(" + in.name + offset + ", positions, n, " +
@@ -744,8 +580,7 @@ LogicalResult KernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](CombineOp combine) -> LogicalResult {
         bool perQuery = isQueryScore(combine.getResult());
-        std::string b = newFloatBuffer(perQuery);
-        bind(combine, b, perQuery);
+        std::string b = define(combine, perQuery);
         std::string expr;
         for (auto [i, input] : llvm::enumerate(combine.getInputs())) {
           std::string term = values.lookup(input).name + "[i]";
@@ -1097,25 +932,10 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
       << (writesOutput(kernel) ? " || !out" : "") << " || !workspace)\n"
       << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
       << ": null argument\");\n";
-  pro << "  if (layer < 0 || layer >= kLayers)\n"
-      << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
-      << ": layer out of range\");\n";
-  if (!decode) {
-    pro << "  if (n <= 0)\n"
-        << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
-        << ": the prompt is empty\");\n";
-    pro << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
-        << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \"" << name
-        << ": workspace smaller than " << name << "_workspace_bytes(n)\");\n";
-  }
-  pro << "  kvc_config_t config;\n"
-         "  KVC_CPU_TRY(kvc_context_config(context, &config));\n"
-         "  if (config.num_layers != kLayers || config.num_q_heads != kQHeads "
-         "||\n"
-         "      config.num_kv_heads != kKvHeads || config.head_dim != "
-         "kHeadDim)\n"
-      << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
-      << ": the context's geometry is not the policy's\");\n";
+  pro << layerCheck(name);
+  if (!decode)
+    pro << promptChecks(name);
+  pro << contextGeometryCheck(name, "KVC_CPU_TRY");
   llvm::raw_string_ostream out(loops);
 
   // Cross-head kernels: the region kept between the loops comes first.
@@ -1265,25 +1085,17 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
 
 LogicalResult kvc::emitCpp(PolicyOp policy,
                            SmallVectorImpl<EmittedFile> &files) {
+  FailureOr<SmallVector<KernelOp>> formed = formedKernels(policy);
+  if (failed(formed))
+    return failure();
+  const SmallVector<KernelOp> &kernels = *formed;
   GeometryAttr geometry = policy.getGeometryAttr();
   std::string p = policy.getSymName().str();
-  SmallVector<KernelOp> kernels(policy.getBody().front().getOps<KernelOp>());
-  if (!geometry || kernels.empty())
-    return policy.emitOpError()
-           << "has no kernels; run kvc-specialize and kvc-form-kernels first";
 
   // Storage: every kernel that writes entries agrees on the format.
-  FailureOr<RuntimeStorage> storage = RuntimeStorage();
-  for (KernelOp kernel : kernels)
-    for (Operation &op : kernel.getBody().front()) {
-      if (auto g = dyn_cast<GatherOp>(op))
-        storage = mapStorage(g, g.getKey(), g.getValue(), g.getResidualAttr());
-      if (auto a = dyn_cast<AppendOp>(op))
-        storage = mapStorage(a, a.getKey(), a.getValue(), a.getResidualAttr());
-      if (failed(storage))
-        return failure();
-    }
-  addLowClass(kernels, *storage);
+  FailureOr<RuntimeStorage> storage = policyStorage(kernels);
+  if (failed(storage))
+    return failure();
 
   // Constants of the policy, one per folded parameter.
   std::string constants = policyConstants(kernels, "cpu");
@@ -1291,37 +1103,19 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
   AsmState asmState(policy);
   std::string source, header;
   llvm::raw_string_ostream src(source), hdr(header);
-  std::string guard = "KVC_GENERATED_" + llvm::StringRef(p).upper() + "_CPU_H";
-  std::string geometryText;
-  llvm::raw_string_ostream(geometryText) << geometry;
 
-  hdr << "/* Generated by kvc-opt --kvc-emit=target=cpu from policy @" << p
-      << ". Do not edit. */\n"
-      << "/* " << geometryText << " */\n\n"
-      << "#ifndef " << guard << "\n#define " << guard << "\n\n"
-      << "#include \"runtime/kvc_runtime.h\"\n\n"
-      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  hdr << headerOpening(policy, "cpu");
   hdr << "/// Fills the geometry and storage fields of a runtime configuration "
          "for\n/// this policy; the caller chooses page_size (a multiple of "
          "the KIVI group\n/// when quantized), num_pages, max_sequences and "
          "memory.\n";
   hdr << "void kvc_" << p << "_cpu_configure(kvc_config_t *config);\n\n";
 
-  src << "// Generated by kvc-opt --kvc-emit=target=cpu from policy @" << p
-      << ". Do not edit.\n"
-      << "// " << geometryText << "\n"
-      << "// Kernels:";
-  for (KernelOp kernel : kernels)
-    src << " " << stringifyKernelKind(kernel.getKind());
-  src << ".\n\n#include \"kvc_" << p << "_cpu.h\"\n\n"
+  src << sourceOpening(policy, kernels, "cpu");
+  src << "\n\n#include \"kvc_" << p << "_cpu.h\"\n\n"
       << "#include \"runtime/kvc_cpu.h\"\n\n"
       << "namespace {\n"
-      << "constexpr int32_t kLayers = " << geometry.getLayers() << ";\n"
-      << "constexpr int32_t kQHeads = " << geometry.getQHeads() << ";\n"
-      << "constexpr int32_t kKvHeads = " << geometry.getKvHeads() << ";\n"
-      << "/// Query heads per kv-head (GQA group).\n"
-      << "constexpr int32_t kGroup = " << geometry.getGroupSize() << ";\n"
-      << "constexpr int32_t kHeadDim = " << geometry.getHeadDim() << ";\n"
+      << geometryConstants(geometry)
       << "/// Row strides of prompt tensors, in floats.\n"
       << "constexpr int64_t kQStride = kQHeads * kHeadDim;\n"
       << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
@@ -1370,8 +1164,7 @@ LogicalResult kvc::emitCpp(PolicyOp policy,
     }
   }
   src << "} // extern \"C\"\n";
-  hdr << "#ifdef __cplusplus\n} /* extern \"C\" */\n#endif\n\n#endif /* "
-      << guard << " */\n";
+  hdr << headerClosing(policy, "cpu");
 
   files.push_back({"kvc_" + p + "_cpu.h", header});
   files.push_back({"kvc_" + p + "_cpu.cpp", source});

@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/Emitter.h"
+#include "codegen/KernelEmitterBase.h"
 
 #include "mlir/IR/AsmState.h"
 #include "llvm/ADT/DenseMap.h"
@@ -46,7 +47,7 @@ std::string camelKind(KernelKind kind) {
 
 /// Emits the stages kernel, the workspace and the host entry point of one
 /// kernel of a policy.
-class CudaKernelEmitter {
+class CudaKernelEmitter : public KernelEmitterBase {
 public:
   /// KIVI storage: the runtime records the quantization work of appends
   /// (kvc_kivi_pending_work) and the kernels perform it.
@@ -57,45 +58,9 @@ public:
   bool mixed = false;
 
   CudaKernelEmitter(PolicyOp policy, KernelOp kernel, AsmState &asmState)
-      : policy(policy), kernel(kernel), asmState(asmState),
-        decode(isDecodeKernel(kernel)),
-        name(("kvc_" + policy.getSymName() + "_cuda_" +
-              stringifyKernelKind(kernel.getKind()))
-                 .str()),
+      : KernelEmitterBase(policy, kernel, asmState, "cuda"),
         camel(camelKind(kernel.getKind())),
         periodic(decode && kernel.getTrigger() == Trigger::every_n) {}
-
-  /// The C declaration of the entry point (without a trailing ';').
-  std::string declaration() {
-    std::string s = "kvc_status_t " + name + "(kvc_context_t *context, "
-                    "uint64_t sequence, int32_t layer, ";
-    if (decode)
-      s += "const float *q, ";
-    else
-      s += "int32_t n, const float *q, ";
-    if (kernel.getKind() != KernelKind::decode_scoring)
-      s += "const float *k, const float *v, ";
-    s += decode ? "int32_t position, " : "const int32_t *positions, ";
-    if (writesOutput(kernel))
-      s += "float *out, ";
-    s += "void *workspace, uint64_t workspace_bytes, void *stream)";
-    return s;
-  }
-
-  std::string workspaceDeclaration() {
-    return "uint64_t " + name + "_workspace_bytes(int32_t " +
-           (decode ? "num_slots" : "n") + ")";
-  }
-
-  /// Decode: the entry point of a batch of sequences, one step each, in one
-  /// launch per kernel (the single-sequence entry is a batch of one).
-  std::string batchDeclaration() {
-    return batchDecodeDeclaration(name, kernel, /*stream=*/true);
-  }
-
-  std::string batchWorkspaceDeclaration() {
-    return kvc::batchWorkspaceDeclaration(name);
-  }
 
   /// Decode: the step split for CUDA graphs (planDeclaration,
   /// runDeclaration, finishDeclaration): a decode kernel whose launches
@@ -155,40 +120,6 @@ public:
   LogicalResult emit(raw_ostream &dev, raw_ostream &host);
 
 private:
-  /// A score buffer of the current head: `perQuery` ones hold G rows
-  /// `stride` floats apart.
-  struct Buffer {
-    std::string name;
-    bool perQuery;
-  };
-
-  std::string newFloatBuffer(bool perQuery) {
-    std::string bufferName = "s" + std::to_string(floatBuffers.size());
-    floatBuffers.push_back({bufferName, perQuery});
-    return bufferName;
-  }
-
-  void bind(Value value, const std::string &bufferName, bool perQuery) {
-    values[value] = {bufferName, perQuery};
-  }
-
-  std::string opComment(Operation *op) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    op->print(os, asmState);
-    return "// " + text;
-  }
-
-  LogicalResult unsupported(Operation *op, StringRef why = "") {
-    InFlightDiagnostic diag = op->emitOpError()
-                              << "is not supported by the cuda emitter in a "
-                              << stringifyKernelKind(kernel.getKind())
-                              << " kernel yet";
-    if (!why.empty())
-      diag << ": " << why;
-    return diag;
-  }
-
   /// Emits `call` once per row of a per-query buffer (with `+ g * stride`
   /// offsets substituted for "@"), or once.
   void forRows(raw_ostream &os, bool perQuery, const std::string &call);
@@ -232,11 +163,6 @@ private:
   void emitDecodeEntry(raw_ostream &os, DecodePart part = DecodePart::Whole);
   void emitValidation(raw_ostream &os, DecodePart part = DecodePart::Whole);
 
-  PolicyOp policy;
-  KernelOp kernel;
-  AsmState &asmState;
-  bool decode;
-  std::string name;
   std::string camel;
   /// The name of one of the kernel's generated device functions: `camel`
   /// with a lower-case first letter, then `suffix` (decodeFold,
@@ -247,22 +173,11 @@ private:
     return n + suffix.str();
   }
 
-  llvm::DenseMap<Value, Buffer> values;
-  llvm::DenseMap<Value, std::string> budgets;
   /// The declaration of each per-kernel budget, repeated in the stages
   /// kernel after a cross-head op when that kernel reads it.
   llvm::DenseMap<Value, std::string> budgetDecls;
-  /// The expression of each budget that is the same for every head.
-  llvm::DenseMap<Value, std::string> budgetExprs;
-  SmallVector<Buffer> floatBuffers;
   /// Namespace-scope device declarations (head class tables).
   std::string deviceDecls;
-  /// The op that needs every head of the layer (kvc.layer_reduce,
-  /// kvc.budget_adaptive): the stages run in two kernels around it.
-  Operation *crossOp = nullptr;
-  /// The merge of evicted prompt entries into kept ones.
-  Operation *merge = nullptr;
-  AttentionPassOp attention;
   AppendOp append;
   GatherOp gather;
   /// The kernel's stages include a selection (kvc.topk).
@@ -813,8 +728,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         if (decode) {
           // Periodic: the running sum over the window, already the group
           // mean; the window's own entries score 0 as at prefill.
-          std::string b = newFloatBuffer(false);
-          bind(window, b, false);
+          std::string b = define(window, false);
           elementwise(os, false, b,
                       "positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf "
                       ": " + decodeSlotScore(window));
@@ -825,8 +739,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
           return success();
         }
         // Sum over the window divided by the window queries that see i.
-        std::string b = newFloatBuffer(true);
-        bind(window, b, true);
+        std::string b = define(window, true);
         elementwise(os, true, b,
                     "windowProbs[g * stride + i] * min(kWindow, n) / "
                     "min(min(kWindow, n), n - i)");
@@ -842,16 +755,14 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
             bind(acc, "accumulated", true);
             return success();
           }
-          std::string b = newFloatBuffer(true);
-          bind(acc, b, true);
+          std::string b = define(acc, true);
           elementwise(os, true, b,
                       "accumulated[g * stride + i] / (n - i)");
           return success();
         }
         // Decode: the state is already reduced over the group; the
         // kvc.group_reduce that follows is an alias.
-        std::string b = newFloatBuffer(false);
-        bind(acc, b, false);
+        std::string b = define(acc, false);
         elementwise(os, false, b,
                     "positions[i] == KVC_POSITION_NONE ? kvc::cuda::kNegInf : " +
                         decodeSlotScore(acc));
@@ -859,8 +770,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](AttnPersistenceOp persistence) -> LogicalResult {
         // The steps with the importance bit set among the last kHistory.
-        std::string b = newFloatBuffer(false);
-        bind(persistence, b, false);
+        std::string b = define(persistence, false);
         elementwise(os, false, b,
                     decode ? "positions[i] == KVC_POSITION_NONE ? "
                              "kvc::cuda::kNegInf : " +
@@ -870,16 +780,14 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         return success();
       })
       .Case([&](RecencyOp recency) -> LogicalResult {
-        std::string b = newFloatBuffer(false);
-        bind(recency, b, false);
+        std::string b = define(recency, false);
         elementwise(os, false, b, decodeSlotScore(recency));
         return success();
       })
       .Case([&](KeyNormOp keyNorm) -> LogicalResult {
         if (decode)
           return unsupported(op);
-        std::string b = newFloatBuffer(false);
-        bind(keyNorm, b, false);
+        std::string b = define(keyNorm, false);
         os << "  kvc::cuda::rowNorms<kStageThreads>(k + h * kHeadDim, "
               "kKvStride, n, kHeadDim, 2, "
            << b << ");\n";
@@ -888,8 +796,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](ValueNormOp valueNorm) -> LogicalResult {
         if (decode)
           return unsupported(op);
-        std::string b = newFloatBuffer(false);
-        bind(valueNorm, b, false);
+        std::string b = define(valueNorm, false);
         os << "  kvc::cuda::rowNorms<kStageThreads>(v + h * kHeadDim, "
               "kKvStride, n, kHeadDim, "
            << valueNorm.getP() << ", " << b << ");\n";
@@ -898,8 +805,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       .Case([&](KeyDiversityOp diversity) -> LogicalResult {
         if (decode)
           return unsupported(op);
-        std::string b = newFloatBuffer(false);
-        bind(diversity, b, false);
+        std::string b = define(diversity, false);
         os << "  kvc::cuda::keyDiversity<kStageThreads, kHeadDim>(k + h * "
               "kHeadDim, kKvStride, n, "
            << b << ");\n";
@@ -909,8 +815,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
         if (decode)
           return unsupported(op, "slots are not in token order at decode");
         Buffer in = values.lookup(pool.getInput());
-        std::string b = newFloatBuffer(in.perQuery);
-        bind(pool, b, in.perQuery);
+        std::string b = define(pool, in.perQuery);
         forRows(os, in.perQuery,
                 "kvc::cuda::pool<kStageThreads>(" + in.name + "@, n, " +
                     std::to_string(pool.getKernel()) + ", " +
@@ -935,8 +840,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
                              "fold kernel.\n");
           return success();
         }
-        std::string b = newFloatBuffer(false);
-        bind(reduce, b, false);
+        std::string b = define(reduce, false);
         os << "  kvc::cuda::groupReduce<kStageThreads>(" << in.name
            << ", kGroup, stride, n, " << reduceEnumerator("cuda", reduce.getKind())
            << ", " << b << ");\n";
@@ -944,8 +848,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](NormalizeOp norm) -> LogicalResult {
         Buffer in = values.lookup(norm.getInput());
-        std::string b = newFloatBuffer(in.perQuery);
-        bind(norm, b, in.perQuery);
+        std::string b = define(norm, in.perQuery);
         forRows(os, in.perQuery,
                 "kvc::cuda::normalize<kStageThreads>(" + in.name +
                     "@, positions, n, " + normalizeEnumerator("cuda", norm.getKind()) +
@@ -954,8 +857,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](ProtectOp protect) -> LogicalResult {
         Buffer in = values.lookup(protect.getInput());
-        std::string b = newFloatBuffer(in.perQuery);
-        bind(protect, b, in.perQuery);
+        std::string b = define(protect, in.perQuery);
         forRows(os, in.perQuery,
                 "kvc::cuda::protect<kStageThreads>(" + in.name +
                     "@, positions, n, " + std::to_string(protect.getSinks()) +
@@ -965,8 +867,7 @@ LogicalResult CudaKernelEmitter::emitStage(Operation *op, raw_ostream &os) {
       })
       .Case([&](CombineOp combine) -> LogicalResult {
         bool perQuery = isQueryScore(combine.getResult());
-        std::string b = newFloatBuffer(perQuery);
-        bind(combine, b, perQuery);
+        std::string b = define(combine, perQuery);
         std::string index = perQuery ? "[g * stride + i]" : "[i]";
         std::string expr;
         for (auto [i, input] : llvm::enumerate(combine.getInputs())) {
@@ -1645,9 +1546,7 @@ void CudaKernelEmitter::emitValidation(raw_ostream &out, DecodePart part) {
       << " || !workspace)\n"
       << "    return kvc_report_error(KVC_STATUS_NULL_POINTER, \"" << name
       << ": null argument\");\n";
-  out << "  if (layer < 0 || layer >= kLayers)\n"
-      << "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" << name
-      << ": layer out of range\");\n";
+  out << layerCheck(name);
   if (decode && !run)
     out << batchSequenceChecks(name);
   if (run)
@@ -1658,23 +1557,9 @@ void CudaKernelEmitter::emitValidation(raw_ostream &out, DecodePart part) {
     out << "  if (capacity < 1)\n"
         << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
         << name << ": capacity must be at least one slot\");\n";
-  if (!decode) {
-    out << "  if (n <= 0)\n"
-        << "    return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
-        << name << ": the prompt is empty\");\n";
-    out << "  if (workspace_bytes < " << name << "_workspace_bytes(n))\n"
-        << "    return kvc_report_error(KVC_STATUS_BUFFER_TOO_SMALL, \""
-        << name << ": workspace smaller than " << name
-        << "_workspace_bytes(n)\");\n";
-  }
-  out << "  kvc_config_t config;\n"
-         "  KVC_CUDA_TRY(kvc_context_config(context, &config));\n"
-         "  if (config.num_layers != kLayers || config.num_q_heads != kQHeads "
-         "||\n"
-         "      config.num_kv_heads != kKvHeads || config.head_dim != "
-         "kHeadDim)\n"
-      << "    return kvc_report_error(KVC_STATUS_GEOMETRY_MISMATCH, \"" << name
-      << ": the context's geometry is not the policy's\");\n";
+  if (!decode)
+    out << promptChecks(name);
+  out << contextGeometryCheck(name, "KVC_CUDA_TRY");
   if (mixed)
     out << "  if (config.memory != KVC_MEMORY_DEVICE || config.dtype != kDtype "
            "||\n"
@@ -2474,27 +2359,18 @@ LogicalResult checkMixedPrecision(GatherOp gather, KernelOp kernel,
 FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
                                        ArrayRef<KernelOp> kernels) {
   GeometryAttr geometry = policy.getGeometryAttr();
-  FailureOr<RuntimeStorage> storage = RuntimeStorage();
   Operation *writer = nullptr;
-  for (KernelOp kernel : kernels)
-    for (Operation &op : kernel.getBody().front()) {
-      if (auto g = dyn_cast<GatherOp>(op)) {
-        storage = mapStorage(g, g.getKey(), g.getValue(), g.getResidualAttr());
-        if (succeeded(storage) && g.getLow() &&
-            failed(checkMixedPrecision(g, kernel, *storage, geometry)))
-          return failure();
-      } else if (auto a = dyn_cast<AppendOp>(op)) {
-        storage = mapStorage(a, a.getKey(), a.getValue(), a.getResidualAttr());
-      } else {
-        continue;
-      }
-      if (failed(storage))
-        return failure();
-      writer = &op;
-    }
+  FailureOr<RuntimeStorage> storage = policyStorage(
+      kernels,
+      [&](GatherOp g, KernelOp kernel, const RuntimeStorage &mapped) {
+        return g.getLow() ? checkMixedPrecision(g, kernel, mapped, geometry)
+                          : success();
+      },
+      &writer);
+  if (failed(storage))
+    return failure();
   DeviceStorage d;
   d.format = storage->format;
-  addLowClass(kernels, *storage);
   if (storage->lowFormat != "KVC_FORMAT_FULL") {
     d.lowBits = storage->lowFormat == "KVC_FORMAT_INT2" ? 2 : 4;
     d.lowGroup = storage->groupSize;
@@ -2531,12 +2407,12 @@ FailureOr<DeviceStorage> deviceStorage(PolicyOp policy,
 
 LogicalResult kvc::emitCuda(PolicyOp policy,
                             SmallVectorImpl<EmittedFile> &files) {
+  FailureOr<SmallVector<KernelOp>> formed = formedKernels(policy);
+  if (failed(formed))
+    return failure();
+  const SmallVector<KernelOp> &kernels = *formed;
   GeometryAttr geometry = policy.getGeometryAttr();
   std::string p = policy.getSymName().str();
-  SmallVector<KernelOp> kernels(policy.getBody().front().getOps<KernelOp>());
-  if (!geometry || kernels.empty())
-    return policy.emitOpError()
-           << "has no kernels; run kvc-specialize and kvc-form-kernels first";
   const int64_t dim = geometry.getHeadDim();
   // Rows spread over a power-of-two number of lanes, and the prefill tiles
   // of 32 keys and values fit the 48 KiB of static shared memory.
@@ -2557,28 +2433,15 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
   AsmState asmState(policy);
   std::string source, header;
   llvm::raw_string_ostream src(source), hdr(header);
-  std::string guard = "KVC_GENERATED_" + llvm::StringRef(p).upper() + "_CUDA_H";
-  std::string geometryText;
-  llvm::raw_string_ostream(geometryText) << geometry;
 
-  hdr << "/* Generated by kvc-opt --kvc-emit=target=cuda from policy @" << p
-      << ". Do not edit. */\n"
-      << "/* " << geometryText << " */\n\n"
-      << "#ifndef " << guard << "\n#define " << guard << "\n\n"
-      << "#include \"runtime/kvc_runtime.h\"\n\n"
-      << "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  hdr << headerOpening(policy, "cuda");
   hdr << "/// Fills the geometry and storage fields of a runtime configuration "
          "for\n/// this policy on a device pool (memory = KVC_MEMORY_DEVICE); "
          "the caller\n/// chooses page_size, num_pages and max_sequences.\n";
   hdr << "void kvc_" << p << "_cuda_configure(kvc_config_t *config);\n\n";
 
-  src << "// Generated by kvc-opt --kvc-emit=target=cuda from policy @" << p
-      << ". Do not edit.\n"
-      << "// " << geometryText << "\n"
-      << "// Kernels:";
-  for (KernelOp kernel : kernels)
-    src << " " << stringifyKernelKind(kernel.getKind());
-  src << ".\n"
+  src << sourceOpening(policy, kernels, "cuda");
+  src << "\n"
       << "//\n"
       << "// On the device: attention, statistics, merge, selection and the "
          "stores of\n"
@@ -2589,12 +2452,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "#include \"kvc_" << p << "_cuda.h\"\n\n"
       << "#include \"runtime/kvc_cuda.cuh\"\n\n"
       << "namespace {\n"
-      << "constexpr int32_t kLayers = " << geometry.getLayers() << ";\n"
-      << "constexpr int32_t kQHeads = " << geometry.getQHeads() << ";\n"
-      << "constexpr int32_t kKvHeads = " << geometry.getKvHeads() << ";\n"
-      << "/// Query heads per kv-head (GQA group).\n"
-      << "constexpr int32_t kGroup = " << geometry.getGroupSize() << ";\n"
-      << "constexpr int32_t kHeadDim = " << geometry.getHeadDim() << ";\n"
+      << geometryConstants(geometry)
       << "/// Row stride of prompt keys and values, in floats.\n"
       << "constexpr int64_t kKvStride = kKvHeads * kHeadDim;\n"
       << "/// 1 / sqrt(head_dim).\n"
@@ -2717,8 +2575,7 @@ LogicalResult kvc::emitCuda(PolicyOp policy,
       << "  config->memory = KVC_MEMORY_DEVICE;\n"
       << "}\n\n"
       << "} // extern \"C\"\n";
-  hdr << "#ifdef __cplusplus\n} /* extern \"C\" */\n#endif\n\n#endif /* "
-      << guard << " */\n";
+  hdr << headerClosing(policy, "cuda");
 
   files.push_back({"kvc_" + p + "_cuda.h", header});
   files.push_back({"kvc_" + p + "_cuda.cu", source});

@@ -35,15 +35,19 @@ struct RuntimeStorage {
   std::string lowFormat = "KVC_FORMAT_FULL";
 };
 
-/// Records the low page class of a kernel's mixed-precision gather (if
-/// any) in `storage`.
-void addLowClass(llvm::ArrayRef<KernelOp> kernels, RuntimeStorage &storage);
-
-/// Maps the storage formats of a kernel's gather/append to the runtime's
-/// per-context format; emits an error on `op` when the runtime has none.
-mlir::FailureOr<RuntimeStorage> mapStorage(mlir::Operation *op,
-                                           FormatAttr key, FormatAttr value,
-                                           mlir::IntegerAttr residual);
+/// The runtime storage of a policy's kernels: the format of every gather
+/// and append (keys and values in one format kind; KIVI's per-channel keys
+/// and per-token values; int8 and fp8 per token) and the low page class of
+/// a mixed-precision gather. Emits an error on the first op whose formats
+/// the runtime has no format for. `checkGather` runs on each gather once its
+/// formats map (a backend's own limits); `writer`, when given, receives the
+/// last op that writes entries.
+mlir::FailureOr<RuntimeStorage> policyStorage(
+    llvm::ArrayRef<KernelOp> kernels,
+    llvm::function_ref<mlir::LogicalResult(GatherOp, KernelOp,
+                                           const RuntimeStorage &)>
+        checkGather = nullptr,
+    mlir::Operation **writer = nullptr);
 
 /// A float constant that reads back as the same float; infinities name the
 /// building blocks' constants of namespace kvc::<ns>.
@@ -69,12 +73,6 @@ bool isQueryScore(mlir::Value v);
 bool isDecodeKernel(KernelOp kernel);
 bool writesOutput(KernelOp kernel);
 
-/// The batch entry point of decode kernel `kernel` named `name`
-/// (`<name>_batch`), with a trailing stream argument for CUDA; and its
-/// workspace query.
-std::string batchDecodeDeclaration(const std::string &name, KernelOp kernel,
-                                   bool stream);
-std::string batchWorkspaceDeclaration(const std::string &name);
 /// The checks of a batch entry point `entry` on `batch` and `sequences`:
 /// not empty, no sequence listed twice (kvc_check_batch, in the runtime).
 std::string batchSequenceChecks(const std::string &entry);
@@ -87,6 +85,22 @@ std::string dtypeEnumerator(mlir::Type type);
 /// comments; float literals name namespace kvc::<ns>.
 std::string policyConstants(llvm::ArrayRef<KernelOp> kernels,
                             llvm::StringRef ns);
+
+/// The kernels of `policy`; an error on it when it has no geometry or no
+/// kernels (kvc-specialize and kvc-form-kernels have not run).
+mlir::FailureOr<llvm::SmallVector<KernelOp>> formedKernels(PolicyOp policy);
+
+/// The generated files' common text for backend `target` (cpu or cuda):
+/// the header's opening (what generated it, the geometry, the include
+/// guard, kvc_runtime.h, extern "C") and closing; the source's first lines
+/// (what generated it, the geometry, the kernels, up to the period after
+/// the last kernel's kind); and the geometry's constants (kLayers,
+/// kQHeads, kKvHeads, kGroup, kHeadDim).
+std::string headerOpening(PolicyOp policy, llvm::StringRef target);
+std::string headerClosing(PolicyOp policy, llvm::StringRef target);
+std::string sourceOpening(PolicyOp policy, llvm::ArrayRef<KernelOp> kernels,
+                          llvm::StringRef target);
+std::string geometryConstants(GeometryAttr geometry);
 
 /// Emits the `select` kernel of a global budget for `target` (cpu or cuda):
 /// host code over the score state every layer's prefill stored, ranking all
