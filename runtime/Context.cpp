@@ -494,6 +494,15 @@ kvc_status_t settleForQuery(const kvc_context *ctx, uint64_t sequence,
   return settle(const_cast<kvc_context *>(ctx), sequence, ref, layer);
 }
 
+/// lookupHead() of a query, then settleForQuery(): the head as its
+/// attached record (if any) leaves it.
+kvc_status_t lookupSettledHead(const char *name, const kvc_context *ctx,
+                               uint64_t sequence, int32_t layer, int32_t head,
+                               HeadRef &ref) {
+  KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
+  return settleForQuery(ctx, sequence, ref, layer);
+}
+
 /// Settles every record attached to the context (for the pool-wide
 /// queries).
 kvc_status_t settleAll(const kvc_context *ctx) {
@@ -512,8 +521,7 @@ kvc_status_t lookupPage(const char *name, const kvc_context *ctx,
                         uint64_t sequence, int32_t layer, int32_t head,
                         int32_t page, int32_t &id) {
   HeadRef ref;
-  KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-  KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
+  KVC_CHECK(lookupSettledHead(name, ctx, sequence, layer, head, ref));
   int32_t size = static_cast<int32_t>(ref.head->pages.size());
   if (page < 0 || page >= size)
     return fail(KVC_STATUS_OUT_OF_RANGE, "%s: page %d out of range [0, %d)",
@@ -1823,50 +1831,50 @@ extern "C" kvc_status_t kvc_compact(kvc_context_t *ctx, uint64_t sequence,
 // Accessors
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// An accessor of one count of a head (after its attached record settles),
+/// stored in `*out` (named `what` when NULL).
+template <typename Count>
+kvc_status_t headCount(const char *name, const char *what,
+                       const kvc_context_t *ctx, uint64_t sequence,
+                       int32_t layer, int32_t head, int32_t *out,
+                       Count count) {
+  return guarded(name, [&] {
+    HeadRef ref;
+    KVC_CHECK(lookupSettledHead(name, ctx, sequence, layer, head, ref));
+    if (!out)
+      return fail(KVC_STATUS_NULL_POINTER, "%s: %s is NULL", name, what);
+    *out = static_cast<int32_t>(count(*ref.head));
+    return KVC_STATUS_OK;
+  });
+}
+
+} // namespace
+
 extern "C" kvc_status_t kvc_get_num_entries(const kvc_context_t *ctx,
                                             uint64_t sequence, int32_t layer,
                                             int32_t head,
                                             int32_t *num_entries) {
-  const char *name = "kvc_get_num_entries";
-  return guarded(name, [&] {
-    HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
-    if (!num_entries)
-      return fail(KVC_STATUS_NULL_POINTER, "%s: num_entries is NULL", name);
-    *num_entries = ref.head->live;
-    return KVC_STATUS_OK;
-  });
+  return headCount("kvc_get_num_entries", "num_entries", ctx, sequence, layer,
+                   head, num_entries,
+                   [](const HeadState &h) { return h.live; });
 }
 
 extern "C" kvc_status_t kvc_get_num_slots(const kvc_context_t *ctx,
                                           uint64_t sequence, int32_t layer,
                                           int32_t head, int32_t *num_slots) {
-  const char *name = "kvc_get_num_slots";
-  return guarded(name, [&] {
-    HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
-    if (!num_slots)
-      return fail(KVC_STATUS_NULL_POINTER, "%s: num_slots is NULL", name);
-    *num_slots = static_cast<int32_t>(ref.head->position.size());
-    return KVC_STATUS_OK;
-  });
+  return headCount("kvc_get_num_slots", "num_slots", ctx, sequence, layer,
+                   head, num_slots,
+                   [](const HeadState &h) { return h.position.size(); });
 }
 
 extern "C" kvc_status_t kvc_get_num_pages(const kvc_context_t *ctx,
                                           uint64_t sequence, int32_t layer,
                                           int32_t head, int32_t *num_pages) {
-  const char *name = "kvc_get_num_pages";
-  return guarded(name, [&] {
-    HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
-    if (!num_pages)
-      return fail(KVC_STATUS_NULL_POINTER, "%s: num_pages is NULL", name);
-    *num_pages = static_cast<int32_t>(ref.head->pages.size());
-    return KVC_STATUS_OK;
-  });
+  return headCount("kvc_get_num_pages", "num_pages", ctx, sequence, layer,
+                   head, num_pages,
+                   [](const HeadState &h) { return h.pages.size(); });
 }
 
 extern "C" kvc_status_t kvc_get_page(const kvc_context_t *ctx,
@@ -1897,8 +1905,7 @@ extern "C" kvc_status_t kvc_get_slot_location(const kvc_context_t *ctx,
   const char *name = "kvc_get_slot_location";
   return guarded(name, [&] {
     HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
+    KVC_CHECK(lookupSettledHead(name, ctx, sequence, layer, head, ref));
     int32_t slots = static_cast<int32_t>(ref.head->position.size());
     if (slot < 0 || slot >= slots)
       return fail(KVC_STATUS_OUT_OF_RANGE, "%s: slot %d out of range [0, %d)",
@@ -2019,8 +2026,7 @@ extern "C" kvc_status_t kvc_kivi_pending_work(const kvc_context_t *ctx,
   const char *name = "kvc_kivi_pending_work";
   return guarded(name, [&] {
     HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
+    KVC_CHECK(lookupSettledHead(name, ctx, sequence, layer, head, ref));
     if (!work)
       return fail(KVC_STATUS_NULL_POINTER, "%s: work is NULL", name);
     if (!ctx->isKivi())
@@ -2087,8 +2093,7 @@ extern "C" kvc_status_t kvc_read_entry(const kvc_context_t *ctx,
   const char *name = "kvc_read_entry";
   return guarded(name, [&] {
     HeadRef ref;
-    KVC_CHECK(lookupHead(name, ctx, sequence, layer, head, ref));
-    KVC_CHECK(settleForQuery(ctx, sequence, ref, layer));
+    KVC_CHECK(lookupSettledHead(name, ctx, sequence, layer, head, ref));
     if (!ctx->isHost())
       return fail(KVC_STATUS_UNSUPPORTED,
                   "%s: the runtime does not dereference device pools", name);

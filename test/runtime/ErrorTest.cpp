@@ -73,6 +73,12 @@ TEST_F(Populated, NullPointers) {
                KVC_STATUS_NULL_POINTER, "context is NULL");
   EXPECT_FAILS(kvc_get_num_entries(f.ctx, 1, 0, 0, nullptr),
                KVC_STATUS_NULL_POINTER, "num_entries is NULL");
+  EXPECT_FAILS(kvc_get_num_slots(f.ctx, 1, 0, 0, nullptr),
+               KVC_STATUS_NULL_POINTER, "kvc_get_num_slots: num_slots is NULL");
+  EXPECT_FAILS(kvc_get_num_pages(f.ctx, 1, 0, 0, nullptr),
+               KVC_STATUS_NULL_POINTER, "kvc_get_num_pages: num_pages is NULL");
+  EXPECT_FAILS(kvc_get_num_pages(f.ctx, 1, 0, 99, &n), KVC_STATUS_OUT_OF_RANGE,
+               "kvc_get_num_pages: kv head 99 out of range");
   EXPECT_FAILS(kvc_append(f.ctx, 1, 0, 0, 1, 8, nullptr, value, &pos, nullptr),
                KVC_STATUS_NULL_POINTER, "keys is NULL");
   EXPECT_FAILS(kvc_append(f.ctx, 1, 0, 0, 1, 8, key, value, nullptr, nullptr),
