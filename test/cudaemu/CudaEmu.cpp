@@ -1065,6 +1065,20 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
 
 void markDependentLaunch() { dependentNext = true; }
 
+const char *templateArgumentOf(const char *signature) {
+  // GCC: "... kernelName() [with auto K = ns::k<1, 2>]"; Clang:
+  // "... kernelName() [K = &ns::k]". Kept for the life of the program, one
+  // per kernel that launches.
+  std::string text = signature;
+  const size_t at = text.find("K = ");
+  if (at == std::string::npos || text.back() != ']')
+    return strdup(signature);
+  std::string name = text.substr(at + 4, text.size() - at - 5);
+  if (!name.empty() && name.front() == '&')
+    name.erase(0, 1);
+  return strdup(name.c_str());
+}
+
 } // namespace kvc::emu
 
 // The runtime API over host memory. By default every call completes its

@@ -31,6 +31,8 @@
 // With an argument, it runs one kernel that must be reported instead (ctest
 // matches the report):
 //  - `deadlock`: lanes of a warp wait at different barriers;
+//  - `deadlock-through-template`: the same in a kernel template's instance
+//    that a function template launches through its parameter;
 //  - `partial-mask`: a collective with a partial mask;
 //  - `device-overflow` and `shared-overflow` (the AddressSanitizer build):
 //    a write one element past a cudaMalloc'd buffer, and past a __shared__
@@ -154,6 +156,18 @@ __global__ void deadlock() {
   else
     __syncthreads();
 }
+
+/// deadlock's barriers in a kernel template, launched through a template
+/// parameter as kvc::cuda::launchDependent launches: the report names the
+/// instance (`deadlockIn<3>`), not the parameter.
+template <int N> __global__ void deadlockIn() {
+  if (threadIdx.x % 32 == N)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+template <auto Kernel> void launchThrough() { Kernel<<<1, 64>>>(); }
 
 __global__ void partialMask(int *out) {
   out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1, 0);
@@ -916,6 +930,8 @@ int main(int argc, char **argv) {
     cudaMalloc(&d, sizeof(int) * 32);
     if (!std::strcmp(argv[1], "deadlock"))
       deadlock<<<1, 64>>>();
+    else if (!std::strcmp(argv[1], "deadlock-through-template"))
+      launchThrough<deadlockIn<3>>();
     else if (!std::strcmp(argv[1], "partial-mask"))
       partialMask<<<1, 32>>>(d);
     else if (!std::strcmp(argv[1], "device-overflow"))

@@ -2,8 +2,13 @@
 #
 # Rewrites the kernel launches of a CUDA source for the host emulator
 # (kvc_cuda_emu.h): `k<<<grid, block, smem, stream>>>(args)` becomes
-# `k * ::kvc::emu::Launch(__FILE__, __LINE__, grid, block, smem, stream)(args)`
-# on the same line, so that the emulator names the launch site. A launch ends
+# `k * ::kvc::emu::Launch(__FILE__, __LINE__, ::kvc::emu::kernelName<k>(),
+# grid, block, smem, stream)(args)` on the same line, so that the emulator
+# names the launch site and the kernel. `k` is the identifier (qualified or
+# not) right before `<<<`, with the template argument list before it where
+# one stands on the same line without nested brackets or parentheses
+# (`storeAppended<D, S><<<`); a launch whose kernel is another expression
+# is named "?". A launch ends
 # with `>>>(`; other `>>>` (nested templates) stay. A source whose `<<<` and
 # launch ends do not pair up is refused rather than miscompiled. The output
 # starts with a #line directive naming the input (relative to ROOT, the
@@ -22,7 +27,14 @@ if(NOT num_opens EQUAL num_closes)
   message(FATAL_ERROR "RewriteLaunches.cmake: ${INPUT} has ${num_opens} "
     "'<<<' but ${num_closes} '>>>('; only kernel launches may use them")
 endif()
-string(REPLACE "<<<" " * ::kvc::emu::Launch(__FILE__, __LINE__, " text "${text}")
+# The template arguments' group is an alternative with the empty string
+# rather than optional: CMake refuses a replacement that names a group
+# which took no part in the match.
+string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*)(<[^<>;{}()\r\n]*>|)([ \t\r\n]*)<<<"
+  "\\1\\2\\3 * ::kvc::emu::Launch(__FILE__, __LINE__, ::kvc::emu::kernelName<\\1\\2>(), "
+  text "${text}")
+string(REPLACE "<<<" " * ::kvc::emu::Launch(__FILE__, __LINE__, \"?\", " text
+  "${text}")
 string(REGEX REPLACE ">>>([ \t\r\n]*)\\(" ")\\1(" text "${text}")
 set(named "${INPUT}")
 if(ROOT)

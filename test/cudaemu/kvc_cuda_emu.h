@@ -4,7 +4,8 @@
 // generated CUDA backend and runtime/kvc_cuda.cuh with this header included
 // first (-include), after the launches `k<<<grid, block, smem, s>>>(args)`
 // were rewritten to
-// `k * ::kvc::emu::Launch(__FILE__, __LINE__, grid, block, smem, s)(args)`
+// `k * ::kvc::emu::Launch(__FILE__, __LINE__,
+// ::kvc::emu::kernelName<k>(), grid, block, smem, s)(args)`
 // (test/cudaemu/RewriteLaunches.cmake). Kernels then run on the calling
 // thread when launched:
 //  - blocks one after another, in blockIdx order (x fastest), or in the
@@ -312,27 +313,43 @@ void holdEvents(bool hold);
 void run(const char *file, int line, const char *kernel, dim3 grid,
          dim3 block, cudaStream_t stream, std::function<void()> body);
 
+/// The template argument that `signature`, a __PRETTY_FUNCTION__ of
+/// kernelName<K>, names for K ("kvc::cuda::storeEntries<128, ...>").
+const char *templateArgumentOf(const char *signature);
+
+/// The name of kernel `K` in reports: as the compiler spells it, template
+/// arguments included, also where the launch names a template parameter
+/// (`Kernel<<<...>>>` in kvc::cuda::launchDependent).
+template <auto K> const char *kernelName() {
+  static const char *const name = templateArgumentOf(__PRETTY_FUNCTION__);
+  return name;
+}
+
 template <typename... A> struct Pending {
   const char *file;
   int line;
+  const char *kernel;
   dim3 grid, block;
   cudaStream_t stream;
   std::tuple<std::decay_t<A>...> args;
 };
 
-/// `k * Launch(grid, block, smem, stream)(args...)`: the rewritten form of
-/// `k<<<grid, block, smem, stream>>>(args...)`. The call binds first and
+/// `k * Launch(file, line, kernelName<k>(), grid, block, smem,
+/// stream)(args...)`: the rewritten form of `k<<<grid, block, smem,
+/// stream>>>(args...)` at line `line` of `file`. The call binds first and
 /// captures the arguments; `operator*` with the kernel runs it.
 struct Launch {
   const char *file;
   int line;
+  const char *kernel;
   dim3 grid, block;
   cudaStream_t stream;
-  Launch(const char *file, int line, dim3 grid, dim3 block, size_t = 0,
-         cudaStream_t stream = nullptr)
-      : file(file), line(line), grid(grid), block(block), stream(stream) {}
+  Launch(const char *file, int line, const char *kernel, dim3 grid,
+         dim3 block, size_t = 0, cudaStream_t stream = nullptr)
+      : file(file), line(line), kernel(kernel), grid(grid), block(block),
+        stream(stream) {}
   template <typename... A> Pending<A...> operator()(A &&...args) const {
-    return Pending<A...>{file, line, grid, block, stream,
+    return Pending<A...>{file, line, kernel, grid, block, stream,
                          std::tuple<std::decay_t<A>...>(
                              std::forward<A>(args)...)};
   }
@@ -343,7 +360,7 @@ void operator*(void (*kernel)(P...), Pending<A...> &&launch) {
   // Every thread receives its own copies of the arguments, converted to the
   // kernel's parameter types, as a device launch does; the launch keeps
   // the values it was given until it runs.
-  run(launch.file, launch.line, __PRETTY_FUNCTION__, launch.grid,
+  run(launch.file, launch.line, launch.kernel, launch.grid,
       launch.block, launch.stream,
       [kernel, args = std::move(launch.args)] {
         std::apply([&](const auto &...a) { kernel(a...); }, args);
