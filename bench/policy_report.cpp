@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/kvc_policy_api.h"
 #include "runtime/kvc_runtime.h"
 #include "test/reference/Reference.h"
 
@@ -29,19 +30,14 @@ namespace {
 
 struct ReportPolicy {
   const char *name;
-  void (*configure)(kvc_config_t *);
-  uint64_t (*prefillBytes)(int32_t);
-  kvc_status_t (*prefill)(kvc_context_t *, uint64_t, int32_t, int32_t,
-                          const float *, const float *, const float *,
-                          const int32_t *, float *, void *, uint64_t);
-  uint64_t (*decodeBytes)(int32_t);
-  kvc_status_t (*decode)(kvc_context_t *, uint64_t, int32_t, const float *,
-                         const float *, const float *, int32_t, float *,
-                         void *, uint64_t);
+  kvc_configure_fn configure;
+  kvc_workspace_bytes_fn prefillBytes;
+  kvc_cpu_prefill_fn prefill;
+  kvc_workspace_bytes_fn decodeBytes;
+  kvc_cpu_decode_fn decode;
   /// A global budget's selection, run after the prefill (null otherwise).
-  uint64_t (*selectBytes)(int32_t) = nullptr;
-  kvc_status_t (*select)(kvc_context_t *, uint64_t, int32_t, void *,
-                         uint64_t) = nullptr;
+  kvc_workspace_bytes_fn selectBytes = nullptr;
+  kvc_select_fn select = nullptr;
 };
 
 #define KVC_REPORT_POLICY(p)                                                   \

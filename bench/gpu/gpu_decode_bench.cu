@@ -36,6 +36,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/kvc_policy_api.h"
 #include "runtime/kvc_runtime.h"
 
 #include <cuda_fp16.h>
@@ -59,31 +60,16 @@
 
 namespace {
 
-using ConfigureFn = void (*)(kvc_config_t *);
-using BytesFn = uint64_t (*)(int32_t);
-/// kvc_<p>_cuda_decode_batch_workspace_bytes(batch, num_slots).
-using BatchBytesFn = uint64_t (*)(int32_t, int32_t);
-/// kvc_<p>_cuda_decode_batch and kvc_<p>_cuda_decode_scoring_batch.
-using DecodeFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
-                                  int32_t, const float *, const float *,
-                                  const float *, const int32_t *, float *,
-                                  void *, uint64_t, void *);
-using ScoringFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
-                                   int32_t, const float *, const int32_t *,
-                                   void *, uint64_t, void *);
-/// kvc_<p>_cuda_decode_plan_batch, _run_batch and _finish_batch: the
-/// step in three calls, its run capturable in a CUDA graph.
-using PlanFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
-                                int32_t, const int32_t *, int32_t, void *,
-                                uint64_t, void *);
-using RunFn = kvc_status_t (*)(kvc_context_t *, int32_t, int32_t,
-                               const float *, const float *, const float *,
-                               float *, int32_t, void *, uint64_t, void *);
-using FinishFn = kvc_status_t (*)(kvc_context_t *, int32_t, void *);
-using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
-                                   const float *, const float *, const float *,
-                                   const int32_t *, float *, void *, uint64_t,
-                                   void *);
+// The entry points' types (runtime/kvc_policy_api.h), by shorter names.
+using ConfigureFn = kvc_configure_fn;
+using BytesFn = kvc_workspace_bytes_fn;
+using BatchBytesFn = kvc_batch_workspace_bytes_fn;
+using DecodeFn = kvc_cuda_decode_batch_fn;
+using ScoringFn = kvc_cuda_decode_scoring_batch_fn;
+using PlanFn = kvc_cuda_decode_plan_batch_fn;
+using RunFn = kvc_cuda_decode_run_batch_fn;
+using FinishFn = kvc_cuda_decode_finish_batch_fn;
+using PrefillFn = kvc_cuda_prefill_fn;
 
 /// The six libraries of one geometry (bench/gpu/CMakeLists.txt).
 struct BenchGeometry {

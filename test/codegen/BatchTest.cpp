@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc_h2o_cpu.h"
+#include "runtime/kvc_policy_api.h"
 
 #include <gtest/gtest.h>
 
@@ -20,9 +21,17 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
+
+// The batch entry point and its workspace query have the types of
+// runtime/kvc_policy_api.h.
+static_assert(std::is_same_v<decltype(&kvc_h2o_cpu_decode_batch),
+                             kvc_cpu_decode_batch_fn>);
+static_assert(std::is_same_v<decltype(&kvc_h2o_cpu_decode_batch_workspace_bytes),
+                             kvc_batch_workspace_bytes_fn>);
 
 constexpr int kQHeads = KVC_TEST_Q_HEADS;
 constexpr int kKvHeads = KVC_TEST_KV_HEADS;

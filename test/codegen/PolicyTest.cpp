@@ -48,6 +48,7 @@
 #include "kvc_duo_small_cpu.h"
 #endif
 
+#include "runtime/kvc_policy_api.h"
 #include "test/reference/Reference.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +61,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ref = kvc::ref;
@@ -101,18 +103,15 @@ constexpr double kStoredUlp =
     0x1p-23;
 #endif
 
-/// The C entry points of one generated library.
+/// The C entry points of one generated library (their types, those of
+/// runtime/kvc_policy_api.h, are checked as the table below is built).
 struct Api {
   const char *name;
-  void (*configure)(kvc_config_t *);
-  uint64_t (*prefillBytes)(int32_t);
-  kvc_status_t (*prefill)(kvc_context_t *, uint64_t, int32_t, int32_t,
-                          const float *, const float *, const float *,
-                          const int32_t *, float *, void *, uint64_t);
-  uint64_t (*decodeBytes)(int32_t);
-  kvc_status_t (*decode)(kvc_context_t *, uint64_t, int32_t, const float *,
-                         const float *, const float *, int32_t, float *,
-                         void *, uint64_t);
+  kvc_configure_fn configure;
+  kvc_workspace_bytes_fn prefillBytes;
+  kvc_cpu_prefill_fn prefill;
+  kvc_workspace_bytes_fn decodeBytes;
+  kvc_cpu_decode_fn decode;
 };
 
 #ifndef KVC_TEST_UNFUSED
@@ -126,6 +125,8 @@ struct Api {
 // The unfused pipeline: attention kernels, then the scoring kernels that
 // recompute the weights. Both must give exactly what the fused kernels give.
 #define KVC_UNFUSED_PREFILL(p)                                                 \
+  static_assert(std::is_same_v<decltype(&kvc_##p##_cpu_prefill_scoring),       \
+                               kvc_cpu_prefill_scoring_fn>);                   \
   uint64_t p##_prefillBytes(int32_t n) {                                       \
     return std::max(kvc_##p##_cpu_prefill_workspace_bytes(n),                  \
                     kvc_##p##_cpu_prefill_scoring_workspace_bytes(n));         \
@@ -142,6 +143,8 @@ struct Api {
                                          bytes);                               \
   }
 #define KVC_UNFUSED_DECODE(p)                                                  \
+  static_assert(std::is_same_v<decltype(&kvc_##p##_cpu_decode_scoring),        \
+                               kvc_cpu_decode_scoring_fn>);                    \
   uint64_t p##_decodeBytes(int32_t n) {                                        \
     return std::max(kvc_##p##_cpu_decode_workspace_bytes(n),                   \
                     kvc_##p##_cpu_decode_scoring_workspace_bytes(n));          \

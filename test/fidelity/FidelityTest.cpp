@@ -40,6 +40,7 @@
 #include "kvc_streaming_llm_cpu.h"
 #include "kvc_tova_cpu.h"
 #include "kvc_value_aware_cpu.h"
+#include "runtime/kvc_policy_api.h"
 
 #include <gtest/gtest.h>
 
@@ -56,15 +57,11 @@ using Vec = std::vector<float>;
 
 /// The C entry points of one generated library.
 struct Api {
-  void (*configure)(kvc_config_t *);
-  uint64_t (*prefillBytes)(int32_t);
-  kvc_status_t (*prefill)(kvc_context_t *, uint64_t, int32_t, int32_t,
-                          const float *, const float *, const float *,
-                          const int32_t *, float *, void *, uint64_t);
-  uint64_t (*decodeBytes)(int32_t);
-  kvc_status_t (*decode)(kvc_context_t *, uint64_t, int32_t, const float *,
-                         const float *, const float *, int32_t, float *,
-                         void *, uint64_t);
+  kvc_configure_fn configure;
+  kvc_workspace_bytes_fn prefillBytes;
+  kvc_cpu_prefill_fn prefill;
+  kvc_workspace_bytes_fn decodeBytes;
+  kvc_cpu_decode_fn decode;
 };
 
 #define KVC_API(p)                                                             \

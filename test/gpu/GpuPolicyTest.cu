@@ -105,6 +105,7 @@
 #include "kvc_duo_small_cuda.h"
 #endif
 
+#include "runtime/kvc_policy_api.h"
 #include "runtime/kvc_runtime.h"
 
 #include <cuda_runtime.h>
@@ -137,30 +138,13 @@ constexpr int kMaxHistoryMismatches = 4;
 constexpr int kMaxHistoryBits = 2;
 constexpr double kClassSwapTolerance = 5e-2;
 
-using PrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, int32_t,
-                                   const float *, const float *, const float *,
-                                   const int32_t *, float *, void *, uint64_t);
-using DecodeFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
-                                  const float *, const float *, const float *,
-                                  int32_t, float *, void *, uint64_t);
-using CudaPrefillFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
-                                       int32_t, const float *, const float *,
-                                       const float *, const int32_t *, float *,
-                                       void *, uint64_t, void *);
-using CudaDecodeFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t,
-                                      const float *, const float *,
-                                      const float *, int32_t, float *, void *,
-                                      uint64_t, void *);
-using SelectFn = kvc_status_t (*)(kvc_context_t *, uint64_t, int32_t, void *,
-                                  uint64_t);
-
 /// The select kernel of a global budget on both backends (host code, with a
 /// host workspace on both): called once after the prefill of every layer.
 struct SelectApi {
-  uint64_t (*cpuBytes)(int32_t);
-  SelectFn cpu;
-  uint64_t (*cudaBytes)(int32_t);
-  SelectFn cuda;
+  kvc_workspace_bytes_fn cpuBytes;
+  kvc_select_fn cpu;
+  kvc_workspace_bytes_fn cudaBytes;
+  kvc_select_fn cuda;
 };
 
 /// Both backends of one policy.
@@ -171,16 +155,16 @@ struct Api {
   bool state;
   /// The policy merges evicted prompt entries into kept ones.
   bool merges;
-  void (*cpuConfigure)(kvc_config_t *);
-  uint64_t (*cpuPrefillBytes)(int32_t);
-  PrefillFn cpuPrefill;
-  uint64_t (*cpuDecodeBytes)(int32_t);
-  DecodeFn cpuDecode;
-  void (*cudaConfigure)(kvc_config_t *);
-  uint64_t (*cudaPrefillBytes)(int32_t);
-  CudaPrefillFn cudaPrefill;
-  uint64_t (*cudaDecodeBytes)(int32_t);
-  CudaDecodeFn cudaDecode;
+  kvc_configure_fn cpuConfigure;
+  kvc_workspace_bytes_fn cpuPrefillBytes;
+  kvc_cpu_prefill_fn cpuPrefill;
+  kvc_workspace_bytes_fn cpuDecodeBytes;
+  kvc_cpu_decode_fn cpuDecode;
+  kvc_configure_fn cudaConfigure;
+  kvc_workspace_bytes_fn cudaPrefillBytes;
+  kvc_cuda_prefill_fn cudaPrefill;
+  kvc_workspace_bytes_fn cudaDecodeBytes;
+  kvc_cuda_decode_fn cudaDecode;
   /// Null members for policies without a global budget.
   SelectApi select;
 };
@@ -942,42 +926,28 @@ void runPolicy(const Api &api, bool structured, cudaStream_t stream) {
 // Batched decode: several sequences of different lengths in one call
 //===----------------------------------------------------------------------===//
 
-using CpuBatchFn = kvc_status_t (*)(kvc_context_t *, int32_t, const uint64_t *,
-                                    int32_t, const float *, const float *,
-                                    const float *, const int32_t *, float *,
-                                    void *, uint64_t);
-using CudaBatchFn = kvc_status_t (*)(kvc_context_t *, int32_t,
-                                     const uint64_t *, int32_t, const float *,
-                                     const float *, const float *,
-                                     const int32_t *, float *, void *,
-                                     uint64_t, void *);
-
 /// The CUDA backend's decode step in three calls (decode_plan_batch,
-/// decode_run_batch, decode_finish_batch), where the policy has them: the
-/// same signatures for every policy.
-using PlanFn = decltype(&kvc_h2o_cuda_decode_plan_batch);
-using RunFn = decltype(&kvc_h2o_cuda_decode_run_batch);
-using FinishFn = decltype(&kvc_h2o_cuda_decode_finish_batch);
+/// decode_run_batch, decode_finish_batch), where the policy has them.
 struct GraphApi {
-  PlanFn plan = nullptr;
-  RunFn run = nullptr;
-  FinishFn finish = nullptr;
+  kvc_cuda_decode_plan_batch_fn plan = nullptr;
+  kvc_cuda_decode_run_batch_fn run = nullptr;
+  kvc_cuda_decode_finish_batch_fn finish = nullptr;
 };
 
 /// Both backends' prefill and batch decode of one policy.
 struct BatchApi {
   const char *name;
   bool state;
-  void (*cpuConfigure)(kvc_config_t *);
-  uint64_t (*cpuPrefillBytes)(int32_t);
-  PrefillFn cpuPrefill;
-  uint64_t (*cpuBatchBytes)(int32_t, int32_t);
-  CpuBatchFn cpuBatch;
-  void (*cudaConfigure)(kvc_config_t *);
-  uint64_t (*cudaPrefillBytes)(int32_t);
-  CudaPrefillFn cudaPrefill;
-  uint64_t (*cudaBatchBytes)(int32_t, int32_t);
-  CudaBatchFn cudaBatch;
+  kvc_configure_fn cpuConfigure;
+  kvc_workspace_bytes_fn cpuPrefillBytes;
+  kvc_cpu_prefill_fn cpuPrefill;
+  kvc_batch_workspace_bytes_fn cpuBatchBytes;
+  kvc_cpu_decode_batch_fn cpuBatch;
+  kvc_configure_fn cudaConfigure;
+  kvc_workspace_bytes_fn cudaPrefillBytes;
+  kvc_cuda_prefill_fn cudaPrefill;
+  kvc_batch_workspace_bytes_fn cudaBatchBytes;
+  kvc_cuda_decode_batch_fn cudaBatch;
   GraphApi graph;
   /// Whether a host access to a layer waits for its decode steps (score
   /// state or victims on the device).

@@ -1,12 +1,29 @@
 /* A C engine using a kvc policy library: creates the runtime context the
  * policy asks for, prefills a prompt longer than the policy's budget, runs
- * decode steps, and checks that the cache keeps exactly the budget. */
+ * decode steps, and checks that the cache keeps exactly the budget. It calls
+ * the policy through a table of the entry points' types, as an engine that
+ * picks its policy at run time would (built with
+ * -Werror=incompatible-pointer-types, so that the generated declarations
+ * must have those types). */
 #include "kvc_streaming_llm_cpu.h"
+#include "runtime/kvc_policy_api.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 enum { kLayers = 2, kQHeads = 4, kKvHeads = 2, kDim = 64, kPrompt = 1100 };
+
+static const struct {
+  kvc_configure_fn configure;
+  kvc_workspace_bytes_fn prefill_workspace_bytes;
+  kvc_cpu_prefill_fn prefill;
+  kvc_workspace_bytes_fn decode_workspace_bytes;
+  kvc_cpu_decode_fn decode;
+} policy = {kvc_streaming_llm_cpu_configure,
+            kvc_streaming_llm_cpu_prefill_workspace_bytes,
+            kvc_streaming_llm_cpu_prefill,
+            kvc_streaming_llm_cpu_decode_workspace_bytes,
+            kvc_streaming_llm_cpu_decode};
 
 static int fail(const char *what, kvc_status_t status) {
   fprintf(stderr, "engine: %s: %s: %s\n", what, kvc_status_string(status),
@@ -16,7 +33,7 @@ static int fail(const char *what, kvc_status_t status) {
 
 int main(void) {
   kvc_config_t config = {0};
-  kvc_streaming_llm_cpu_configure(&config);
+  policy.configure(&config);
   config.page_size = 64;
   config.num_pages = kLayers * kKvHeads * (kPrompt / 64 + 4);
   config.max_sequences = 1;
@@ -48,22 +65,19 @@ int main(void) {
   for (int i = 0; i < kPrompt; ++i)
     positions[i] = i;
 
-  uint64_t wsBytes = kvc_streaming_llm_cpu_prefill_workspace_bytes(kPrompt);
-  uint64_t decodeBytes =
-      kvc_streaming_llm_cpu_decode_workspace_bytes(kPrompt + 128);
+  uint64_t wsBytes = policy.prefill_workspace_bytes(kPrompt);
+  uint64_t decodeBytes = policy.decode_workspace_bytes(kPrompt + 128);
   if (decodeBytes > wsBytes)
     wsBytes = decodeBytes;
   void *workspace = malloc(wsBytes);
   for (int layer = 0; layer < kLayers; ++layer)
-    if ((s = kvc_streaming_llm_cpu_prefill(context, 7, layer, kPrompt, q, k, v,
-                                           positions, out, workspace,
-                                           wsBytes)) != KVC_STATUS_OK)
+    if ((s = policy.prefill(context, 7, layer, kPrompt, q, k, v, positions,
+                            out, workspace, wsBytes)) != KVC_STATUS_OK)
       return fail("prefill", s);
   for (int step = 0; step < 3; ++step)
     for (int layer = 0; layer < kLayers; ++layer)
-      if ((s = kvc_streaming_llm_cpu_decode(context, 7, layer, q, k, v,
-                                            kPrompt + step, out, workspace,
-                                            wsBytes)) != KVC_STATUS_OK)
+      if ((s = policy.decode(context, 7, layer, q, k, v, kPrompt + step, out,
+                             workspace, wsBytes)) != KVC_STATUS_OK)
         return fail("decode", s);
 
   int32_t entries = 0;

@@ -15,6 +15,7 @@
 #ifndef KVC_TOOLS_KVCRUN_POLICYLIBRARY_H
 #define KVC_TOOLS_KVCRUN_POLICYLIBRARY_H
 
+#include "runtime/kvc_policy_api.h"
 #include "runtime/kvc_runtime.h"
 
 #include <string>
@@ -29,24 +30,15 @@ struct PolicyLibrary {
   const char *name;
   /// Where it comes from: the policy file and any budget change.
   const char *description;
-  void (*configure)(kvc_config_t *config);
-  uint64_t (*prefillWorkspaceBytes)(int32_t n);
-  kvc_status_t (*prefill)(kvc_context_t *context, uint64_t sequence,
-                          int32_t layer, int32_t n, const float *q,
-                          const float *k, const float *v,
-                          const int32_t *positions, float *out,
-                          void *workspace, uint64_t workspaceBytes);
-  uint64_t (*decodeWorkspaceBytes)(int32_t numSlots);
-  kvc_status_t (*decode)(kvc_context_t *context, uint64_t sequence,
-                         int32_t layer, const float *q, const float *k,
-                         const float *v, int32_t position, float *out,
-                         void *workspace, uint64_t workspaceBytes);
+  kvc_configure_fn configure;
+  kvc_workspace_bytes_fn prefillWorkspaceBytes;
+  kvc_cpu_prefill_fn prefill;
+  kvc_workspace_bytes_fn decodeWorkspaceBytes;
+  kvc_cpu_decode_fn decode;
   /// A global budget's selection over every layer, run once after the
   /// prefill of the last layer; null for policies that select per layer.
-  uint64_t (*selectWorkspaceBytes)(int32_t n) = nullptr;
-  kvc_status_t (*select)(kvc_context_t *context, uint64_t sequence,
-                         int32_t n, void *workspace,
-                         uint64_t workspaceBytes) = nullptr;
+  kvc_workspace_bytes_fn selectWorkspaceBytes = nullptr;
+  kvc_select_fn select = nullptr;
 };
 
 /// Every policy library linked into this binary, in registry order.
