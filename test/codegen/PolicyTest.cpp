@@ -49,6 +49,7 @@
 #endif
 
 #include "runtime/kvc_policy_api.h"
+#include "test/reference/PolicyInputs.h"
 #include "test/reference/Reference.h"
 
 #include <gtest/gtest.h>
@@ -375,37 +376,12 @@ PersistenceCount persistenceCount(const std::vector<double> &weights,
   return c;
 }
 
-/// Prompt or token tensors of one layer.
-struct LayerInputs {
-  std::vector<float> q, k, v; // [t][head][dim]
-};
+using ref::LayerInputs;
 
 LayerInputs makeInputs(std::mt19937 &rng, int tokens, bool structured,
                        int firstPosition) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  LayerInputs in;
-  in.q.resize(static_cast<size_t>(tokens) * kQHeads * kDim);
-  in.k.resize(static_cast<size_t>(tokens) * kKvHeads * kDim);
-  in.v.resize(in.k.size());
-  for (float &x : in.q)
-    x = normal(rng);
-  for (float &x : in.k)
-    x = normal(rng);
-  for (float &x : in.v)
-    x = normal(rng);
-  if (!structured)
-    return in;
-  // Sinks and heavy hitters: the first 4 tokens and every 97th token get a
-  // key component along a direction every query shares.
-  for (int t = 0; t < tokens; ++t) {
-    int pos = firstPosition + t;
-    for (int h = 0; h < kQHeads; ++h)
-      in.q[(static_cast<size_t>(t) * kQHeads + h) * kDim] += 3.0f;
-    if (pos < 4 || pos % 97 == 13)
-      for (int h = 0; h < kKvHeads; ++h)
-        in.k[(static_cast<size_t>(t) * kKvHeads + h) * kDim] += 4.0f;
-  }
-  return in;
+  return ref::makeLayerInputs(rng, tokens, kQHeads, kKvHeads, kDim, structured,
+                              firstPosition);
 }
 
 ref::Matrix headRows(const std::vector<float> &x, int tokens, int heads,

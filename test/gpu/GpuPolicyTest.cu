@@ -106,6 +106,7 @@
 #endif
 
 #include "runtime/kvc_policy_api.h"
+#include "test/reference/PolicyInputs.h"
 #include "runtime/kvc_runtime.h"
 
 #include <cuda_runtime.h>
@@ -219,11 +220,9 @@ void fail(const std::string &what) {
     }                                                                          \
   } while (0)
 
-/// Random q, k, v for `tokens` tokens; structured inputs add attention
-/// sinks and heavy hitters as test/codegen does.
-struct Inputs {
-  std::vector<float> q, k, v;
-};
+/// Random q, k, v for `tokens` tokens: the inputs of test/codegen's suite
+/// (kvc::ref::makeLayerInputs).
+using Inputs = kvc::ref::LayerInputs;
 
 /// What KVC_GPU_TEST_SEED adds to every generator's seed: 0 (the inputs
 /// the suite always ran) when unset. Other values draw other q, k and v
@@ -232,27 +231,8 @@ uint32_t gSeedOffset = 0;
 
 Inputs makeInputs(std::mt19937 &rng, int tokens, bool structured,
                   int firstPosition) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  Inputs in;
-  in.q.resize(static_cast<size_t>(tokens) * kQHeads * kDim);
-  in.k.resize(static_cast<size_t>(tokens) * kKvHeads * kDim);
-  in.v.resize(in.k.size());
-  for (float &x : in.q)
-    x = normal(rng);
-  for (float &x : in.k)
-    x = normal(rng);
-  for (float &x : in.v)
-    x = normal(rng);
-  if (structured)
-    for (int t = 0; t < tokens; ++t) {
-      const int pos = firstPosition + t;
-      for (int h = 0; h < kQHeads; ++h)
-        in.q[(static_cast<size_t>(t) * kQHeads + h) * kDim] += 3.0f;
-      if (pos < 4 || pos % 97 == 13)
-        for (int h = 0; h < kKvHeads; ++h)
-          in.k[(static_cast<size_t>(t) * kKvHeads + h) * kDim] += 4.0f;
-    }
-  return in;
+  return kvc::ref::makeLayerInputs(rng, tokens, kQHeads, kKvHeads, kDim,
+                                   structured, firstPosition);
 }
 
 /// A device buffer freed on scope exit, every byte kFreshByte once
