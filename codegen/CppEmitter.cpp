@@ -24,7 +24,6 @@ using namespace kvc;
 
 namespace {
 
-
 /// Emits the body of one kernel function.
 class KernelEmitter : public KernelEmitterBase {
 public:

@@ -29,7 +29,6 @@ using namespace kvc;
 
 namespace {
 
-
 /// "prefill_scoring" -> "PrefillScoring".
 std::string camelKind(KernelKind kind) {
   std::string s;
