@@ -26,15 +26,9 @@
 #     largest file out and names it; a maximum that is no number is
 #     refused (exit 2).
 # Usage: gpu_all_test.sh SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-src=$1
-scratch=$2
-rm -rf "$scratch"
+test_name="gpu-all"
+. "$(dirname "$0")/script_test.sh"
 mkdir -p "$scratch/path" "$scratch/bin"
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
 
 cat > "$scratch/path/nvidia-smi" <<'SH'
 #!/bin/sh

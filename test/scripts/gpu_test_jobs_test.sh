@@ -12,15 +12,8 @@
 #     exit status of the timeout, and no stand-in left running.
 #  5. KVC_GPU_TEST_JOBS that is not a count: exit 2 and a message.
 # Usage: gpu_test_jobs_test.sh SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-src=$1
-scratch=$2
-rm -rf "$scratch"
-mkdir -p "$scratch"
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
+test_name="gpu-test jobs"
+. "$(dirname "$0")/script_test.sh"
 suite=(g1 g3 g8 g3-grid g8-grid)
 run_test=$src/scripts/gpu-test.sh
 

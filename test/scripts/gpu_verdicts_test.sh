@@ -26,15 +26,8 @@
 #     and the warning where the two runs' devices differ (an H200 run
 #     before an H100 one), not where they match.
 # Usage: gpu_verdicts_test.sh SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-src=$1
-scratch=$2
-rm -rf "$scratch"
-mkdir -p "$scratch"
-fail() {
-  echo "gpu-verdicts test: $*" >&2
-  exit 1
-}
+test_name="gpu-verdicts"
+. "$(dirname "$0")/script_test.sh"
 run=$src/scripts/gpu-verdicts.py
 record=$src/docs/perf/h200-kvc-bench-gpu-2026-11-28.csv
 # verdicts NAME ARG...: gpu-verdicts.py ARG... into $scratch/NAME.txt, which

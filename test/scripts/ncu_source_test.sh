@@ -16,15 +16,9 @@
 #     counters, an unknown option (exits 1, 1, 1, 2, naming the file or
 #     option); a .ncu-rep without the ncu_report module exits 77.
 # Usage: ncu_source_test.sh SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-src=$1
-scratch=$2
-rm -rf "$scratch"
+test_name="ncu-source"
+. "$(dirname "$0")/script_test.sh"
 mkdir -p "$scratch/root/runtime" "$scratch/root/build-gpu-90a"
-fail() {
-  echo "ncu-source test: $*" >&2
-  exit 1
-}
 run=$src/scripts/ncu-source.py
 
 # The source the records name (line numbers matter: see the records).

@@ -14,15 +14,9 @@
 #  3. The attribution of a loop's addresses: per enclosing function of the
 #     source (scripts/ncu-source.py's scan) and per line, most first.
 # Usage: sass_loops_test.sh SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-src=$1
-scratch=$2
-rm -rf "$scratch"
+test_name="sass-loops"
+. "$(dirname "$0")/script_test.sh"
 mkdir -p "$scratch/root/runtime"
-fail() {
-  echo "sass-loops test: $*" >&2
-  exit 1
-}
 
 cat > "$scratch/root/runtime/tile.cuh" <<'CUH'
 __device__ float load(const float *p, int i) {
