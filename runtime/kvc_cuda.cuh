@@ -9129,6 +9129,12 @@ public:
   DeviceTables &operator=(const DeviceTables &) = delete;
   /// Mirrors a failed step did not check in are written back (best effort)
   /// and released: the runtime's metadata stays the authority. The step's
+  /// appends (upload's newSlots) are taken back first, head by head of
+  /// every sequence not checked in (kvc_evict of the slot each got, which
+  /// also gives back a page that the append opened), so that the batch's
+  /// sequences hold what they held before the call and the engine can call
+  /// the step again; not on a KIVI pool, whose appends also moved the
+  /// residual windows (and may have quantized a block of keys). The step's
   /// error message (kvc_last_error) outlives the runtime calls this makes.
   ~DeviceTables() {
     if (!staged_.empty()) {
@@ -9139,21 +9145,30 @@ public:
     bool failed = !grown_.empty();
     for (TableMirror *m : mirrors_)
       failed = failed || m != nullptr;
+    for (int32_t slot : appended_)
+      failed = failed || slot >= 0;
     if (!failed)
       return;
     char message[512];
     std::snprintf(message, sizeof(message), "%s", kvc_last_error());
     // The regions that mirrors moved out of: their contents live on in the
     // new ones; once the copies ran they go.
-    if (!grown_.empty() && stream_)
+    if (!grown_.empty() && uploaded_)
       cudaStreamSynchronize(stream_);
     for (TableMirror *old : grown_)
       releaseMirror(old);
     grown_.clear();
+    for (size_t i = 0; i < appended_.size(); ++i)
+      if (appended_[i] >= 0)
+        kvc_evict(context_, sequences_[i / heads_], layer_,
+                  static_cast<int32_t>(i % heads_), 1, &appended_[i]);
     for (size_t b = 0; b < mirrors_.size(); ++b) {
       if (!mirrors_[b])
         continue;
-      if (stream_)
+      // What upload queued (a new mirror's image among it) lands first; the
+      // flush reads the state on a stream of its own. A null stream_ is
+      // the legacy stream.
+      if (uploaded_)
         cudaStreamSynchronize(stream_);
       flushMirror(mirrors_[b], context_, sequences_[b], layer_);
       releaseMirror(mirrors_[b]);
@@ -9189,8 +9204,12 @@ public:
     lowFormat_ = config.low_format;
     const bool kivi = config.format == KVC_FORMAT_KIVI_INT2 ||
                       config.format == KVC_FORMAT_KIVI_INT4;
+    kiviPool_ = kivi;
     try {
       mirrors_.assign(batch, nullptr);
+      // upload fills it after the appends without allocating.
+      appended_.clear();
+      appended_.reserve(static_cast<size_t>(batch) * heads);
     } catch (const std::bad_alloc &) {
       return kvc_report_error(KVC_STATUS_OUT_OF_MEMORY,
                               "kvc cuda: host table allocation failed");
@@ -9272,6 +9291,12 @@ public:
                       const kvc_kivi_work_t *kiviWork = nullptr,
                       WordsBy wordsBy = WordsBy::Upload) {
     stream_ = stream;
+    uploaded_ = true;
+    // What the destructor takes back if the step fails from here on (room
+    // reserved by checkOut).
+    if (newSlots && !kiviPool_)
+      appended_.assign(newSlots,
+                       newSlots + static_cast<size_t>(batch_) * heads_);
     // Memory of released mirrors whose steps have finished goes back to
     // the pool before this step builds any.
     KVC_CUDA_TRY(MirrorMemory::instance().collect(stream, name_));
@@ -9560,6 +9585,10 @@ public:
       const kvc_attachment_t a{m, &flushMirror, &releaseMirror};
       KVC_CUDA_TRY(kvc_attach(context_, sequences_[b], layer_, &a));
       mirrors_[b] = nullptr;
+      // The sequence's step is done: its appends stay.
+      for (size_t i = static_cast<size_t>(b) * heads_;
+           i < appended_.size() && i < static_cast<size_t>(b + 1) * heads_; ++i)
+        appended_[i] = -1;
     }
     return KVC_STATUS_OK;
   }
@@ -9985,9 +10014,12 @@ private:
   int32_t batch_ = 0, layer_ = 0, heads_ = 0, pageSize_ = 1, lowFormat_ = 0;
   int32_t maxSlots_ = 0;
   bool withState_ = false, withHistory_ = false, withVictims_ = false;
-  bool withKivi_ = false, mixed_ = false;
+  bool withKivi_ = false, mixed_ = false, kiviPool_ = false;
   const char *name_ = "";
   cudaStream_t stream_ = nullptr;
+  /// Whether upload queued work on stream_ (which may be the legacy
+  /// stream, null).
+  bool uploaded_ = false;
   std::vector<TableMirror *> mirrors_;
   /// The step's HeadTables on the device (upload), and whether a sequence
   /// kept its victims (keepVictims) so that checkIn downloads them.
@@ -10004,6 +10036,9 @@ private:
   std::vector<KiviWindowRow> windowLeft_, windowArrived_;
   /// Mirrors that grow moved out of, released at checkIn.
   std::vector<TableMirror *> grown_;
+  /// The slot each head of the batch appended (upload's newSlots; empty on
+  /// a KIVI pool), which a failed step takes back (~DeviceTables).
+  std::vector<int32_t> appended_;
   /// The pinned staging blocks this step copied from, which its event
   /// guards (checkIn).
   std::vector<size_t> staged_;

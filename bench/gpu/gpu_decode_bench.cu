@@ -317,6 +317,17 @@ struct BenchError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Records a failed measurement in `error` (its cell prints "error" and the
+/// run exits with 1), then lets the stream finish what was queued and
+/// clears the CUDA runtime's last error, so that the next cell starts on an
+/// idle stream.
+void cellFailed(std::string &error, const BenchError &e, cudaStream_t stream) {
+  error = e.what();
+  ++gCellErrors;
+  cudaStreamSynchronize(stream);
+  cudaGetLastError();
+}
+
 std::string format(const char *fmt, ...) {
   char buffer[1024];
   va_list args;
@@ -763,8 +774,7 @@ DecodeResult benchDecode(const BenchGeometry &g, Buffers &buffers, int batch,
                     });
       r.ok[variant] = true;
     } catch (const BenchError &e) {
-      r.error[variant] = e.what();
-      ++gCellErrors;
+      cellFailed(r.error[variant], e, stream);
     }
   }
   // Step i of a round sees n + i + 2 entries (the untimed step's token and
@@ -889,14 +899,11 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
       }
       CUDA_CHECK(cudaGetLastError());
     } catch (const BenchError &e) {
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
+      cellFailed(r.error[v], e, stream);
       try {
         restore();
       } catch (const BenchError &) {
       }
-      r.error[v] = e.what();
-      ++gCellErrors;
       return;
     }
     std::sort(samples.begin(), samples.end());
@@ -957,8 +964,7 @@ HostResult benchHost(const BenchGeometry &g, Buffers &buffers, int batch,
         },
         [&] { ctx.restoreOldest(batch, n); }, n, true);
   } catch (const BenchError &e) {
-    r.error[kHostInt2] = e.what();
-    ++gCellErrors;
+    cellFailed(r.error[kHostInt2], e, stream);
   }
   return r;
 }
@@ -1053,8 +1059,7 @@ ModelResult benchModel(const BenchGeometry &g, Buffers &buffers, int batch,
           });
       r.ok[variant] = true;
     } catch (const BenchError &e) {
-      r.error[variant] = e.what();
-      ++gCellErrors;
+      cellFailed(r.error[variant], e, stream);
     }
   }
   return r;
@@ -1135,10 +1140,7 @@ PrefillResult benchPrefill(const BenchGeometry &g, Buffers &buffers, int n,
       r.ms[variant] = ms / reps;
       r.ok[variant] = true;
     } catch (const BenchError &e) {
-      r.error[variant] = e.what();
-      ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
+      cellFailed(r.error[variant], e, stream);
       try {
         KVC_CHECK(kvc_sequence_remove(ctx.context, 0));
         KVC_CHECK(kvc_sequence_add(ctx.context, 0));
@@ -1315,10 +1317,7 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
       r.bytesPerStep[variant] = t.bytesPerStep;
       r.ok[variant] = true;
     } catch (const BenchError &e) {
-      r.error[variant] = e.what();
-      ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
+      cellFailed(r.error[variant], e, stream);
     }
   }
   if (o.variants[kNumVariants + kInt2]) {
@@ -1331,10 +1330,7 @@ KiviResult benchKivi(const BenchGeometry &g, Buffers &buffers, int batch, int n,
               .usPerStep;
       r.graphOk = true;
     } catch (const BenchError &e) {
-      r.graphError = e.what();
-      ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
+      cellFailed(r.graphError, e, stream);
     }
   }
   return r;
@@ -1453,10 +1449,7 @@ void timeDecodes(const BenchGeometry &g, Buffers &buffers, int batch, int n,
           });
       ok[d.alt] = true;
     } catch (const BenchError &e) {
-      error[d.alt] = e.what();
-      ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
+      cellFailed(error[d.alt], e, stream);
     }
   }
 }
@@ -1469,12 +1462,6 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
                                      cudaStream_t stream) {
   AlternativesResult r;
   const int qHeads = kKvHeads * g.group;
-  auto fail = [&](int alt, const BenchError &e) {
-    r.error[alt] = e.what();
-    ++gCellErrors;
-    cudaStreamSynchronize(stream);
-    cudaGetLastError();
-  };
   timeDecodes(g, buffers, batch, n, o, stream,
               std::array<DecodeChoice, 14>{{
                   {kAltPlain, g.plainDecode, g.plainBytes},
@@ -1509,7 +1496,7 @@ AlternativesResult benchAlternatives(const BenchGeometry &g, Buffers &buffers,
               .usPerStep;
       r.ok[alt] = true;
     } catch (const BenchError &e) {
-      fail(alt, e);
+      cellFailed(r.error[alt], e, stream);
     }
   }
   return r;
@@ -1571,10 +1558,7 @@ G1AlternativesResult benchG1Alternatives(const BenchGeometry &g,
               .usPerStep;
       r.ok[alt] = true;
     } catch (const BenchError &e) {
-      r.error[alt] = e.what();
-      ++gCellErrors;
-      cudaStreamSynchronize(stream);
-      cudaGetLastError();
+      cellFailed(r.error[alt], e, stream);
     }
   }
   return r;

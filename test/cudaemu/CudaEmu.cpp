@@ -1042,6 +1042,29 @@ void execute(const char *file, int line, const char *kernel, dim3 grid,
 #endif
 }
 
+namespace {
+/// The text of the kernel names whose launches fail (failLaunches); empty:
+/// none. Set from KVC_EMU_FAIL_LAUNCHES at the first launch unless
+/// failLaunches was called before.
+std::string failingLaunches;
+bool failingLaunchesSet = false;
+
+bool launchRefused(const char *kernel) {
+  if (!failingLaunchesSet) {
+    failingLaunchesSet = true;
+    if (const char *v = std::getenv("KVC_EMU_FAIL_LAUNCHES"))
+      failingLaunches = v;
+  }
+  return !failingLaunches.empty() &&
+         std::strstr(kernel, failingLaunches.c_str()) != nullptr;
+}
+} // namespace
+
+void failLaunches(const char *kernel) {
+  failingLaunchesSet = true;
+  failingLaunches = kernel ? kernel : "";
+}
+
 void run(const char *file, int line, const char *kernel, dim3 grid,
          dim3 block, cudaStream_t stream, std::function<void()> body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -1049,6 +1072,11 @@ void run(const char *file, int line, const char *kernel, dim3 grid,
       grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
     dependentNext = false;
     lastError = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (launchRefused(kernel)) {
+    dependentNext = false;
+    lastError = cudaErrorLaunchOutOfResources;
     return;
   }
   if (active)
@@ -1425,6 +1453,8 @@ const char *cudaGetErrorString(cudaError_t error) {
     return "out of memory";
   case cudaErrorInvalidConfiguration:
     return "invalid configuration argument";
+  case cudaErrorLaunchOutOfResources:
+    return "too many resources requested for launch";
   default:
     return "unknown error (CUDA emulator)";
   }

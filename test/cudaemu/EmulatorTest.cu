@@ -10,6 +10,8 @@
 //    it; threads that exit early do not hold the barrier;
 //  - built-in variables of a 3-D grid of 2-D blocks;
 //  - launch limits set cudaErrorInvalidConfiguration;
+//  - failLaunches refuses the launches of the kernels it names with
+//    cudaErrorLaunchOutOfResources, without running them;
 //  - a wait for a non-blocking stream finishes no other stream's event;
 //  - device allocations start as kFreshByte, not zeros;
 //  - the block orders of KVC_EMU_BLOCK_ORDER (forward, reverse, shuffle)
@@ -298,6 +300,34 @@ void checkLimits() {
   expect(cudaGetLastError() == cudaErrorInvalidConfiguration,
          "grid y of 65536 is refused");
   expect(cudaGetLastError() == cudaSuccess, "the error is cleared once read");
+}
+
+/// failLaunches: a launch of a kernel whose name holds the text is refused
+/// and does not run; the others run; nullptr refuses none again.
+void checkRefusedLaunches() {
+  int *d = nullptr;
+  cudaMalloc(&d, sizeof(int) * 32);
+  cudaMemset(d, 0, sizeof(int) * 32);
+  cudaGetLastError();
+  ::kvc::emu::failLaunches("indices");
+  nothing<<<1, 32>>>();
+  expect(cudaGetLastError() == cudaSuccess,
+         "a kernel failLaunches does not name launches");
+  indices<<<1, 32>>>(d);
+  expect(cudaGetLastError() == cudaErrorLaunchOutOfResources,
+         "a kernel failLaunches names is refused");
+  expect(!std::strcmp(cudaGetErrorString(cudaErrorLaunchOutOfResources),
+                      "too many resources requested for launch"),
+         "the refusal's message");
+  int first = -1;
+  cudaMemcpy(&first, d + 1, sizeof first, cudaMemcpyDeviceToHost);
+  expect(first == 0, "a refused kernel does not run");
+  ::kvc::emu::failLaunches(nullptr);
+  indices<<<1, 32>>>(d);
+  cudaMemcpy(&first, d + 1, sizeof first, cudaMemcpyDeviceToHost);
+  expect(cudaGetLastError() == cudaSuccess && first == 1,
+         "after failLaunches(nullptr) the kernel runs again");
+  cudaFree(d);
 }
 
 /// A wait for a non-blocking stream waits for that stream's work only:
@@ -963,6 +993,7 @@ int main(int argc, char **argv) {
   checkBarriers();
   checkIndices();
   checkLimits();
+  checkRefusedLaunches();
   checkStreams();
   checkBlockOrder();
   checkThreadOrder();

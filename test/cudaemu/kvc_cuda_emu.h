@@ -88,7 +88,11 @@
 // device limits (block > 1024 threads, grid y or z > 65535) is reported:
 // the first two end the process with status 3 after naming the launch site,
 // the kernel's parameter types, the block and the thread; the last sets the
-// error cudaGetLastError returns, as a device would.
+// error cudaGetLastError returns, as a device would. So does a launch of a
+// kernel whose name holds the text of KVC_EMU_FAIL_LAUNCHES (or of
+// failLaunches), refused with cudaErrorLaunchOutOfResources as a device
+// refuses a kernel that asks for more registers than it has: the test of
+// what a program does when one of its launches fails.
 //
 // It checks the logic of the kernels (indexing, merges, selection, host
 // staging and transfers) against the CPU backend without a GPU. It says
@@ -303,10 +307,18 @@ void runQueuedWork();
 /// for code that polls events; the work itself has run at the launch.
 void holdEvents(bool hold);
 
+/// From now on, the launches of the kernels whose name (kernelName, for
+/// instance "kvc::cuda::storeAppended<64, ...>") contains `kernel` are
+/// refused with cudaErrorLaunchOutOfResources; nullptr or "" refuses none.
+/// Until the first call, KVC_EMU_FAIL_LAUNCHES (read at the first launch)
+/// gives the text.
+void failLaunches(const char *kernel);
+
 /// Runs `body` for every thread of every block of `grid` x `block`, at once
 /// or, under KVC_EMU_DEVICE_WORK=deferred, when the host waits for
 /// `stream`'s work; records cudaErrorInvalidConfiguration instead when the
-/// configuration is outside the device limits. Under callgrind with
+/// configuration is outside the device limits, and
+/// cudaErrorLaunchOutOfResources when failLaunches names the kernel. Under callgrind with
 /// KVC_EMU_CALLGRIND_HOST_ONLY=1 in the environment, the kernel's run is
 /// left out of the collected costs, so that a profile holds the host code
 /// alone.
