@@ -129,7 +129,7 @@ std::string KernelEmitter::documentation() {
                              "runtime's pages") +
            ". q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after "
            "RoPE; positions: n original positions. The heads of `layer` must "
-           "be empty.";
+           "be empty, and a prefill that fails leaves them empty.";
   case KernelKind::prefill_scoring:
     return "Unfused prefill scoring of one layer: recomputes the attention "
            "weights of the prompt in a second pass, scores, selects and "
@@ -935,6 +935,24 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
   if (!decode)
     pro << promptChecks(name);
   pro << contextGeometryCheck(name, "KVC_CPU_TRY");
+  if (!decode)
+    pro << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+           "    int32_t existing = 0;\n"
+           "    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
+           "&existing));\n"
+           "    if (existing != 0)\n"
+           "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
+        << name << ": prefill needs an empty cache\");\n  }\n";
+  // A prefill that appends leaves its layer empty again if it fails after
+  // the first head's append (kvc::LayerAppends).
+  const bool guarded = !decode && gathers;
+  if (guarded)
+    pro << "  // Emptied again unless every head's entries are in "
+           "(kvc_clear_layer).\n"
+           "  kvc::LayerAppends appends(context, sequence, layer);\n";
+  const char *ending =
+      guarded ? "  }\n  appends.keep();\n  return KVC_STATUS_OK;\n}\n"
+              : "  }\n  return KVC_STATUS_OK;\n}\n";
   llvm::raw_string_ostream out(loops);
 
   // Cross-head kernels: the region kept between the loops comes first.
@@ -1008,13 +1026,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
   };
   auto emitPrefillHead = [&](raw_ostream &o, bool first) {
     if (first)
-      o << "    int32_t existing = 0;\n"
-           "    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
-           "&existing));\n"
-        << "    if (existing != 0)\n"
-        << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
-        << name << ": prefill needs an empty cache\");\n"
-        << "    const float *qh = q + h * kGroup * kHeadDim;\n";
+      o << "    const float *qh = q + h * kGroup * kHeadDim;\n";
     o << "    const float *kh = k + h * kHeadDim;\n"
          "    const float *vh = v + h * kHeadDim;\n";
     if (first && writesOutput(kernel))
@@ -1033,7 +1045,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
     decode ? emitDecodeHead(out, true) : emitPrefillHead(out, true);
     emitCarve(out, bodyA);
     out << bodyA;
-    out << "  }\n  return KVC_STATUS_OK;\n}\n";
+    out << ending;
     emitEntry(outer, prologue, loops);
     return success();
   }
@@ -1075,7 +1087,7 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
     out << "    const int64_t " << budgets.lookup(budget->getResult(0)) << " = "
         << budgetExprs.lookup(budget->getResult(0)) << ";\n";
   out << bodyB;
-  out << "  }\n  return KVC_STATUS_OK;\n}\n";
+  out << ending;
   emitEntry(outer, prologue, loops);
   return success();
 }

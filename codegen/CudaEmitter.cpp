@@ -228,7 +228,8 @@ std::string CudaKernelEmitter::documentation() {
                              "pages"
                            : "") +
            ". q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after "
-           "RoPE, float32. The heads of `layer` must be empty." +
+           "RoPE, float32. The heads of `layer` must be empty, and a "
+           "prefill that fails leaves them empty." +
            devices +
            (kernel.getBody().front().getOps<GatherOp>().empty()
                 ? ""
@@ -1469,6 +1470,8 @@ LogicalResult CudaKernelEmitter::emit(raw_ostream &out, raw_ostream &host) {
     host << declaration() << " {\n";
     emitValidation(host);
     emitPrefillEntry(host);
+    if (gather)
+      host << "  appends.keep();\n";
     host << "  return KVC_STATUS_OK;\n}\n\n";
     return success();
   }
@@ -1603,6 +1606,12 @@ void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
          "    if (existing != 0)\n"
       << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
       << ": prefill needs an empty cache\");\n  }\n";
+  // A prefill that appends leaves its layer empty again if it fails after
+  // the first head's append (kvc::LayerAppends).
+  if (gather)
+    out << "  // Emptied again unless every head's entries are in "
+           "(kvc_clear_layer).\n"
+           "  kvc::LayerAppends appends(context, sequence, layer);\n";
   out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
       << "Workspace w;\n  carve" << camel << "Workspace(carver, n, w);\n";
   out << "  KVC_CUDA_CHECK(\"" << name

@@ -1218,6 +1218,40 @@ extern "C" kvc_status_t kvc_sequence_remove(kvc_context_t *ctx,
   });
 }
 
+extern "C" kvc_status_t kvc_clear_layer(kvc_context_t *ctx,
+                                        uint64_t sequence, int32_t layer) {
+  const char *name = "kvc_clear_layer";
+  return guarded(name, [&] {
+    // The sequence and the layer (kv-head 0 exists in every geometry).
+    HeadRef ref;
+    KVC_CHECK(lookupHead(name, ctx, sequence, layer, 0, ref));
+    Sequence &seq = *ref.sequence;
+    // The fresh heads first (a head's state allocates); nothing below can
+    // fail: they take the old residual rows (reset), and freePages has room
+    // for every page.
+    const int32_t kvHeads = ctx->config.num_kv_heads;
+    std::vector<HeadState> fresh(static_cast<size_t>(kvHeads));
+    kvc_attachment_t taken = seq.attachments[static_cast<size_t>(layer)];
+    seq.attachments[static_cast<size_t>(layer)] = kvc_attachment_t{};
+    if (taken.release)
+      taken.release(taken.data);
+    for (int32_t head = 0; head < kvHeads; ++head) {
+      HeadState &h = seq.heads[static_cast<size_t>(layer) * kvHeads + head];
+      for (int32_t page : h.pages)
+        if (page >= 0)
+          ctx->releasePage(page);
+      HeadState &f = fresh[static_cast<size_t>(head)];
+      f.budget = h.budget;
+      f.residualSlot.swap(h.residualSlot);
+      std::fill(f.residualSlot.begin(), f.residualSlot.end(), -1);
+      // A KIVI work record read before the clear is stale.
+      f.workSerial = h.workSerial + 1;
+      std::swap(h, f);
+    }
+    return KVC_STATUS_OK;
+  });
+}
+
 extern "C" kvc_status_t kvc_set_budget(kvc_context_t *ctx, uint64_t sequence,
                                        int32_t layer, int32_t head,
                                        int32_t budget) {

@@ -17,6 +17,7 @@
 #ifndef KVC_RUNTIME_KVC_CPU_H
 #define KVC_RUNTIME_KVC_CPU_H
 
+#include "runtime/kvc_prefill.h"
 #include "runtime/kvc_rules.h"
 #include "runtime/kvc_runtime.h"
 

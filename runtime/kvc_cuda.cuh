@@ -42,6 +42,7 @@
 #ifndef KVC_RUNTIME_KVC_CUDA_CUH
 #define KVC_RUNTIME_KVC_CUDA_CUH
 
+#include "runtime/kvc_prefill.h"
 #include "runtime/kvc_rules.h"
 #include "runtime/kvc_runtime.h"
 

@@ -296,6 +296,16 @@ kvc_status_t kvc_sequence_add(kvc_context_t *context, uint64_t sequence);
 /// Removes a sequence and returns all of its pages to the pool.
 kvc_status_t kvc_sequence_remove(kvc_context_t *context, uint64_t sequence);
 
+/// Empties one layer of a sequence: the entries of its kv-heads are dropped
+/// and their pages go back to the pool, which leaves the heads as those of a
+/// sequence just added (KIVI: the residual window and the key blocks start
+/// again). Budgets set with kvc_set_budget stay. A record attached to the
+/// layer (kvc_attach) is released without a flush. The generated prefills
+/// call it when they fail after their first append (runtime/kvc_prefill.h);
+/// an engine can call it to prefill a layer again.
+kvc_status_t kvc_clear_layer(kvc_context_t *context, uint64_t sequence,
+                             int32_t layer);
+
 /// Caps the live entries of one (sequence, layer, head); -1 removes the cap.
 /// Fails with KVC_STATUS_BUDGET_OVER_CAPACITY when the budget exceeds the
 /// pool's total slots, and KVC_STATUS_INVALID_ARGUMENT when it is below the

@@ -6,7 +6,10 @@
 // state), read row b of q, k, v and write row b of out for sequence b, and
 // check its arguments before any sequence takes its step. A step whose
 // appends do not fit the pool fails and leaves every cache as it was, in
-// the single-sequence entry and in the batch.
+// the single-sequence entry and in the batch. So does a prefill that the
+// pool holds for some heads and not the next: it empties the layer again,
+// and once pages are free the same prefill gives what a context that
+// never failed gives.
 //
 //===----------------------------------------------------------------------===//
 
@@ -315,6 +318,59 @@ TEST(GeneratedPolicyBatch, AFullPoolChangesNothing) {
             KVC_STATUS_OK)
       << kvc_last_error();
   EXPECT_EQ(entries(a.context, 7), (kPageSize + 1) * kKvHeads);
+}
+
+TEST(GeneratedPolicyBatch, APrefillThatExhaustsThePoolLeavesTheLayerEmpty) {
+  // Sequence 3's prompt takes one page per head; then one page fewer than
+  // kv-heads is free, so sequence 4's prefill appends every head but the
+  // last (none with one kv-head) before the pool runs out.
+  HostContext a(2 * kKvHeads - 1), twin;
+  std::mt19937 rng(31);
+  const int32_t n = 5;
+  std::vector<float> q = randomRows(rng, size_t(n) * kQHeads * kDim);
+  std::vector<float> k = randomRows(rng, size_t(n) * kKvHeads * kDim);
+  std::vector<float> v = randomRows(rng, size_t(n) * kKvHeads * kDim);
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<float> out(q.size(), 0.5f), twinOut(q.size(), -0.5f);
+  std::vector<char> ws(kvc_h2o_cpu_prefill_workspace_bytes(n));
+  auto prefill = [&](kvc_context_t *c, uint64_t sequence, float *o) {
+    return kvc_h2o_cpu_prefill(c, sequence, 0, n, q.data(), k.data(),
+                               v.data(), positions.data(), o, ws.data(),
+                               ws.size());
+  };
+  for (uint64_t s : {3, 4})
+    ASSERT_EQ(kvc_sequence_add(a.context, s), KVC_STATUS_OK);
+  ASSERT_EQ(prefill(a.context, 3, out.data()), KVC_STATUS_OK)
+      << kvc_last_error();
+  kvc_pool_stats_t stats;
+  ASSERT_EQ(kvc_pool_stats(a.context, &stats), KVC_STATUS_OK);
+  ASSERT_EQ(stats.free_pages, kKvHeads - 1);
+
+  EXPECT_EQ(prefill(a.context, 4, out.data()), KVC_STATUS_POOL_EXHAUSTED);
+  EXPECT_STREQ(kvc_last_error(), "kvc_append: 1 new pages needed, 0 free");
+  EXPECT_EQ(entries(a.context, 4), 0) << "the failed prefill left entries";
+  for (int h = 0; h < kKvHeads; ++h) {
+    int32_t pages = -1;
+    ASSERT_EQ(kvc_get_num_pages(a.context, 4, 0, h, &pages), KVC_STATUS_OK);
+    EXPECT_EQ(pages, 0) << "head " << h;
+  }
+  ASSERT_EQ(kvc_pool_stats(a.context, &stats), KVC_STATUS_OK);
+  EXPECT_EQ(stats.free_pages, kKvHeads - 1) << "after the failed prefill";
+  EXPECT_EQ(kvc_pool_check(a.context), KVC_STATUS_OK) << kvc_last_error();
+
+  // Once sequence 3 is gone, the prefill called again is the twin's.
+  ASSERT_EQ(kvc_sequence_remove(a.context, 3), KVC_STATUS_OK);
+  ASSERT_EQ(prefill(a.context, 4, out.data()), KVC_STATUS_OK)
+      << kvc_last_error();
+  ASSERT_EQ(kvc_sequence_add(twin.context, 4), KVC_STATUS_OK);
+  ASSERT_EQ(prefill(twin.context, 4, twinOut.data()), KVC_STATUS_OK)
+      << kvc_last_error();
+  EXPECT_EQ(0, std::memcmp(out.data(), twinOut.data(),
+                           sizeof(float) * out.size()))
+      << "outputs";
+  expectSameCache(a.context, twin.context, 4, "after the prefill called again");
+  EXPECT_EQ(entries(a.context, 4), n * kKvHeads);
 }
 
 } // namespace

@@ -1065,6 +1065,11 @@ void failLaunches(const char *kernel) {
   failingLaunches = kernel ? kernel : "";
 }
 
+/// failDeviceAllocations: the device has no memory left.
+bool deviceAllocationsRefused = false;
+
+void failDeviceAllocations(bool refuse) { deviceAllocationsRefused = refuse; }
+
 void run(const char *file, int line, const char *kernel, dim3 grid,
          dim3 block, cudaStream_t stream, std::function<void()> body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -1593,6 +1598,10 @@ void freeDevice(void *pointer) {
 cudaError_t cudaMalloc(void **pointer, size_t bytes) {
   if (kvc::emu::refusedInCapture())
     return cudaErrorStreamCaptureUnsupported;
+  if (kvc::emu::deviceAllocationsRefused) {
+    *pointer = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
   ++counterValues.allocations;
   return allocateDevice(pointer, bytes);
 }
@@ -1653,7 +1662,10 @@ void notePinnedSource(const void *src, size_t bytes) {
 } // namespace
 
 cudaError_t cudaMallocHost(void **pointer, size_t bytes) {
-  const cudaError_t error = cudaMalloc(pointer, bytes);
+  if (kvc::emu::refusedInCapture())
+    return cudaErrorStreamCaptureUnsupported;
+  ++counterValues.allocations;
+  const cudaError_t error = allocateDevice(pointer, bytes);
   if (error == cudaSuccess && *pointer)
     pinnedRanges[static_cast<const char *>(*pointer)] = bytes;
   return error;
@@ -1699,6 +1711,10 @@ cudaError_t cudaMallocFromPoolAsync(void **pointer, size_t bytes,
                                     cudaMemPool_t pool, cudaStream_t) {
   if (!pool)
     return fail(cudaErrorInvalidValue);
+  if (kvc::emu::deviceAllocationsRefused) {
+    *pointer = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
   ++counterValues.poolAllocations;
   return allocateDevice(pointer, bytes);
 }

@@ -12,8 +12,9 @@
 // the attention, the fold) on a sequence whose append opens a page and on
 // one whose append does not: the step reports the CUDA error under its
 // name and takes its appends back, and the step called again gives the
-// outputs and the metadata of a twin context that never failed. Exits 1
-// on the first difference.
+// outputs and the metadata of a twin context that never failed; so does a
+// step that finds no device memory for the tables it builds after its
+// appends (failDeviceAllocations). Exits 1 on the first difference.
 //
 //===----------------------------------------------------------------------===//
 
@@ -220,6 +221,19 @@ void checkRefusedLaunches(const kvc_config_t &config) {
                        nullptr, prompt, nullptr) == KVC_STATUS_OK,
             "twins: prompt");
   t.expectSame("after the prompt");
+  // A device without memory for the sequence's device tables, which the
+  // first step builds after its appends: out of memory, taken back.
+  ::kvc::emu::failDeviceAllocations(true);
+  const kvc_status_t status = t.step(0, kPageSize, nullptr);
+  ::kvc::emu::failDeviceAllocations(false);
+  CHECK(status == KVC_STATUS_OUT_OF_MEMORY,
+        "no device memory: the step returned %d", status);
+  CHECK(std::strcmp(kvc_last_error(),
+                    "kvc_h2o_cuda_decode_batch: CUDA error: out of memory") ==
+            0,
+        "no device memory: message '%s'", kvc_last_error());
+  cudaGetLastError();
+  t.expectSame("no device memory");
   refuseEachLaunch(t, kPageSize, "the step that opens a page");
   refuseEachLaunch(t, kPageSize + 1, "the step after it");
   // And the sequence steps on.

@@ -12,6 +12,8 @@
 //  - launch limits set cudaErrorInvalidConfiguration;
 //  - failLaunches refuses the launches of the kernels it names with
 //    cudaErrorLaunchOutOfResources, without running them;
+//    failDeviceAllocations makes cudaMalloc and pool allocations fail with
+//    cudaErrorMemoryAllocation, and not cudaMallocHost;
 //  - a wait for a non-blocking stream finishes no other stream's event;
 //  - device allocations start as kFreshByte, not zeros;
 //  - the block orders of KVC_EMU_BLOCK_ORDER (forward, reverse, shuffle)
@@ -358,15 +360,21 @@ void checkStreams() {
   cudaStreamDestroy(own);
 }
 
-/// Device allocations, from cudaMalloc and from a pool, small and large,
-/// start as kvc::emu::kFreshByte in every byte, not as the zeros of fresh
-/// host pages.
-void checkFreshMemory() {
+/// A memory pool of the device.
+cudaMemPool_t devicePool() {
   cudaMemPool_t pool = nullptr;
   cudaMemPoolProps props = {};
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   expect(cudaMemPoolCreate(&pool, &props) == cudaSuccess, "a memory pool");
+  return pool;
+}
+
+/// Device allocations, from cudaMalloc and from a pool, small and large,
+/// start as kvc::emu::kFreshByte in every byte, not as the zeros of fresh
+/// host pages.
+void checkFreshMemory() {
+  cudaMemPool_t pool = devicePool();
   for (size_t bytes : {size_t{40}, size_t{4} << 20})
     for (bool fromPool : {false, true}) {
       unsigned char *d = nullptr;
@@ -385,6 +393,31 @@ void checkFreshMemory() {
       else
         cudaFree(d);
     }
+  cudaMemPoolDestroy(pool);
+}
+
+/// failDeviceAllocations: device allocations fail and leave a null
+/// pointer, pinned host memory does not; then they succeed again.
+void checkRefusedAllocations() {
+  cudaMemPool_t pool = devicePool();
+  cudaGetLastError();
+  ::kvc::emu::failDeviceAllocations(true);
+  void *d = &d, *p = &p, *h = nullptr;
+  expect(cudaMalloc(&d, 64) == cudaErrorMemoryAllocation && !d,
+         "a refused cudaMalloc");
+  expect(cudaMallocFromPoolAsync(&p, 64, pool, nullptr) ==
+                 cudaErrorMemoryAllocation &&
+             !p,
+         "a refused pool allocation");
+  expect(cudaGetLastError() == cudaErrorMemoryAllocation,
+         "the refusal is the last error");
+  expect(cudaMallocHost(&h, 64) == cudaSuccess && h,
+         "pinned host memory while device allocations are refused");
+  cudaFreeHost(h);
+  ::kvc::emu::failDeviceAllocations(false);
+  expect(cudaMalloc(&d, 64) == cudaSuccess && d,
+         "cudaMalloc once allocations are allowed again");
+  cudaFree(d);
   cudaMemPoolDestroy(pool);
 }
 
@@ -998,6 +1031,7 @@ int main(int argc, char **argv) {
   checkBlockOrder();
   checkThreadOrder();
   checkFreshMemory();
+  checkRefusedAllocations();
   checkConcurrentBlocks();
   checkDeferredWork();
   checkCapture();

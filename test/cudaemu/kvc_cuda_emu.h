@@ -313,6 +313,10 @@ void holdEvents(bool hold);
 /// Until the first call, KVC_EMU_FAIL_LAUNCHES (read at the first launch)
 /// gives the text.
 void failLaunches(const char *kernel);
+/// While `refuse` holds, device allocations (cudaMalloc,
+/// cudaMallocFromPoolAsync; not cudaMallocHost) fail with
+/// cudaErrorMemoryAllocation: a device out of memory.
+void failDeviceAllocations(bool refuse);
 
 /// Runs `body` for every thread of every block of `grid` x `block`, at once
 /// or, under KVC_EMU_DEVICE_WORK=deferred, when the host waits for

@@ -98,6 +98,8 @@ TEST_F(Populated, NullPointers) {
                KVC_STATUS_NULL_POINTER, "pages_released");
   EXPECT_FAILS(kvc_sequence_add(nullptr, 3), KVC_STATUS_NULL_POINTER,
                "context is NULL");
+  EXPECT_FAILS(kvc_clear_layer(nullptr, 1, 0), KVC_STATUS_NULL_POINTER,
+               "kvc_clear_layer: context is NULL");
   EXPECT_FAILS(kvc_pack_bits(nullptr, 4, 4, nullptr), KVC_STATUS_NULL_POINTER,
                "codes is NULL");
 }
@@ -133,6 +135,12 @@ TEST_F(Populated, OutOfRange) {
       KVC_STATUS_OUT_OF_RANGE, "slot 8");
   EXPECT_FAILS(kvc_sequence_remove(f.ctx, 3), KVC_STATUS_OUT_OF_RANGE,
                "unknown sequence 3");
+  EXPECT_FAILS(kvc_clear_layer(f.ctx, 3, 0), KVC_STATUS_OUT_OF_RANGE,
+               "kvc_clear_layer: unknown sequence 3");
+  EXPECT_FAILS(kvc_clear_layer(f.ctx, 1, 2), KVC_STATUS_OUT_OF_RANGE,
+               "kvc_clear_layer: layer 2 out of range [0, 2)");
+  EXPECT_FAILS(kvc_clear_layer(f.ctx, 1, -1), KVC_STATUS_OUT_OF_RANGE,
+               "kvc_clear_layer: layer -1 out of range [0, 2)");
 }
 
 TEST_F(Populated, GeometryMismatch) {

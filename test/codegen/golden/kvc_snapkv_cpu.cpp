@@ -43,7 +43,7 @@ uint64_t kvc_snapkv_cpu_prefill_workspace_bytes(int32_t n) {
   return sizeof(float) * (static_cast<uint64_t>(n) * (1 + kGroup + kGroup + 1 + 1 + kHeadDim + kHeadDim + 1 + 1 + 1 + 1 + 1));
 }
 
-/// Prefill of one layer: causal attention of the n prompt tokens (out: n x q_heads x head_dim), the policy's prefill phase fused into the same pass, and the gather of the kept entries into the runtime's pages. q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after RoPE; positions: n original positions. The heads of `layer` must be empty.
+/// Prefill of one layer: causal attention of the n prompt tokens (out: n x q_heads x head_dim), the policy's prefill phase fused into the same pass, and the gather of the kept entries into the runtime's pages. q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after RoPE; positions: n original positions. The heads of `layer` must be empty, and a prefill that fails leaves them empty.
 kvc_status_t kvc_snapkv_cpu_prefill(kvc_context_t *context, uint64_t sequence, int32_t layer, int32_t n, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes) {
   if (!context || !q || !k || !v || !positions || !out || !workspace)
     return kvc_report_error(KVC_STATUS_NULL_POINTER, "kvc_snapkv_cpu_prefill: null argument");
@@ -63,6 +63,10 @@ kvc_status_t kvc_snapkv_cpu_prefill(kvc_context_t *context, uint64_t sequence, i
     KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, &existing));
     if (existing != 0)
       return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, "kvc_snapkv_cpu_prefill: prefill needs an empty cache");
+  }
+  // Emptied again unless every head's entries are in (kvc_clear_layer).
+  kvc::LayerAppends appends(context, sequence, layer);
+  for (int32_t h = 0; h < kKvHeads; ++h) {
     const float *qh = q + h * kGroup * kHeadDim;
     const float *kh = k + h * kHeadDim;
     const float *vh = v + h * kHeadDim;
@@ -123,6 +127,7 @@ kvc_status_t kvc_snapkv_cpu_prefill(kvc_context_t *context, uint64_t sequence, i
     }
     KVC_CPU_TRY(kvc_append(context, sequence, layer, h, kept, kHeadDim, gatherKeys, gatherValues, keptPositions, slots));
   }
+  appends.keep();
   return KVC_STATUS_OK;
 }
 

@@ -17,7 +17,7 @@ void kvc_snapkv_cpu_configure(kvc_config_t *config);
 
 /// Workspace bytes of kvc_snapkv_cpu_prefill.
 uint64_t kvc_snapkv_cpu_prefill_workspace_bytes(int32_t n);
-/// Prefill of one layer: causal attention of the n prompt tokens (out: n x q_heads x head_dim), the policy's prefill phase fused into the same pass, and the gather of the kept entries into the runtime's pages. q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after RoPE; positions: n original positions. The heads of `layer` must be empty.
+/// Prefill of one layer: causal attention of the n prompt tokens (out: n x q_heads x head_dim), the policy's prefill phase fused into the same pass, and the gather of the kept entries into the runtime's pages. q: n x q_heads x head_dim; k, v: n x kv_heads x head_dim, after RoPE; positions: n original positions. The heads of `layer` must be empty, and a prefill that fails leaves them empty.
 kvc_status_t kvc_snapkv_cpu_prefill(kvc_context_t *context, uint64_t sequence, int32_t layer, int32_t n, const float *q, const float *k, const float *v, const int32_t *positions, float *out, void *workspace, uint64_t workspace_bytes);
 
 /// Workspace bytes of kvc_snapkv_cpu_decode.
