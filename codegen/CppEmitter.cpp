@@ -935,21 +935,11 @@ LogicalResult KernelEmitter::emit(raw_ostream &outer) {
   if (!decode)
     pro << promptChecks(name);
   pro << contextGeometryCheck(name, "KVC_CPU_TRY");
-  if (!decode)
-    pro << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
-           "    int32_t existing = 0;\n"
-           "    KVC_CPU_TRY(kvc_get_num_entries(context, sequence, layer, h, "
-           "&existing));\n"
-           "    if (existing != 0)\n"
-           "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \""
-        << name << ": prefill needs an empty cache\");\n  }\n";
   // A prefill that appends leaves its layer empty again if it fails after
   // the first head's append (kvc::LayerAppends).
   const bool guarded = !decode && gathers;
-  if (guarded)
-    pro << "  // Emptied again unless every head's entries are in "
-           "(kvc_clear_layer).\n"
-           "  kvc::LayerAppends appends(context, sequence, layer);\n";
+  if (!decode)
+    pro << emptyLayerCheck(name, "KVC_CPU_TRY", guarded);
   const char *ending =
       guarded ? "  }\n  appends.keep();\n  return KVC_STATUS_OK;\n}\n"
               : "  }\n  return KVC_STATUS_OK;\n}\n";

@@ -1599,19 +1599,9 @@ void CudaKernelEmitter::emitValidation(raw_ostream &out, DecodePart part) {
 
 void CudaKernelEmitter::emitPrefillEntry(raw_ostream &out) {
   const std::string fn = deviceName("Stages");
-  out << "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
-         "    int32_t existing = 0;\n"
-         "    KVC_CUDA_TRY(kvc_get_num_entries(context, sequence, layer, h, "
-         "&existing));\n"
-         "    if (existing != 0)\n"
-      << "      return kvc_report_error(KVC_STATUS_INVALID_ARGUMENT, \"" << name
-      << ": prefill needs an empty cache\");\n  }\n";
   // A prefill that appends leaves its layer empty again if it fails after
   // the first head's append (kvc::LayerAppends).
-  if (gather)
-    out << "  // Emptied again unless every head's entries are in "
-           "(kvc_clear_layer).\n"
-           "  kvc::LayerAppends appends(context, sequence, layer);\n";
+  out << emptyLayerCheck(name, "KVC_CUDA_TRY", static_cast<bool>(gather));
   out << "  kvc::cuda::Carver carver(workspace);\n  " << camel
       << "Workspace w;\n  carve" << camel << "Workspace(carver, n, w);\n";
   out << "  KVC_CUDA_CHECK(\"" << name

@@ -229,6 +229,25 @@ std::string kvc::contextGeometryCheck(const std::string &entry,
          entry + ": the context's geometry is not the policy's\");\n";
 }
 
+std::string kvc::emptyLayerCheck(const std::string &entry,
+                                 StringRef tryMacro, bool appends) {
+  std::string text = "  for (int32_t h = 0; h < kKvHeads; ++h) {\n"
+                     "    int32_t existing = 0;\n"
+                     "    " +
+                     tryMacro.str() +
+                     "(kvc_get_num_entries(context, sequence, layer, h, "
+                     "&existing));\n"
+                     "    if (existing != 0)\n"
+                     "      return kvc_report_error("
+                     "KVC_STATUS_INVALID_ARGUMENT, \"" +
+                     entry + ": prefill needs an empty cache\");\n  }\n";
+  if (appends)
+    text += "  // Emptied again unless every head's entries are in "
+            "(kvc_clear_layer).\n"
+            "  kvc::LayerAppends appends(context, sequence, layer);\n";
+  return text;
+}
+
 std::string kvc::layerCheck(const std::string &entry) {
   return "  if (layer < 0 || layer >= kLayers)\n"
          "    return kvc_report_error(KVC_STATUS_OUT_OF_RANGE, \"" +

@@ -36,6 +36,14 @@ std::string layerCheck(const std::string &entry);
 /// <entry>_workspace_bytes(n).
 std::string promptChecks(const std::string &entry);
 
+/// The check of a prefill `entry` that every kv-head of `layer` is empty,
+/// through the backend's `tryMacro`; with `appends` (a prefill that gathers
+/// entries into the pages) followed by its kvc::LayerAppends `appends`,
+/// which empties the layer again unless the entry point calls
+/// appends.keep() before it returns.
+std::string emptyLayerCheck(const std::string &entry, llvm::StringRef tryMacro,
+                            bool appends);
+
 /// The check of an entry point `entry` that the context's geometry is the
 /// policy's (layers, query and kv-heads, head dim), reading the context's
 /// configuration through the backend's `tryMacro` (KVC_CPU_TRY,
